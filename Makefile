@@ -1,0 +1,101 @@
+# uniprefill build. `make` builds the library, the upf CLI, the CUnit tests and the benchmarks.
+# CUDA=1 (the default whenever nvcc is on PATH) adds the CUDA backend built with nvcc -arch=sm_90;
+# CUDA=0 builds a CPU-only tree. Sources are discovered by directory, so adding an op adds files,
+# not Makefile lines.
+
+NVCC ?= $(shell command -v nvcc 2>/dev/null)
+ifeq ($(NVCC),)
+CUDA ?= 0
+else
+CUDA ?= 1
+endif
+
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+CUDA_ARCH ?= -gencode=arch=compute_90,code=sm_90
+BUILD ?= build
+
+CC ?= cc
+CXX ?= c++
+OPT ?= -O2
+WARN = -Wall -Wextra -Wno-unused-parameter
+CPPFLAGS += -Iinclude -I. -I/usr/include/x86_64-linux-gnu/openblas-pthread -MMD -MP
+CFLAGS += -std=c11 -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE $(OPT) -g -ffp-contract=off $(WARN)
+CXXFLAGS += -std=c++17 $(OPT) -g -ffp-contract=off $(WARN)
+NVCCFLAGS += -std=c++17 $(OPT) $(CUDA_ARCH) -Iinclude -I. -lineinfo -Xcompiler -Wall \
+	-Xcudafe --diag_suppress=177 --expt-relaxed-constexpr
+LDLIBS += -lopenblas -lm -lpthread
+
+ifeq ($(CUDA),1)
+CPPFLAGS += -DUPF_HAVE_CUDA=1 -I$(CUDA_HOME)/include
+LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart_static -ldl -lrt -lstdc++
+CUDA_SRC := $(wildcard cuda/*.cu)
+else
+CUDA_SRC :=
+endif
+
+LIB_C_SRC := $(wildcard core/*.c ref_cpu/*.c layers/*.c models/*.c verify/*.c)
+LIB_CXX_SRC := $(wildcard perf/*.cc)
+LIB_PERF_C_SRC := $(filter-out perf/bench_main.c,$(wildcard perf/*.c))
+CLI_SRC := $(wildcard cli/*.c)
+TEST_SRC := $(wildcard tests/*.c)
+
+LIB_OBJ := $(LIB_C_SRC:%.c=$(BUILD)/%.o) $(CUDA_SRC:%.cu=$(BUILD)/%.cu.o)
+PERF_OBJ := $(LIB_PERF_C_SRC:%.c=$(BUILD)/%.o) $(LIB_CXX_SRC:%.cc=$(BUILD)/%.o)
+LIB := $(BUILD)/libuniprefill.a
+
+UPF := $(BUILD)/upf
+TEST_BIN := $(BUILD)/test_upf
+BENCH_BIN := $(BUILD)/bench_upf
+
+.PHONY: all deps run test test-unit test-memcheck verify bench clean
+
+all: $(LIB) $(UPF) $(TEST_BIN) $(BENCH_BIN)
+
+deps:
+	bash ci/install-deps.sh
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/%.o: %.cc
+	@mkdir -p $(dir $@)
+	$(CXX) $(CPPFLAGS) $(CXXFLAGS) -c $< -o $@
+
+$(BUILD)/%.cu.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -DUPF_HAVE_CUDA=1 -MMD -MP -c $< -o $@
+
+$(LIB): $(LIB_OBJ) $(PERF_OBJ)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(UPF): $(CLI_SRC:%.c=$(BUILD)/%.o) $(LIB)
+	$(CXX) -o $@ $^ $(LDLIBS) -lbenchmark
+
+$(TEST_BIN): $(TEST_SRC:%.c=$(BUILD)/%.o) $(LIB)
+	$(CXX) -o $@ $^ $(LDLIBS) -lcunit -lbenchmark
+
+$(BENCH_BIN): $(BUILD)/perf/bench_main.o $(LIB)
+	$(CXX) -o $@ $^ $(LDLIBS) -lbenchmark
+
+# The main job: verify what this machine's backends can run, benchmark, and summarise.
+run: deps all
+	$(UPF) report --out $(BUILD)/report
+
+# CUnit suites, then the CPU suites again under Valgrind memcheck (no CUDA calls in that run).
+test: deps all
+	$(TEST_BIN)
+	UPF_BACKENDS=cpu UPF_TEST_QUICK=1 valgrind --error-exitcode=3 --leak-check=full \
+	  --errors-for-leak-kinds=definite --show-leak-kinds=definite $(TEST_BIN)
+
+verify: all
+	$(UPF) verify all
+
+bench: all
+	$(BENCH_BIN) --benchmark_out=$(BUILD)/bench.json --benchmark_out_format=json
+
+clean:
+	rm -rf $(BUILD)
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -1,0 +1,113 @@
+/* The CPU backend's ops table, backend lookup by name, and the CUDA table of a CUDA=0 build (every
+ * entry answers UPF_ERR_UNSUPPORTED, so callers need no #ifdefs). */
+#include "uniprefill/backend.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "ref_cpu/compact.h"
+#include "ref_cpu/select.h"
+
+static upf_status cpu_probe(void) { return UPF_OK; }
+static const char *cpu_describe(void) { return "CPU reference (double accumulation, OpenBLAS)"; }
+
+static upf_status cpu_alloc(void **ptr, size_t bytes) {
+  *ptr = malloc(bytes ? bytes : 1);
+  return *ptr ? UPF_OK : upf_fail(UPF_ERR_NOMEM, "cpu: cannot allocate %zu bytes", bytes);
+}
+static void cpu_release(void *ptr) { free(ptr); }
+static upf_status cpu_copy(void *dst, const void *src, size_t bytes) {
+  if (bytes)
+    memcpy(dst, src, bytes);
+  return UPF_OK;
+}
+static upf_status cpu_fill(void *dst, int byte, size_t bytes) {
+  memset(dst, byte, bytes);
+  return UPF_OK;
+}
+static upf_status cpu_synchronize(void) { return UPF_OK; }
+
+static const upf_backend cpu_backend = {
+    .name = "cpu",
+    .probe = cpu_probe,
+    .describe = cpu_describe,
+    .alloc = cpu_alloc,
+    .release = cpu_release,
+    .upload = cpu_copy,
+    .download = cpu_copy,
+    .fill = cpu_fill,
+    .synchronize = cpu_synchronize,
+    .select_part_gemm = cpu_select_part_gemm,
+    .select_block_softmax = cpu_select_block_softmax,
+    .select_block_reduce = cpu_select_block_reduce,
+    .select_topp = cpu_select_topp,
+    .select_expand = cpu_select_expand,
+    .select_run = cpu_select_run,
+    .compact_rows = cpu_compact_rows,
+};
+
+const upf_backend *upf_backend_cpu(void) { return &cpu_backend; }
+
+const upf_backend *upf_backend_by_name(const char *name) {
+  if (name && !strcmp(name, "cpu"))
+    return upf_backend_cpu();
+  if (name && !strcmp(name, "cuda"))
+    return upf_backend_cuda();
+  upf_fail(UPF_ERR_INVALID_ARG, "backend: unknown name '%s' (expected cpu or cuda)", name ? name : "(null)");
+  return NULL;
+}
+
+#ifndef UPF_HAVE_CUDA
+static upf_status no_cuda(void) {
+  return upf_fail(UPF_ERR_UNSUPPORTED, "cuda: this build has no CUDA backend (built with CUDA=0)");
+}
+static const char *no_cuda_describe(void) { return ""; }
+static upf_status no_cuda_alloc(void **ptr, size_t bytes) {
+  *ptr = NULL;
+  return no_cuda();
+}
+static void no_cuda_release(void *ptr) {}
+static upf_status no_cuda_copy(void *dst, const void *src, size_t bytes) { return no_cuda(); }
+static upf_status no_cuda_fill(void *dst, int byte, size_t bytes) { return no_cuda(); }
+static upf_status no_cuda_scores(const upf_select_inputs *in, const upf_select_params *p, float *s) {
+  return no_cuda();
+}
+static upf_status no_cuda_softmax(const upf_select_inputs *in, const upf_select_params *p, const float *s, float *t) {
+  return no_cuda();
+}
+static upf_status no_cuda_topp(const upf_select_inputs *in, const upf_select_params *p, const float *b, uint8_t *m) {
+  return no_cuda();
+}
+static upf_status no_cuda_expand(const upf_select_inputs *in, const upf_select_params *p, const uint8_t *m,
+                                 upf_select_outputs *o) {
+  return no_cuda();
+}
+static upf_status no_cuda_run(const upf_select_inputs *in, const upf_select_params *p, upf_select_outputs *o) {
+  return no_cuda();
+}
+static upf_status no_cuda_compact(const void *src, int64_t rows, int64_t row_bytes, const int32_t *idx, int64_t kept,
+                                  void *dst) {
+  return no_cuda();
+}
+
+static const upf_backend cuda_unavailable = {
+    .name = "cuda",
+    .probe = no_cuda,
+    .describe = no_cuda_describe,
+    .alloc = no_cuda_alloc,
+    .release = no_cuda_release,
+    .upload = no_cuda_copy,
+    .download = no_cuda_copy,
+    .fill = no_cuda_fill,
+    .synchronize = no_cuda,
+    .select_part_gemm = no_cuda_scores,
+    .select_block_softmax = no_cuda_softmax,
+    .select_block_reduce = no_cuda_softmax,
+    .select_topp = no_cuda_topp,
+    .select_expand = no_cuda_expand,
+    .select_run = no_cuda_run,
+    .compact_rows = no_cuda_compact,
+};
+
+const upf_backend *upf_backend_cuda(void) { return &cuda_unavailable; }
+#endif
