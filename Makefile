@@ -17,7 +17,7 @@ BUILD ?= build
 CC ?= cc
 CXX ?= c++
 OPT ?= -O2
-WARN = -Wall -Wextra -Wno-unused-parameter
+WARN = -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers
 CPPFLAGS += -Iinclude -I. -I/usr/include/x86_64-linux-gnu/openblas-pthread -MMD -MP
 CFLAGS += -std=c11 -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE $(OPT) -g -ffp-contract=off $(WARN)
 CXXFLAGS += -std=c++17 $(OPT) -g -ffp-contract=off $(WARN)

@@ -331,16 +331,14 @@ upf_status cpu_select_topp(const upf_select_inputs *in, const upf_select_params 
     if (!b)
       return upf_fail(UPF_ERR_NOMEM, "select.topp (cpu): cannot allocate scratch");
     for (int64_t c = 0; c < nb; c++) {
-      b[c] = block_score[block_base + c];
-      if (!isfinite(b[c])) {
+      double v = b[c] = block_score[block_base + c];
+      if (!isfinite(v) || v < 0.0) {
         free(b);
-        return upf_fail(UPF_ERR_NONFINITE, "select.topp: block score %lld of request %d is %s", (long long)c, r,
-                        isnan(b[c]) ? "NaN" : "Inf");
-      }
-      if (b[c] < 0.0) {
-        free(b);
+        if (!isfinite(v))
+          return upf_fail(UPF_ERR_NONFINITE, "select.topp: block score %lld of request %d is %s", (long long)c, r,
+                          isnan(v) ? "NaN" : "Inf");
         return upf_fail(UPF_ERR_INVALID_ARG, "select.topp: block score %lld of request %d is negative (%g)",
-                        (long long)c, r, b[c]);
+                        (long long)c, r, v);
       }
     }
     ref_select_topp(b, nb, params, block_mask + block_base, NULL, NULL);

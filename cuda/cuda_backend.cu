@@ -1,0 +1,247 @@
+/* The CUDA backend's ops table (upf_backend_cuda) and its shared state: one lazily created stream,
+ * a grow-only device workspace, pinned staging for host<->device copies of small plans and results.
+ * No kernels here; the select entries live in cuda/select.cu and compaction in cuda/compact.cu. */
+#include <mutex>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime.h>
+
+#include "cuda/compact.cuh"
+#include "cuda/cuda_backend.cuh"
+#include "cuda/cuda_check.cuh"
+#include "cuda/select.cuh"
+#include "uniprefill/backend.h"
+
+namespace {
+
+struct cuda_state {
+  std::mutex lock;
+  bool inited = false;
+  upf_status init_status = UPF_OK;
+  char init_message[512] = "";
+  cudaStream_t stream = nullptr;
+  int device = 0;
+  int num_sms = 0;
+  size_t smem_optin = 0;
+  char description[256] = "";
+
+  void *workspace = nullptr; /* device, grow-only */
+  size_t workspace_bytes = 0;
+
+  void *staging = nullptr; /* pinned host, grow-only; guarded by staging_done */
+  size_t staging_bytes = 0;
+  cudaEvent_t staging_done = nullptr;
+
+  void *result = nullptr; /* pinned host, 4096 bytes, for small device->host reads */
+};
+
+cuda_state g;
+
+/* UPF_BACKENDS lists the backends a run may use ("cpu", "cpu,cuda"); unset means all. Checked with
+ * getenv only, so a run with UPF_BACKENDS=cpu never touches the CUDA driver (valgrind runs). */
+bool cuda_disabled_by_env(const char **value) {
+  const char *v = getenv("UPF_BACKENDS");
+  *value = v;
+  if (!v || !*v)
+    return false;
+  return strstr(v, "cuda") == nullptr;
+}
+
+upf_status init_locked(void) {
+  int count = 0;
+  cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess)
+    return upf_fail(UPF_ERR_NO_DEVICE, "cuda: no usable device: cudaGetDeviceCount failed: %s (%s)",
+                    cudaGetErrorString(err), cudaGetErrorName(err));
+  if (count == 0)
+    return upf_fail(UPF_ERR_NO_DEVICE, "cuda: no CUDA device on this machine");
+  UPF_CUDA_TRY(cudaGetDevice(&g.device));
+  cudaDeviceProp prop;
+  UPF_CUDA_TRY(cudaGetDeviceProperties(&prop, g.device));
+  if (prop.major < 9)
+    return upf_fail(UPF_ERR_NO_DEVICE, "cuda: device %d (%s) is sm_%d%d; this build holds sm_90 code only",
+                    g.device, prop.name, prop.major, prop.minor);
+  g.num_sms = prop.multiProcessorCount;
+  g.smem_optin = prop.sharedMemPerBlockOptin;
+  int driver = 0, runtime = 0;
+  UPF_CUDA_TRY(cudaDriverGetVersion(&driver));
+  UPF_CUDA_TRY(cudaRuntimeGetVersion(&runtime));
+  snprintf(g.description, sizeof g.description, "%s, %d SMs, driver %d.%d, runtime %d.%d, sm_%d%d", prop.name,
+           prop.multiProcessorCount, driver / 1000, (driver % 1000) / 10, runtime / 1000, (runtime % 1000) / 10,
+           prop.major, prop.minor);
+  UPF_CUDA_TRY(cudaStreamCreate(&g.stream));
+  UPF_CUDA_TRY(cudaEventCreateWithFlags(&g.staging_done, cudaEventDisableTiming));
+  UPF_CUDA_TRY(cudaMallocHost(&g.result, 4096));
+  return UPF_OK;
+}
+
+} // namespace
+
+extern "C" upf_status upf_cuda_init(void) {
+  const char *env;
+  if (cuda_disabled_by_env(&env))
+    return upf_fail(UPF_ERR_NO_DEVICE, "cuda: disabled by UPF_BACKENDS=%s", env);
+  std::lock_guard<std::mutex> guard(g.lock);
+  if (!g.inited) {
+    g.inited = true;
+    g.init_status = init_locked();
+    if (g.init_status != UPF_OK)
+      snprintf(g.init_message, sizeof g.init_message, "%s", upf_last_error());
+  }
+  if (g.init_status != UPF_OK)
+    return upf_fail(g.init_status, "%s", g.init_message);
+  return UPF_OK;
+}
+
+extern "C" cudaStream_t upf_cuda_stream(void) {
+  if (upf_cuda_init() != UPF_OK)
+    return nullptr;
+  return g.stream;
+}
+
+extern "C" int upf_cuda_num_sms(void) { return g.num_sms; }
+extern "C" size_t upf_cuda_smem_optin(void) { return g.smem_optin; }
+
+extern "C" upf_status upf_cuda_workspace(size_t bytes, void **ptr) {
+  UPF_TRY(upf_cuda_init());
+  if (bytes > g.workspace_bytes) {
+    size_t grow = g.workspace_bytes + g.workspace_bytes / 2;
+    size_t want = bytes > grow ? bytes : grow;
+    want = (want + 0xFFFFF) & ~(size_t)0xFFFFF; /* whole MiB */
+    UPF_CUDA_TRY(cudaStreamSynchronize(g.stream));
+    if (g.workspace) {
+      UPF_CUDA_TRY(cudaFree(g.workspace));
+      g.workspace = nullptr;
+      g.workspace_bytes = 0;
+    }
+    cudaError_t err = cudaMalloc(&g.workspace, want);
+    if (err != cudaSuccess) {
+      g.workspace = nullptr;
+      return upf_fail(err == cudaErrorMemoryAllocation ? UPF_ERR_NOMEM : UPF_ERR_CUDA,
+                      "cuda: cannot allocate a workspace of %zu bytes: %s", want, cudaGetErrorString(err));
+    }
+    g.workspace_bytes = want;
+  }
+  *ptr = g.workspace;
+  return UPF_OK;
+}
+
+extern "C" upf_status upf_cuda_upload_async(void *dst, const void *src, size_t bytes) {
+  UPF_TRY(upf_cuda_init());
+  if (bytes == 0)
+    return UPF_OK;
+  /* The previous staged copy must have left the pinned buffer before it is overwritten. */
+  UPF_CUDA_TRY(cudaEventSynchronize(g.staging_done));
+  if (bytes > g.staging_bytes) {
+    if (g.staging)
+      UPF_CUDA_TRY(cudaFreeHost(g.staging));
+    g.staging = nullptr;
+    g.staging_bytes = 0;
+    size_t want = (bytes + 0xFFFF) & ~(size_t)0xFFFF;
+    UPF_CUDA_TRY(cudaMallocHost(&g.staging, want));
+    g.staging_bytes = want;
+  }
+  memcpy(g.staging, src, bytes);
+  UPF_CUDA_TRY(cudaMemcpyAsync(dst, g.staging, bytes, cudaMemcpyHostToDevice, g.stream));
+  UPF_CUDA_TRY(cudaEventRecord(g.staging_done, g.stream));
+  return UPF_OK;
+}
+
+extern "C" upf_status upf_cuda_download_small(void *dst, const void *src, size_t bytes) {
+  UPF_TRY(upf_cuda_init());
+  if (bytes > 4096)
+    return upf_fail(UPF_ERR_INVALID_ARG, "cuda: small download of %zu bytes exceeds 4096", bytes);
+  if (bytes == 0)
+    return UPF_OK;
+  UPF_CUDA_TRY(cudaMemcpyAsync(g.result, src, bytes, cudaMemcpyDeviceToHost, g.stream));
+  UPF_CUDA_TRY(cudaStreamSynchronize(g.stream));
+  memcpy(dst, g.result, bytes);
+  return UPF_OK;
+}
+
+/* ---- ops-table entries ---- */
+
+namespace {
+
+upf_status cuda_probe(void) { return upf_cuda_init(); }
+
+const char *cuda_describe(void) {
+  const char *env;
+  if (cuda_disabled_by_env(&env) || upf_cuda_init() != UPF_OK)
+    return "";
+  return g.description;
+}
+
+upf_status cuda_alloc(void **ptr, size_t bytes) {
+  *ptr = nullptr;
+  UPF_TRY(upf_cuda_init());
+  cudaError_t err = cudaMalloc(ptr, bytes ? bytes : 1);
+  if (err != cudaSuccess) {
+    *ptr = nullptr;
+    return upf_fail(err == cudaErrorMemoryAllocation ? UPF_ERR_NOMEM : UPF_ERR_CUDA,
+                    "cuda: cannot allocate %zu bytes: %s", bytes, cudaGetErrorString(err));
+  }
+  return UPF_OK;
+}
+
+void cuda_release(void *ptr) {
+  if (ptr)
+    UPF_CUDA_NOTE(cudaFree(ptr));
+}
+
+upf_status cuda_upload(void *dst, const void *src, size_t bytes) {
+  UPF_TRY(upf_cuda_init());
+  if (bytes == 0)
+    return UPF_OK;
+  UPF_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, g.stream));
+  UPF_CUDA_TRY(cudaStreamSynchronize(g.stream));
+  return UPF_OK;
+}
+
+upf_status cuda_download(void *dst, const void *src, size_t bytes) {
+  UPF_TRY(upf_cuda_init());
+  if (bytes == 0)
+    return UPF_OK;
+  UPF_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, g.stream));
+  UPF_CUDA_TRY(cudaStreamSynchronize(g.stream));
+  return UPF_OK;
+}
+
+upf_status cuda_fill(void *dst, int byte, size_t bytes) {
+  UPF_TRY(upf_cuda_init());
+  if (bytes == 0)
+    return UPF_OK;
+  UPF_CUDA_TRY(cudaMemsetAsync(dst, byte, bytes, g.stream));
+  return UPF_OK;
+}
+
+upf_status cuda_synchronize(void) {
+  UPF_TRY(upf_cuda_init());
+  UPF_CUDA_TRY(cudaStreamSynchronize(g.stream));
+  return UPF_OK;
+}
+
+const upf_backend cuda_backend = {
+    /* name */ "cuda",
+    /* probe */ cuda_probe,
+    /* describe */ cuda_describe,
+    /* alloc */ cuda_alloc,
+    /* release */ cuda_release,
+    /* upload */ cuda_upload,
+    /* download */ cuda_download,
+    /* fill */ cuda_fill,
+    /* synchronize */ cuda_synchronize,
+    /* select_part_gemm */ upf_cuda_select_part_gemm,
+    /* select_block_softmax */ upf_cuda_select_block_softmax,
+    /* select_block_reduce */ upf_cuda_select_block_reduce,
+    /* select_topp */ upf_cuda_select_topp,
+    /* select_expand */ upf_cuda_select_expand,
+    /* select_run */ upf_cuda_select_run,
+    /* compact_rows */ upf_cuda_compact_rows,
+};
+
+} // namespace
+
+extern "C" const upf_backend *upf_backend_cuda(void) { return &cuda_backend; }

@@ -1,0 +1,44 @@
+/* Shared state of the CUDA backend (plain C header): the one stream every op of the backend runs on,
+ * the grow-only device workspace, pinned host staging for small transfers, and device facts. Kernels
+ * of cuda/*.cu reach these here; benchmarks record their events on upf_cuda_stream(). */
+#ifndef UNIPREFILL_CUDA_BACKEND_CUH
+#define UNIPREFILL_CUDA_BACKEND_CUH
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#include "uniprefill/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The backend's stream (a blocking stream: it orders with the legacy default stream). Created on
+ * first use; NULL (the default stream) only if that creation failed, with the error recorded. */
+cudaStream_t upf_cuda_stream(void);
+
+/* Initialises the device context and the stream once; UPF_ERR_NO_DEVICE / UPF_ERR_CUDA otherwise.
+ * Every CUDA entry point calls this first. Fails without a CUDA call when UPF_BACKENDS excludes cuda. */
+upf_status upf_cuda_init(void);
+
+/* Multiprocessor count and opt-in shared memory per block of the current device (after init). */
+int upf_cuda_num_sms(void);
+size_t upf_cuda_smem_optin(void);
+
+/* Grow-only device workspace of at least `bytes`, 256-byte aligned. Growing synchronises the stream
+ * first (queued kernels may still use the old buffer). The pointer stays valid until the next call. */
+upf_status upf_cuda_workspace(size_t bytes, void **ptr);
+
+/* Copies `bytes` of host memory to device memory `dst` asynchronously on the stream through pinned
+ * staging; `src` may be reused as soon as this returns. */
+upf_status upf_cuda_upload_async(void *dst, const void *src, size_t bytes);
+
+/* Copies `bytes` (at most 4096) of device memory to host `dst` and waits for the stream. */
+upf_status upf_cuda_download_small(void *dst, const void *src, size_t bytes);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

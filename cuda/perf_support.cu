@@ -1,0 +1,180 @@
+/* Device timing and ceilings for the benchmarks (see perf_support.cuh). Everything runs on the CUDA
+ * backend's stream, so timers and flushes order with the kernels they measure. */
+#include "cuda/perf_support.cuh"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <new>
+#include <vector>
+
+#if __has_include("cuda/cuda_backend.cuh")
+#include "cuda/cuda_backend.cuh"
+#else
+/* The backend's stream, defined in cuda/cuda_backend.cu; declared here only while its header is
+ * not in the tree, with the same signature. */
+extern "C" cudaStream_t upf_cuda_stream(void);
+#endif
+
+#define PERF_CUDA_TRY(call)                                                                          \
+  do {                                                                                               \
+    cudaError_t perf_err_ = (call);                                                                  \
+    if (perf_err_ != cudaSuccess)                                                                    \
+      return upf_fail(UPF_ERR_CUDA, "perf_support: %s failed: %s (%s:%d)", #call,                    \
+                      cudaGetErrorString(perf_err_), __FILE__, __LINE__);                            \
+  } while (0)
+
+struct upf_cuda_timer {
+  cudaEvent_t start;
+  cudaEvent_t stop;
+};
+
+struct upf_cuda_l2_flush {
+  void *buf;    /* (bytes) device */
+  size_t bytes;
+  int value;    /* alternates, so no run writes what the previous one left */
+};
+
+extern "C" {
+
+upf_status upf_cuda_timer_create(upf_cuda_timer **timer) {
+  *timer = nullptr;
+  upf_cuda_timer *t = new (std::nothrow) upf_cuda_timer{nullptr, nullptr};
+  if (!t)
+    return upf_fail(UPF_ERR_NOMEM, "perf_support: cannot allocate a timer");
+  cudaError_t err = cudaEventCreate(&t->start);
+  if (err == cudaSuccess)
+    err = cudaEventCreate(&t->stop);
+  if (err != cudaSuccess) {
+    upf_cuda_timer_destroy(t);
+    return upf_fail(UPF_ERR_CUDA, "perf_support: cudaEventCreate failed: %s", cudaGetErrorString(err));
+  }
+  *timer = t;
+  return UPF_OK;
+}
+
+upf_status upf_cuda_timer_start(upf_cuda_timer *timer) {
+  PERF_CUDA_TRY(cudaEventRecord(timer->start, upf_cuda_stream()));
+  return UPF_OK;
+}
+
+upf_status upf_cuda_timer_stop(upf_cuda_timer *timer, double *seconds) {
+  float ms = 0.0f;
+  PERF_CUDA_TRY(cudaEventRecord(timer->stop, upf_cuda_stream()));
+  PERF_CUDA_TRY(cudaEventSynchronize(timer->stop));
+  PERF_CUDA_TRY(cudaEventElapsedTime(&ms, timer->start, timer->stop));
+  *seconds = 1e-3 * (double)ms;
+  return UPF_OK;
+}
+
+void upf_cuda_timer_destroy(upf_cuda_timer *timer) {
+  if (!timer)
+    return;
+  /* Errors while tearing down have nowhere useful to go. */
+  if (timer->start)
+    (void)cudaEventDestroy(timer->start);
+  if (timer->stop)
+    (void)cudaEventDestroy(timer->stop);
+  delete timer;
+}
+
+upf_status upf_cuda_l2_bytes(int64_t *bytes) {
+  int dev = 0, l2 = 0;
+  PERF_CUDA_TRY(cudaGetDevice(&dev));
+  PERF_CUDA_TRY(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
+  *bytes = l2;
+  return UPF_OK;
+}
+
+upf_status upf_cuda_l2_flush_create(upf_cuda_l2_flush **flush) {
+  *flush = nullptr;
+  int64_t l2 = 0;
+  UPF_TRY(upf_cuda_l2_bytes(&l2));
+  /* Twice L2: with the hashed, partitioned L2 of recent GPUs one L2's worth may leave lines behind. */
+  size_t bytes = (size_t)std::max<int64_t>(2 * l2, 8 << 20);
+  upf_cuda_l2_flush *f = new (std::nothrow) upf_cuda_l2_flush{nullptr, bytes, 0};
+  if (!f)
+    return upf_fail(UPF_ERR_NOMEM, "perf_support: cannot allocate an L2 flush");
+  cudaError_t err = cudaMalloc(&f->buf, bytes);
+  if (err != cudaSuccess) {
+    delete f;
+    return upf_fail(UPF_ERR_CUDA, "perf_support: cudaMalloc(%zu) for the L2 flush failed: %s", bytes,
+                    cudaGetErrorString(err));
+  }
+  *flush = f;
+  return UPF_OK;
+}
+
+upf_status upf_cuda_l2_flush_run(upf_cuda_l2_flush *flush) {
+  flush->value ^= 0x5a;
+  PERF_CUDA_TRY(cudaMemsetAsync(flush->buf, flush->value, flush->bytes, upf_cuda_stream()));
+  return UPF_OK;
+}
+
+void upf_cuda_l2_flush_destroy(upf_cuda_l2_flush *flush) {
+  if (!flush)
+    return;
+  if (flush->buf)
+    (void)cudaFree(flush->buf);
+  delete flush;
+}
+
+upf_status upf_cuda_copy_async(void *dst, const void *src, size_t bytes) {
+  PERF_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, upf_cuda_stream()));
+  return UPF_OK;
+}
+
+/* The measurement proper; the caller owns and frees the buffers and the timer. */
+static upf_status time_copies(void *dst, const void *src, size_t bytes, int reps, upf_cuda_timer *timer,
+                              double *median_s) {
+  const int warmup = 2; /* first touch and clock ramp-up */
+  for (int i = 0; i < warmup; i++)
+    UPF_TRY(upf_cuda_copy_async(dst, src, bytes));
+  std::vector<double> times;
+  for (int i = 0; i < reps; i++) {
+    double s = 0.0;
+    UPF_TRY(upf_cuda_timer_start(timer));
+    UPF_TRY(upf_cuda_copy_async(dst, src, bytes));
+    UPF_TRY(upf_cuda_timer_stop(timer, &s));
+    times.push_back(s);
+  }
+  std::sort(times.begin(), times.end());
+  size_t h = times.size() / 2;
+  *median_s = times.size() % 2 ? times[h] : 0.5 * (times[h - 1] + times[h]);
+  return UPF_OK;
+}
+
+upf_status upf_cuda_copy_bandwidth(size_t bytes, int reps, double *bytes_per_second) {
+  *bytes_per_second = 0.0;
+  if (bytes == 0 || reps < 1)
+    return upf_fail(UPF_ERR_INVALID_ARG, "perf_support: copy bandwidth needs bytes > 0 and reps >= 1");
+  void *src = nullptr, *dst = nullptr;
+  upf_cuda_timer *timer = nullptr;
+  double median = 0.0;
+  upf_status st = UPF_OK;
+  cudaError_t err = cudaMalloc(&src, bytes);
+  if (err == cudaSuccess)
+    err = cudaMalloc(&dst, bytes);
+  if (err == cudaSuccess) /* commit the pages and give the copy defined data */
+    err = cudaMemsetAsync(src, 0x3c, bytes, upf_cuda_stream());
+  if (err != cudaSuccess)
+    st = upf_fail(UPF_ERR_CUDA, "perf_support: allocating two %zu-byte copy buffers failed: %s", bytes,
+                  cudaGetErrorString(err));
+  if (st == UPF_OK)
+    st = upf_cuda_timer_create(&timer);
+  if (st == UPF_OK)
+    st = time_copies(dst, src, bytes, reps, timer, &median);
+  if (st == UPF_OK && !(median > 0.0))
+    st = upf_fail(UPF_ERR_CUDA, "perf_support: a %zu-byte copy timed at %g s", bytes, median);
+  if (st == UPF_OK)
+    *bytes_per_second = 2.0 * (double)bytes / median;
+  upf_cuda_timer_destroy(timer);
+  cudaError_t free_src = src ? cudaFree(src) : cudaSuccess;
+  cudaError_t free_dst = dst ? cudaFree(dst) : cudaSuccess;
+  if (st == UPF_OK && (free_src != cudaSuccess || free_dst != cudaSuccess))
+    st = upf_fail(UPF_ERR_CUDA, "perf_support: cudaFree of a copy buffer failed: %s",
+                  cudaGetErrorString(free_src != cudaSuccess ? free_src : free_dst));
+  return st;
+}
+
+} /* extern "C" */

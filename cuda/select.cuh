@@ -1,0 +1,48 @@
+/* CUDA implementations of the selection entries of the ops table (SPEC.md section 2); plain C
+ * header. All pointers are device memory except cu_seqlens_host; every entry runs on
+ * upf_cuda_stream() and returns without waiting for the device unless it must read a result
+ * (select_run's kept_total, the non-finite and range checks). */
+#ifndef UNIPREFILL_CUDA_SELECT_CUH
+#define UNIPREFILL_CUDA_SELECT_CUH
+
+#include <stdint.h>
+
+#include "uniprefill/select.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+upf_status upf_cuda_select_part_gemm(const upf_select_inputs *in, const upf_select_params *params, float *scores);
+upf_status upf_cuda_select_block_softmax(const upf_select_inputs *in, const upf_select_params *params,
+                                         const float *scores, float *token_mass);
+upf_status upf_cuda_select_block_reduce(const upf_select_inputs *in, const upf_select_params *params,
+                                        const float *token_mass, float *block_score);
+upf_status upf_cuda_select_topp(const upf_select_inputs *in, const upf_select_params *params,
+                                const float *block_score, uint8_t *block_mask);
+upf_status upf_cuda_select_expand(const upf_select_inputs *in, const upf_select_params *params,
+                                  const uint8_t *block_mask, upf_select_outputs *out);
+upf_status upf_cuda_select_run(const upf_select_inputs *in, const upf_select_params *params,
+                               upf_select_outputs *out);
+
+/* Kernel variants of select_run, for verification and benchmarks (llm.c style). The choice holds
+ * for the calls that follow on this process. */
+typedef enum {
+  UPF_CUDA_SCORE_AUTO = 0, /* bf16 tensor-core kernel where it applies, else the FFMA kernel */
+  UPF_CUDA_SCORE_FFMA = 1, /* FFMA kernel for both dtypes */
+} upf_cuda_score_variant;
+
+typedef enum {
+  UPF_CUDA_TOPP_AUTO = 0,      /* one CTA per request sorts in shared memory when its blocks fit */
+  UPF_CUDA_TOPP_SEGMENTED = 1, /* device-wide segmented sort, any number of blocks */
+} upf_cuda_topp_variant;
+
+void upf_cuda_select_set_variants(upf_cuda_score_variant score, upf_cuda_topp_variant topp);
+
+/* Key-chunk size (keys per CTA) of the fused score kernel: 0 picks it from the batch shape. */
+void upf_cuda_select_set_key_chunk(int32_t keys);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

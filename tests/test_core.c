@@ -1,0 +1,103 @@
+/* Core: bf16 rounding, the seeded RNG's portability, status messages, tensor descriptors. */
+#include <CUnit/CUnit.h>
+#include <math.h>
+#include <string.h>
+
+#include "tests/test_util.h"
+#include "uniprefill/bf16.h"
+#include "uniprefill/rng.h"
+#include "uniprefill/tensor.h"
+
+static float from_bits(uint32_t u) {
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+static void test_bf16_round_to_nearest_even(void) {
+  CU_ASSERT_EQUAL(upf_bf16_from_f32(1.0f), 0x3f80);
+  /* Exactly halfway: ties go to the even mantissa. */
+  CU_ASSERT_EQUAL(upf_bf16_from_f32(from_bits(0x3f808000u)), 0x3f80);
+  CU_ASSERT_EQUAL(upf_bf16_from_f32(from_bits(0x3f818000u)), 0x3f82);
+  /* Just above / below halfway. */
+  CU_ASSERT_EQUAL(upf_bf16_from_f32(from_bits(0x3f808001u)), 0x3f81);
+  CU_ASSERT_EQUAL(upf_bf16_from_f32(from_bits(0x3f807fffu)), 0x3f80);
+  CU_ASSERT_EQUAL(upf_bf16_from_f32(-2.0f), 0xc000);
+  CU_ASSERT_EQUAL(upf_bf16_from_f32(-0.0f), 0x8000);
+  /* The largest float rounds up to Inf, as RNE says. */
+  CU_ASSERT_EQUAL(upf_bf16_from_f32(from_bits(0x7f7fffffu)), 0x7f80);
+  CU_ASSERT_EQUAL(upf_bf16_from_f32(INFINITY), 0x7f80);
+  CU_ASSERT_EQUAL(upf_bf16_from_f32(-INFINITY), 0xff80);
+  /* NaN stays NaN even when its payload sits only in the low bits. */
+  uint16_t nan_bits = upf_bf16_from_f32(from_bits(0x7f800001u));
+  CU_ASSERT((nan_bits & 0x7f80) == 0x7f80 && (nan_bits & 0x007f) != 0);
+  CU_ASSERT(isnan(upf_bf16_to_f32(nan_bits)));
+  /* Subnormals round too. */
+  CU_ASSERT_EQUAL(upf_bf16_from_f32(from_bits(0x00018000u)), 0x0002);
+  CU_ASSERT_EQUAL(upf_bf16_to_f32(0x4049), 3.140625f);
+}
+
+static void test_rng_is_machine_independent(void) {
+  /* Frozen values: these must come out the same on every machine and compiler. */
+  upf_rng rng;
+  upf_rng_seed(&rng, 42);
+  uint64_t first = upf_rng_next(&rng);
+  CU_ASSERT_EQUAL(first, 0x15780b2e0c2ec716ull);
+  upf_rng_seed(&rng, 42);
+  upf_rng_next(&rng);
+  float u = upf_rng_uniform(&rng), n = upf_rng_normal(&rng);
+  CU_ASSERT(u >= 0.0f && u < 1.0f);
+  CU_ASSERT_EQUAL(u * 16777216.0f, floorf(u * 16777216.0f)); /* a multiple of 2^-24 */
+  CU_ASSERT(fabsf(n) <= 6.0f);
+  /* Moments of the normal over many draws. */
+  double sum = 0, sum2 = 0;
+  for (int i = 0; i < 100000; i++) {
+    double x = upf_rng_normal(&rng);
+    sum += x, sum2 += x * x;
+  }
+  CU_ASSERT(fabs(sum / 100000) < 0.02);
+  CU_ASSERT(fabs(sum2 / 100000 - 1.0) < 0.02);
+  for (int i = 0; i < 1000; i++)
+    CU_ASSERT(upf_rng_below(&rng, 7) < 7);
+}
+
+static void test_status_messages(void) {
+  upf_clear_error();
+  CU_ASSERT_STRING_EQUAL(upf_last_error(), "");
+  upf_status st = upf_fail(UPF_ERR_SHAPE, "q: expected %d dims", 3);
+  CU_ASSERT_EQUAL(st, UPF_ERR_SHAPE);
+  CU_ASSERT_STRING_EQUAL(upf_last_error(), "q: expected 3 dims");
+  upf_fail_context(st, "select: ");
+  CU_ASSERT_STRING_EQUAL(upf_last_error(), "select: q: expected 3 dims");
+  CU_ASSERT_STRING_EQUAL(upf_status_name(UPF_ERR_CU_SEQLENS), "UPF_ERR_CU_SEQLENS");
+  CU_ASSERT_STRING_EQUAL(upf_status_name((upf_status)999), "UPF_ERR_UNKNOWN");
+}
+
+static void test_tensor_descriptor(void) {
+  upf_tensor t;
+  int64_t shape[3] = {4, 32, 128};
+  CU_ASSERT_EQUAL(upf_tensor_alloc(&t, UPF_DTYPE_BF16, 3, shape), UPF_OK);
+  CU_ASSERT_EQUAL(t.stride[0], 32 * 128);
+  CU_ASSERT_EQUAL(t.stride[2], 1);
+  CU_ASSERT_EQUAL(upf_tensor_numel(&t), 4 * 32 * 128);
+  CU_ASSERT(upf_tensor_is_contiguous(&t));
+  char buf[64];
+  CU_ASSERT_STRING_EQUAL(upf_tensor_shape_str(&t, buf, sizeof buf), "(4, 32, 128)");
+  t.stride[0] = 8192; /* a padded row: no longer contiguous */
+  CU_ASSERT(!upf_tensor_is_contiguous(&t));
+  upf_tensor_free(&t);
+  int64_t bad[1] = {-1};
+  CU_ASSERT_EQUAL(upf_tensor_init(&t, NULL, UPF_DTYPE_F32, 1, bad), UPF_ERR_SHAPE);
+  upf_dtype d;
+  CU_ASSERT_EQUAL(upf_dtype_parse("bf16", &d), UPF_OK);
+  CU_ASSERT_EQUAL(d, UPF_DTYPE_BF16);
+  CU_ASSERT_EQUAL(upf_dtype_parse("fp8", &d), UPF_ERR_DTYPE);
+}
+
+void upf_register_core_tests(void) {
+  CU_pSuite suite = CU_add_suite("core", NULL, NULL);
+  CU_add_test(suite, "bf16 round to nearest even", test_bf16_round_to_nearest_even);
+  CU_add_test(suite, "rng is machine independent", test_rng_is_machine_independent);
+  CU_add_test(suite, "status messages", test_status_messages);
+  CU_add_test(suite, "tensor descriptor", test_tensor_descriptor);
+}

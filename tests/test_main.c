@@ -1,0 +1,58 @@
+/* CUnit runner: registers every suite, runs them verbosely and ends with CUnit's run summary.
+ * Exit status is non-zero when any test, assert or suite set-up failed. */
+#include <CUnit/Basic.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "tests/test_util.h"
+#include "uniprefill/backend.h"
+
+void upf_register_core_tests(void);
+void upf_register_npy_tests(void);
+void upf_register_select_tests(void);
+void upf_register_verify_tests(void);
+void upf_register_cuda_tests(void);
+
+static void (*const suites[])(void) = {
+    upf_register_core_tests, upf_register_npy_tests, upf_register_select_tests,
+    upf_register_verify_tests, upf_register_cuda_tests,
+};
+
+int upf_test_quick(void) {
+  const char *q = getenv("UPF_TEST_QUICK");
+  return q && *q && *q != '0';
+}
+
+CU_pTest upf_test_add_gpu(CU_pSuite suite, const char *name, CU_TestFunc fn) {
+  CU_pTest test = CU_add_test(suite, name, fn);
+  const upf_backend *cuda = upf_backend_cuda();
+  upf_status st = cuda->probe();
+  if (test && st != UPF_OK) {
+    CU_set_test_active(test, CU_FALSE);
+    printf("SKIPPED %s/%s: no usable CUDA device (%s)\n", suite->pName, name, upf_last_error());
+  }
+  return test;
+}
+
+int main(void) {
+  if (CU_initialize_registry() != CUE_SUCCESS) {
+    fprintf(stderr, "test_upf: cannot initialise the CUnit registry: %s\n", CU_get_error_msg());
+    return 2;
+  }
+  for (size_t i = 0; i < sizeof suites / sizeof suites[0]; i++)
+    suites[i]();
+  if (CU_get_error() != CUE_SUCCESS) {
+    fprintf(stderr, "test_upf: registering tests failed: %s\n", CU_get_error_msg());
+    CU_cleanup_registry();
+    return 2;
+  }
+  /* Inactive tests are the GPU tests skipped on a machine without a device: not failures. */
+  CU_set_fail_on_inactive(CU_FALSE);
+  CU_basic_set_mode(CU_BRM_VERBOSE);
+  CU_basic_run_tests();
+  unsigned failed = CU_get_number_of_failures() + CU_get_number_of_suites_failed();
+  unsigned tests_failed = CU_get_number_of_tests_failed();
+  CU_cleanup_registry();
+  printf("\n");
+  return failed || tests_failed ? 1 : 0;
+}

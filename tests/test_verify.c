@@ -1,0 +1,88 @@
+/* The verify harness itself: it must catch what it exists to catch (NaN, a budget overrun, a
+ * clobbered guard byte, a non-marginal decision flip), and the CPU reference must pass its own
+ * verify run (golden cases, invariants, stage chain against the double pipeline). */
+#include <CUnit/CUnit.h>
+#include <math.h>
+#include <string.h>
+
+#include "tests/test_util.h"
+#include "verify/select_checks.h"
+#include "verify/verify.h"
+
+static void test_compare_catches_errors(void) {
+  upf_tolerance tol = upf_tolerance_for(UPF_DTYPE_F32);
+  const double ref[4] = {1.0, -2.0, 3.0, INFINITY};
+  upf_check check;
+  float ok[4] = {1.0f, -2.0f, 3.0f, INFINITY};
+  upf_compare_f32(ok, ref, 4, tol, &check);
+  CU_ASSERT(check.passed);
+  float off[4] = {1.0f, -2.0f, 3.001f, INFINITY};
+  upf_compare_f32(off, ref, 4, tol, &check);
+  CU_ASSERT(!check.passed);
+  float nan[4] = {1.0f, NAN, 3.0f, INFINITY};
+  upf_compare_f32(nan, ref, 4, tol, &check);
+  CU_ASSERT(!check.passed);
+  CU_ASSERT(strstr(check.detail, "NaN") != NULL);
+  float wrong_inf[4] = {1.0f, -2.0f, 3.0f, -INFINITY};
+  upf_compare_f32(wrong_inf, ref, 4, tol, &check);
+  CU_ASSERT(!check.passed);
+  /* bf16 tolerances accept what fp32 ones reject. */
+  upf_compare_f32(off, ref, 3, upf_tolerance_for(UPF_DTYPE_BF16), &check);
+  CU_ASSERT(check.passed);
+  CU_ASSERT(check.budget > 0.0 && check.budget < 1.0);
+}
+
+static void test_guard_bytes_catch_overrun(void) {
+  const upf_backend *cpu = upf_backend_cpu();
+  upf_guarded g;
+  CU_ASSERT_FATAL(upf_guarded_alloc(cpu, 100, &g) == UPF_OK);
+  CU_ASSERT_EQUAL(((unsigned char *)g.ptr)[99], 0xFF); /* poisoned */
+  CU_ASSERT_EQUAL(upf_guarded_check(&g, "buf"), UPF_OK);
+  ((unsigned char *)g.ptr)[100 + 17] = 0;
+  CU_ASSERT_NOT_EQUAL(upf_guarded_check(&g, "buf"), UPF_OK);
+  CU_ASSERT(strstr(upf_last_error(), "guard byte 17") != NULL);
+  upf_guarded_free(&g);
+}
+
+static void test_decision_compare_marginal_rule(void) {
+  /* One request of 4 blocks (G=1, sink 0, L=1): pi = [.1 .4 .2 .3], p = 0.5 keeps {1, 3}. */
+  const int32_t cu[] = {0, 4};
+  upf_select_inputs in = {.cu_seqlens_host = cu, .num_reqs = 1};
+  upf_select_params p = {.block = 1, .sink = 0, .last_q = 1, .p = 0.5f};
+  const double score[] = {1, 4, 2, 3};
+  const uint8_t ref[] = {0, 1, 0, 1}, flip_top[] = {0, 0, 0, 1}, same[] = {0, 1, 0, 1};
+  upf_check check;
+  upf_select_compare_decisions(&in, &p, score, ref, same, 1e-5, &check);
+  CU_ASSERT(check.passed);
+  upf_select_compare_decisions(&in, &p, score, ref, flip_top, 1e-5, &check);
+  CU_ASSERT(!check.passed);
+  /* Block 2's exclusive prefix is 0.7: marginal only when p sits within tau of it. */
+  const uint8_t flip_third[] = {0, 1, 1, 1};
+  p.p = 0.6999995f;
+  const uint8_t ref_near[] = {0, 1, 0, 1};
+  upf_select_compare_decisions(&in, &p, score, ref_near, flip_third, 1e-5, &check);
+  CU_ASSERT(check.passed);
+  CU_ASSERT(strstr(check.detail, "marginal") != NULL);
+  upf_select_compare_decisions(&in, &p, score, ref_near, flip_third, 1e-9, &check);
+  CU_ASSERT(!check.passed);
+}
+
+static void test_cpu_verify_run(void) {
+  upf_verify_ctx ctx = {.backend = upf_backend_cpu(), .log = NULL, .quick = 1};
+  int failed = upf_verify_run(&ctx, "all");
+  if (failed) {
+    ctx.log = stdout;
+    ctx.passed = ctx.failed = 0;
+    upf_verify_run(&ctx, "all");
+  }
+  CU_ASSERT_EQUAL(failed, 0);
+  CU_ASSERT(ctx.passed > 20);
+}
+
+void upf_register_verify_tests(void) {
+  CU_pSuite suite = CU_add_suite("verify harness", NULL, NULL);
+  CU_add_test(suite, "compare catches NaN, Inf and budget overruns", test_compare_catches_errors);
+  CU_add_test(suite, "guard bytes catch an overrun", test_guard_bytes_catch_overrun);
+  CU_add_test(suite, "decision compare applies the marginal rule", test_decision_compare_marginal_rule);
+  CU_add_test(suite, "cpu reference passes verify (quick)", test_cpu_verify_run);
+}

@@ -1,0 +1,47 @@
+/* Verify registry (one entry per op of ops.def) and the runner. */
+#include "verify/verify.h"
+
+#include <string.h>
+
+static const upf_verify_fn verify_fns[UPF_OP_COUNT] = {
+    [UPF_OP_SELECT_PART_GEMM] = upf_verify_select_part_gemm,
+    [UPF_OP_SELECT_BLOCK_SOFTMAX] = upf_verify_select_block_softmax,
+    [UPF_OP_SELECT_BLOCK_REDUCE] = upf_verify_select_block_reduce,
+    [UPF_OP_SELECT_TOPP] = upf_verify_select_topp,
+    [UPF_OP_SELECT_EXPAND] = upf_verify_select_expand,
+    [UPF_OP_SELECT_PIPELINE] = upf_verify_select_pipeline,
+    [UPF_OP_COMPACT_ROWS] = upf_verify_compact_rows,
+};
+
+upf_verify_fn upf_verify_fn_for(upf_op op) { return (unsigned)op < UPF_OP_COUNT ? verify_fns[op] : NULL; }
+
+void upf_verify_record(upf_verify_ctx *ctx, const upf_check *check) {
+  if (check->passed)
+    ctx->passed++;
+  else
+    ctx->failed++;
+  if (ctx->log) {
+    upf_check_print(ctx->log, check);
+    fflush(ctx->log);
+  }
+}
+
+int upf_verify_run(upf_verify_ctx *ctx, const char *filter) {
+  int all = !filter || !strcmp(filter, "all");
+  for (int op = 0; op < UPF_OP_COUNT; op++) {
+    const char *name = upf_op_name((upf_op)op);
+    if (!all && strncmp(name, filter, strlen(filter)) != 0)
+      continue;
+    if (!verify_fns[op]) {
+      /* An op without verify cases is a defect, not a pass. */
+      upf_check missing = {.passed = 0};
+      snprintf(missing.op, sizeof missing.op, "%s", name);
+      snprintf(missing.variant, sizeof missing.variant, "registry");
+      snprintf(missing.detail, sizeof missing.detail, "no verify entry registered for this op");
+      upf_verify_record(ctx, &missing);
+      continue;
+    }
+    verify_fns[op](ctx);
+  }
+  return ctx->failed;
+}

@@ -1,0 +1,49 @@
+/* The verify harness: runs every op of the op table on a backend under test against the CPU
+ * reference (or, when the backend under test is the CPU, the reference against its invariants,
+ * hand-computed golden cases and its own stage chain). One line per check; never stops early. */
+#ifndef UNIPREFILL_VERIFY_H
+#define UNIPREFILL_VERIFY_H
+
+#include <stdio.h>
+
+#include "uniprefill/backend.h"
+#include "uniprefill/ops.h"
+#include "verify/compare.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+  const upf_backend *backend; /* under test */
+  FILE *log;                  /* one line per check */
+  int quick;                  /* smaller shape set (valgrind, CI) */
+  int passed, failed;
+} upf_verify_ctx;
+
+/* Records and prints one check. */
+void upf_verify_record(upf_verify_ctx *ctx, const upf_check *check);
+
+/* Per-op verify entry: runs all of the op's cases. */
+typedef void (*upf_verify_fn)(upf_verify_ctx *ctx);
+
+/* The registry, indexed by op (see verify/verify.c). */
+upf_verify_fn upf_verify_fn_for(upf_op op);
+
+/* Runs the ops whose name starts with `filter` ("select", "all" or NULL for every op). Returns the
+ * number of failed checks. */
+int upf_verify_run(upf_verify_ctx *ctx, const char *filter);
+
+/* Op entries (verify/verify_select.c). */
+void upf_verify_select_part_gemm(upf_verify_ctx *ctx);
+void upf_verify_select_block_softmax(upf_verify_ctx *ctx);
+void upf_verify_select_block_reduce(upf_verify_ctx *ctx);
+void upf_verify_select_topp(upf_verify_ctx *ctx);
+void upf_verify_select_expand(upf_verify_ctx *ctx);
+void upf_verify_select_pipeline(upf_verify_ctx *ctx);
+void upf_verify_compact_rows(upf_verify_ctx *ctx);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
