@@ -80,11 +80,15 @@ $(BENCH_BIN): $(BUILD)/perf/bench_main.o $(LIB)
 	$(CXX) -o $@ $^ $(LDLIBS) -lbenchmark
 
 # The main job: verify what this machine's backends can run, benchmark, and summarise.
-run: deps all
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+
+run: deps
+	$(MAKE) -j$(JOBS) all
 	$(UPF) report --out $(BUILD)/report
 
 # CUnit suites, then the CPU suites again under Valgrind memcheck (no CUDA calls in that run).
-test: deps all
+test: deps
+	$(MAKE) -j$(JOBS) all
 	$(TEST_BIN)
 	UPF_BACKENDS=cpu UPF_TEST_QUICK=1 valgrind --error-exitcode=3 --leak-check=full \
 	  --errors-for-leak-kinds=definite --show-leak-kinds=definite $(TEST_BIN)

@@ -3,7 +3,7 @@
 # Idempotent: a second run installs nothing and prints nothing but the summary line.
 set -euo pipefail
 
-packages=(build-essential libopenblas-dev libcunit1-dev libbenchmark-dev valgrind python3)
+packages=(build-essential libopenblas-dev libcunit1-dev libbenchmark-dev valgrind)
 
 missing=()
 for pkg in "${packages[@]}"; do

@@ -14,6 +14,12 @@
 #include <string>
 #include <vector>
 
+// The C handle: Google Benchmark's state and which spec it runs.
+struct upf_bench_state {
+  benchmark::State *gb;
+  size_t spec;
+};
+
 namespace {
 
 struct Spec {
@@ -209,12 +215,6 @@ void fill_result(const Entry &e, upf_bench_result *r) {
 }
 
 }  // namespace
-
-// The C handle: Google Benchmark's state and which spec it runs.
-struct upf_bench_state {
-  benchmark::State *gb;
-  size_t spec;
-};
 
 extern "C" {
 

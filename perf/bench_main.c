@@ -1,0 +1,145 @@
+/* bench_upf: runs every registered benchmark under Google Benchmark (all --benchmark_* flags apply),
+ * stamps the results with device, commit and command line, and ends with a one-line-per-benchmark
+ * summary. Exits 1 if a benchmark failed; a benchmark skipped for want of a device is not a failure. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "perf/bench.h"
+#include "uniprefill/backend.h"
+
+/* First line a shell command prints, without the newline; "" when it prints nothing or fails. */
+static void command_output(const char *cmd, char *buf, size_t cap) {
+  buf[0] = '\0';
+  FILE *p = popen(cmd, "r");
+  if (!p)
+    return;
+  if (!fgets(buf, (int)cap, p))
+    buf[0] = '\0';
+  buf[strcspn(buf, "\n")] = '\0';
+  if (pclose(p) != 0)
+    buf[0] = '\0';
+}
+
+/* The commit the binary was run from: git if this is a checkout (with "-dirty" when tracked files
+ * differ from it, since such numbers are not reproducible from the hash alone), else $UPF_COMMIT. */
+static void commit_id(char *buf, size_t cap) {
+  char dirty[8];
+  command_output("git rev-parse --short HEAD 2>/dev/null", buf, cap);
+  if (buf[0]) {
+    command_output("git status --porcelain --untracked-files=no 2>/dev/null | head -c 1", dirty, sizeof dirty);
+    if (dirty[0] && strlen(buf) + 7 < cap)
+      strcat(buf, "-dirty");
+    return;
+  }
+  const char *env = getenv("UPF_COMMIT");
+  snprintf(buf, cap, "%s", env && *env ? env : "unknown");
+}
+
+/* argv as a shell would need it to run the same thing again (single quotes where needed). */
+static char *command_line(int argc, char **argv) {
+  size_t cap = 1;
+  for (int i = 0; i < argc; i++)
+    cap += 4 * strlen(argv[i]) + 3;
+  char *out = malloc(cap), *w = out;
+  if (!out)
+    return NULL;
+  for (int i = 0; i < argc; i++) {
+    const char *a = argv[i];
+    int plain = *a != '\0' && strspn(a, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-./=:,+@%") ==
+                                  strlen(a);
+    if (i)
+      *w++ = ' ';
+    if (plain) {
+      w += sprintf(w, "%s", a);
+      continue;
+    }
+    *w++ = '\'';
+    for (; *a; a++)
+      w += *a == '\'' ? sprintf(w, "'\\''") : sprintf(w, "%c", *a);
+    *w++ = '\'';
+  }
+  *w = '\0';
+  return out;
+}
+
+static void add_context(int argc, char **argv) {
+  char buf[1024];
+  const upf_backend *cuda = upf_backend_cuda();
+  if (cuda->probe() == UPF_OK)
+    upf_bench_add_context("gpu", cuda->describe());
+  else {
+    snprintf(buf, sizeof buf, "none (%s)", upf_last_error());
+    upf_bench_add_context("gpu", buf);
+  }
+#ifdef UPF_HAVE_CUDA
+  upf_bench_add_context("build", "CUDA=1");
+#else
+  upf_bench_add_context("build", "CUDA=0");
+#endif
+  commit_id(buf, sizeof buf);
+  upf_bench_add_context("commit", buf);
+  char *cmd = command_line(argc, argv);
+  upf_bench_add_context("command", cmd ? cmd : argv[0]);
+  free(cmd);
+}
+
+static const char *format_time(double s, char *buf, size_t cap) {
+  if (!isfinite(s))
+    snprintf(buf, cap, "-");
+  else if (s >= 1.0)
+    snprintf(buf, cap, "%.3f s", s);
+  else if (s >= 1e-3)
+    snprintf(buf, cap, "%.3f ms", s * 1e3);
+  else
+    snprintf(buf, cap, "%.2f us", s * 1e6);
+  return buf;
+}
+
+static const char *format_value(double v, double scale, const char *fmt, char *buf, size_t cap) {
+  if (isfinite(v))
+    snprintf(buf, cap, fmt, v / scale);
+  else
+    snprintf(buf, cap, "-");
+  return buf;
+}
+
+static void print_summary(const upf_bench_result *results, int count) {
+  if (count == 0)
+    return;
+  int width = 4;
+  for (int i = 0; i < count; i++)
+    width = (int)strlen(results[i].name) > width ? (int)strlen(results[i].name) : width;
+  printf("\nsummary: median over repetitions; share = TB/s over the measured device copy bandwidth\n");
+  printf("%-*s %12s %9s %8s %6s\n", width, "name", "median", "TFLOP/s", "TB/s", "share");
+  for (int i = 0; i < count; i++) {
+    const upf_bench_result *r = &results[i];
+    if (r->error) {
+      printf("%-*s %s: %s\n", width, r->name, r->no_device ? "skipped" : "FAILED", r->error);
+      continue;
+    }
+    char t[32], f[32], b[32], s[32];
+    printf("%-*s %12s %9s %8s %6s\n", width, r->name, format_time(r->median_s, t, sizeof t),
+           format_value(upf_bench_result_counter(r, UPF_BENCH_FLOPS), 1e12, "%.3f", f, sizeof f),
+           format_value(upf_bench_result_counter(r, UPF_BENCH_BYTES), 1e12, "%.4f", b, sizeof b),
+           format_value(upf_bench_result_counter(r, UPF_BENCH_COPY_SHARE), 0.01, "%.1f%%", s, sizeof s));
+  }
+}
+
+int main(int argc, char **argv) {
+  add_context(argc, argv);
+  upf_register_all_benchmarks();
+  upf_bench_result *results = NULL;
+  int count = 0;
+  if (upf_bench_run(argc, argv, &results, &count) != UPF_OK) {
+    fprintf(stderr, "bench_upf: %s\n", upf_last_error());
+    return 2;
+  }
+  print_summary(results, count);
+  int failed = 0;
+  for (int i = 0; i < count; i++)
+    failed += results[i].error && !results[i].no_device;
+  upf_bench_results_free(results, count);
+  return failed ? 1 : 0;
+}

@@ -1,0 +1,14 @@
+/* The one list of benchmark families. A new op's benchmark file exposes a register function and
+ * adds one line here; bench_main and anything else that runs benchmarks call this. */
+#include <stddef.h>
+
+#include "perf/bench.h"
+
+static void (*const families[])(void) = {
+    upf_register_select_benchmarks, /* copy_bandwidth ceiling, select.pipeline on cpu and cuda */
+};
+
+void upf_register_all_benchmarks(void) {
+  for (size_t i = 0; i < sizeof families / sizeof families[0]; i++)
+    families[i]();
+}
