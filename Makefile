@@ -12,7 +12,8 @@ endif
 
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 CUDA_ARCH ?= -gencode=arch=compute_90,code=sm_90
-BUILD ?= build
+# A CPU-only tree builds apart, so switching CUDA= never mixes objects of the two.
+BUILD ?= build$(if $(filter 0,$(CUDA)),-cpu)
 
 CC ?= cc
 CXX ?= c++

@@ -67,9 +67,9 @@ static void print_summary(FILE *out, const upf_backend *be, const verify_tally *
     double share = upf_bench_result_counter(r, UPF_BENCH_COPY_SHARE);
     char f[32] = "", b[32] = "", s[32] = "";
     if (!isnan(flops))
-      snprintf(f, sizeof f, "%.1f", flops / 1e12);
+      snprintf(f, sizeof f, "%.3g", flops / 1e12);
     if (!isnan(bytes))
-      snprintf(b, sizeof b, "%.3f", bytes / 1e12);
+      snprintf(b, sizeof b, "%.3g", bytes / 1e12);
     if (!isnan(share))
       snprintf(s, sizeof s, "%.2f", share);
     fprintf(out, "| %s | %.4g ms | %.1f%% | %.4g ms | %s | %s | %s |\n", r->name, r->median_s * 1e3, r->cv * 100.0,

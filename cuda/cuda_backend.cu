@@ -25,7 +25,7 @@ struct cuda_state {
   int device = 0;
   int num_sms = 0;
   size_t smem_optin = 0;
-  char description[256] = "";
+  char description[384] = "";
 
   void *workspace = nullptr; /* device, grow-only */
   size_t workspace_bytes = 0;
@@ -68,7 +68,7 @@ upf_status init_locked(void) {
   int driver = 0, runtime = 0;
   UPF_CUDA_TRY(cudaDriverGetVersion(&driver));
   UPF_CUDA_TRY(cudaRuntimeGetVersion(&runtime));
-  snprintf(g.description, sizeof g.description, "%s, %d SMs, driver %d.%d, runtime %d.%d, sm_%d%d", prop.name,
+  snprintf(g.description, sizeof g.description, "%.200s, %d SMs, driver %d.%d, runtime %d.%d, sm_%d%d", prop.name,
            prop.multiProcessorCount, driver / 1000, (driver % 1000) / 10, runtime / 1000, (runtime % 1000) / 10,
            prop.major, prop.minor);
   UPF_CUDA_TRY(cudaStreamCreate(&g.stream));

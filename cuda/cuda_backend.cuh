@@ -1,6 +1,6 @@
 /* Shared state of the CUDA backend (plain C header): the one stream every op of the backend runs on,
  * the grow-only device workspace, pinned host staging for small transfers, and device facts. Kernels
- * of cuda/*.cu reach these here; benchmarks record their events on upf_cuda_stream(). */
+ * of the cuda/ sources reach these here; benchmarks record their events on upf_cuda_stream(). */
 #ifndef UNIPREFILL_CUDA_BACKEND_CUH
 #define UNIPREFILL_CUDA_BACKEND_CUH
 

@@ -8,13 +8,7 @@
 #include <new>
 #include <vector>
 
-#if __has_include("cuda/cuda_backend.cuh")
 #include "cuda/cuda_backend.cuh"
-#else
-/* The backend's stream, defined in cuda/cuda_backend.cu; declared here only while its header is
- * not in the tree, with the same signature. */
-extern "C" cudaStream_t upf_cuda_stream(void);
-#endif
 
 #define PERF_CUDA_TRY(call)                                                                          \
   do {                                                                                               \

@@ -42,6 +42,16 @@ void upf_cuda_select_set_variants(upf_cuda_score_variant score, upf_cuda_topp_va
 /* Key-chunk size (keys per CTA) of the fused score kernel: 0 picks it from the batch shape. */
 void upf_cuda_select_set_key_chunk(int32_t keys);
 
+/* Shape of the bf16 tensor-core score kernel: 0 = 8 warps x 2 m-tiles (256 query rows per CTA,
+ * default), 1 = 4 warps x 2 m-tiles (128 rows, two CTAs per SM), 2 = 8 warps x 1 m-tile. */
+void upf_cuda_select_set_mma_shape(int shape);
+
+/* Phase timing of select_run for benchmarks: when enabled, select_run records device events between
+ * its phases; read gives the last call's milliseconds for (score kernel, combine, top-p, expansion).
+ * Returns 0 when no timed call has completed. */
+void upf_cuda_select_profile(int enable);
+int upf_cuda_select_profile_read(float phase_ms[4]);
+
 #ifdef __cplusplus
 }
 #endif

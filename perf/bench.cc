@@ -28,6 +28,7 @@ struct Spec {
   std::vector<int64_t> args;
   std::string first_error;  // first skip message of any run: a run that fails while others pass
                             // would otherwise vanish behind the aggregates
+  int64_t iterations = 0;   // of the last run that completed (aggregates only count repetitions)
 };
 
 std::vector<Spec> &specs() {
@@ -166,6 +167,14 @@ void register_with_google_benchmark(bool repetitions_from_flag) {
     auto *b = benchmark::RegisterBenchmark(specs()[i].name.c_str(), [i](benchmark::State &gb) {
       upf_bench_state st{&gb, i};
       specs()[i].c.fn(&st, specs()[i].c.ctx);
+      // A run skipped before its loop never started, and so counts other iterations than the
+      // repetitions that ran; Google Benchmark 1.7.1 aborts on that mismatch when it computes the
+      // aggregates. Starting the loop now (it ends at once after a skip) makes the counts agree.
+      if (gb.error_occurred())
+        while (gb.KeepRunning()) {
+        }
+      else
+        specs()[i].iterations = (int64_t)gb.iterations();
     });
     b->Unit(gb_unit(c.unit));
     if (c.flags & UPF_BENCH_MANUAL_TIME)
@@ -301,8 +310,12 @@ upf_status upf_bench_run(int argc, char **argv, upf_bench_result **results, int 
 
   for (const Spec &s : specs()) {
     for (Entry &e : recorder.entries)
-      if (e.name == s.name && e.error.empty() && !s.first_error.empty())
-        e.error = s.first_error;
+      if (e.name == s.name) {
+        if (e.error.empty() && !s.first_error.empty())
+          e.error = s.first_error;
+        if (e.iterations == 0)
+          e.iterations = s.iterations;
+      }
     if (s.c.teardown)
       s.c.teardown(s.c.ctx);
   }

@@ -112,7 +112,7 @@ static void print_summary(const upf_bench_result *results, int count) {
   for (int i = 0; i < count; i++)
     width = (int)strlen(results[i].name) > width ? (int)strlen(results[i].name) : width;
   printf("\nsummary: median over repetitions; share = TB/s over the measured device copy bandwidth\n");
-  printf("%-*s %12s %9s %8s %6s\n", width, "name", "median", "TFLOP/s", "TB/s", "share");
+  printf("%-*s %12s %9s %9s %6s\n", width, "name", "median", "TFLOP/s", "TB/s", "share");
   for (int i = 0; i < count; i++) {
     const upf_bench_result *r = &results[i];
     if (r->error) {
@@ -120,9 +120,9 @@ static void print_summary(const upf_bench_result *results, int count) {
       continue;
     }
     char t[32], f[32], b[32], s[32];
-    printf("%-*s %12s %9s %8s %6s\n", width, r->name, format_time(r->median_s, t, sizeof t),
-           format_value(upf_bench_result_counter(r, UPF_BENCH_FLOPS), 1e12, "%.3f", f, sizeof f),
-           format_value(upf_bench_result_counter(r, UPF_BENCH_BYTES), 1e12, "%.4f", b, sizeof b),
+    printf("%-*s %12s %9s %9s %6s\n", width, r->name, format_time(r->median_s, t, sizeof t),
+           format_value(upf_bench_result_counter(r, UPF_BENCH_FLOPS), 1e12, "%.4g", f, sizeof f),
+           format_value(upf_bench_result_counter(r, UPF_BENCH_BYTES), 1e12, "%.4g", b, sizeof b),
            format_value(upf_bench_result_counter(r, UPF_BENCH_COPY_SHARE), 0.01, "%.1f%%", s, sizeof s));
   }
 }
