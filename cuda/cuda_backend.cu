@@ -35,6 +35,8 @@ struct cuda_state {
   cudaEvent_t staging_done = nullptr;
 
   void *result = nullptr; /* pinned host, 4096 bytes, for small device->host reads */
+
+  cublasHandle_t cublas = nullptr; /* created on first use, bound to `stream` */
 };
 
 cuda_state g;
@@ -99,6 +101,26 @@ extern "C" cudaStream_t upf_cuda_stream(void) {
   if (upf_cuda_init() != UPF_OK)
     return nullptr;
   return g.stream;
+}
+
+extern "C" cublasHandle_t upf_cuda_cublas(void) {
+  if (upf_cuda_init() != UPF_OK)
+    return nullptr;
+  std::lock_guard<std::mutex> guard(g.lock);
+  if (!g.cublas) {
+    cublasHandle_t h = nullptr;
+    cublasStatus_t st = cublasCreate(&h);
+    if (st == CUBLAS_STATUS_SUCCESS)
+      st = cublasSetStream(h, g.stream);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+      if (h)
+        cublasDestroy(h);
+      upf_fail(UPF_ERR_CUDA, "cuda: cannot create the cuBLAS handle: %s (%d)", cublasGetStatusString(st), (int)st);
+      return nullptr;
+    }
+    g.cublas = h;
+  }
+  return g.cublas;
 }
 
 extern "C" int upf_cuda_num_sms(void) { return g.num_sms; }

@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
 #include "uniprefill/status.h"
@@ -22,6 +23,11 @@ cudaStream_t upf_cuda_stream(void);
 /* Initialises the device context and the stream once; UPF_ERR_NO_DEVICE / UPF_ERR_CUDA otherwise.
  * Every CUDA entry point calls this first. Fails without a CUDA call when UPF_BACKENDS excludes cuda. */
 upf_status upf_cuda_init(void);
+
+/* The backend's one cuBLAS handle, bound to upf_cuda_stream(); created on first use. NULL (with the
+ * error recorded) when the device or cuBLAS cannot be initialised. Callers that change its math or
+ * pointer mode put the previous setting back. */
+cublasHandle_t upf_cuda_cublas(void);
 
 /* Multiprocessor count and opt-in shared memory per block of the current device (after init). */
 int upf_cuda_num_sms(void);

@@ -2,30 +2,33 @@
  * stage-alone kernels that exist for verification.
  *
  * Floors at T=128K, Hq=32, Hkv=8, D=128, L=128, bf16, one request (H200: ~790 TFLOP/s bf16 dense
- * measured through cuBLAS, ~4.3 TB/s device copy):
+ * through cuBLAS, ~4.3 TB/s device copy; KINDS.md):
  *   FLOP floor: one pass of QK^T is 2*L*T*D*Hq = 137 GFLOP -> 0.17 ms at 790 TFLOP/s (the issue's
  *     two-pass design needs two: 274 GFLOP, 0.35 ms); exponentials L*T*Hq = 0.54 G per pass
- *     (MUFU ex2 at 16/clk/SM, 132 SMs, 1.98 GHz: 0.13 ms per pass).
+ *     (MUFU ex2 at 16/clk/SM, 132 SMs, 1.8-1.98 GHz: 0.13-0.14 ms per pass).
  *   Byte floor: K read once, T*Hkv*D*2 = 268 MB -> 0.062 ms (q: only L rows, 1 MB).
- *   So the problem is arithmetic-bound; this design does ONE tensor-core pass (below).
+ *   So the problem is arithmetic-bound; this design does ONE tensor-core pass (below). With
+ *   mma.sync (no wgmma) the tensor pipe tops out near 60% of the cuBLAS rate, ~0.28 ms for the pass.
  *
  * select_run, fused (no score tensor is materialised):
- *   1. sel_score_kernel<MmaBf16 | Ffma<T>, MODE>: grid over (key chunk of KC keys, kv head, row group,
- *      scored request). A CTA owns the g*L query rows of its kv-head group (or RPC of them) and streams
- *      the chunk's K through shared memory in tiles of 64 keys (cp.async double buffer, 128-bit
- *      swizzled rows, ldmatrix; Q stays in registers as mma.sync m16n8k16 A fragments, fp32
- *      accumulators). Per query row and tile it takes the tile max (causal mask for the last L keys)
- *      and exp2(s*scale*log2e - max) with ex2.approx, and writes per (row, segment) the pair
- *      (M = reference max, U = sum of exp2 over the segment) where a segment is the part of a
- *      selection block inside one chunk; G >= 64 keeps an online max across the tiles of a block,
- *      G < 64 writes one max per tile (unit) and U per block. It also writes per (row, chunk) the
- *      online-softmax pair (MC, LC). This is one GEMM pass instead of two: the normaliser of a row is
- *      only needed after the fact, as a scale on U.
- *      Variants: MmaBf16<D> (bf16, D = 64/128/256, 16-byte aligned rows) and Ffma<T> (fp32 inputs:
- *      fp32 FFMA, no TF32, any D <= 256; also the bf16 fallback for other D or unaligned rows).
- *   2. sel_row_stats_kernel: per (row): m = max MC, l = sum LC*exp2(MC-m) over chunks (fixed order).
- *   3. sel_block_mass_kernel: one warp per block: b = sum_rows sum_segments U*exp2(M-m)/l, lanes
- *      strided over rows, then a fixed xor-tree. Every float reduction in 1-3 has a fixed order:
+ *   1. sel_score_kernel<MmaBf16<D,NW,MT,PIPE> | Ffma<T>, MODE>: grid over (key chunk of KC keys, kv
+ *      head, row group, scored request). A CTA owns RPC = NW*16*MT of the g*L query rows of its
+ *      kv-head group and streams the chunk's K through shared memory in tiles of 64 keys (cp.async
+ *      double buffer, 16-byte chunks XOR-swizzled per row, ldmatrix.x4; Q stays in registers as
+ *      mma.sync m16n8k16 A fragments, fp32 accumulators). Per query row it keeps an online max and
+ *      exp2(dot*scale*log2e - max) (one FFMA + ex2.approx) and writes per (row, segment) the pair
+ *      (M = reference max, U = sum of exp2 over the segment); a segment is the part of a selection
+ *      block inside one chunk. G < 64 (MODE 0) writes one max per 64-key tile and U per block. It
+ *      also writes per (row, chunk) the online-softmax pair (MC, LC). One GEMM pass instead of two:
+ *      the normaliser of a row is only needed after the fact, as a scale on U.
+ *      Variants: MmaBf16 (bf16, D = 64/128/256, 16-byte aligned rows): default NW=8 warps x MT=2
+ *      m-tiles (256 rows per CTA, 1 CTA/SM; MT=1 for D=256), PIPE = half-tile software pipeline
+ *      (the MMAs of the next 32 keys are issued before the exponentials of the current 32);
+ *      upf_cuda_select_set_mma_shape picks 4x2 (2 CTAs/SM), 8x1, and PIPE off. Ffma<T>: fp32 FFMA
+ *      (no TF32) for fp32 inputs, and the bf16 fallback for other D <= 256 or unaligned rows.
+ *   2. sel_row_stats_kernel: per row: m = max MC, l = sum LC*exp2(MC-m) over chunks (fixed order).
+ *   3. sel_block_mass_kernel: one CTA per block: b = sum_rows sum_segments U*exp2(M-m)/l, threads
+ *      strided over rows, then cub::BlockReduce. Every float reduction in 1-3 has a fixed order:
  *      results are bitwise identical run to run (no float atomics).
  *   4. sel_topp_fused_kernel: one CTA per scored request; keys (float bits of b << IB | block) sorted
  *      descending by cub::BlockRadixSort (ties: larger index first), then BlockReduce for the sum and
@@ -36,14 +39,41 @@
  *   5. Expansion: sel_token_mask_kernel, cub::DeviceScan::ExclusiveSum of the 0/1 mask, scatter of
  *      kept_index, new cu_seqlens and counts; one 16-byte device-to-host read at the end (kept_total
  *      and the non-finite flags).
- * Non-finite q/k rows that selection reads make some score non-finite, which the score kernel
- * flags; only then (slow path) sel_nonfinite_scan_kernel finds the tensor, token, head and dim.
+ * Non-finite inputs: the PIPE kernel checks its operands (x*0 + chk in bf16x2 over the q fragments
+ * once and over each K tile once per kv group: exactly the rows SPEC's check reads); the other
+ * variants check every score. Only when flagged (slow path) sel_nonfinite_scan_kernel names the
+ * tensor, token, head and dim, as the CPU reference does.
  *
  * Stage-alone entries (simple, correct on every shape, for verification): sel_part_gemm_kernel
  * (one thread per score, fp32 FMA over D), sel_softmax_rows_kernel + sel_token_mass_kernel,
  * sel_block_reduce_kernel; select_topp and select_expand share the kernels of steps 4 and 5.
  *
- * Measured: see the table at the end of this comment (filled in after the runs).
+ * Measured (H200 SXM, driver 580.159.04, CUDA 13.0, SM clock 1.8 GHz under load; Hq=32, Hkv=8,
+ * D=128, L=128, G=64, p=0.99, sink=128, uniform random inputs; cudaEvent around select_run,
+ * median of 15 (1M: 4, f32 1M: 2) after 3 warm-ups, K rotated over >= 400 MB of buffers):
+ *      T      bf16 total  (score  combine  top-p  expand)     f32 total
+ *      8K      0.110 ms   (0.049   0.010   0.023  0.012)      0.554 ms
+ *      32K     0.227 ms   (0.157   0.014   0.023  0.014)      1.805 ms
+ *      128K    0.683 ms   (0.595   0.032   0.025  0.015)      6.76 ms
+ *      1M      5.00 ms    (4.58    0.173   0.205  0.026)     52.9 ms
+ *   Batches (bf16, T = 128K packed): 16 x 8K 0.694 ms, 64 x 2K 0.723 ms, 256 x 512 1.04 ms (min
+ *   0.87); 32 prefill rows of 4-7K + 32 decode rows (T = 180K) 0.985 ms.
+ *   Command: the scratch harness /tmp/upf_sel_check/check.cu (check bench; check verify) built
+ *   against the library; phases from upf_cuda_select_profile.
+ *   Score kernel at 128K: 137 GFLOP in 0.595 ms = 230 TFLOP/s, 29% of the cuBLAS rate; ncu: issue
+ *   slots 38% busy, no eligible warp 60% of cycles, 2 warps per scheduler (233 registers): latency
+ *   bound. The rest (combine + top-p + expand + launch gaps) is a ~70 us constant.
+ * History (prediction -> outcome, T=128K score kernel unless noted):
+ *   v1 8x2, barrier per tile, per-score finite check: 0.730 ms, total 0.904.
+ *   block mass as one CTA per block (was a warp): combine 0.10 -> 0.03 predicted, 0.032 measured.
+ *   4x2 shape, 2 CTAs/SM out of phase: predicted 0.73 -> 0.45, measured 0.728 (no gain).
+ *   half-tile MMA/exp pipeline: 0.722 -> 0.686 (5%).
+ *   instruction diet (the causal mask had been if-converted into every tile; cp.async addresses
+ *     precomputed; operand finite check instead of one FFMA per score): 1513 -> ~800 instructions
+ *     per warp-tile, predicted 0.686 -> 0.44, measured 0.595 (instructions -36%, issue 51% -> 38%).
+ *   Next steps toward 0.5 ms total: wgmma (sm_90a) so the tensor cores run asynchronously while the
+ *   same warps do the exponentials (FA3 style), or more resident warps; top-p sized to the block
+ *   count (a 4096-key sort is a 23 us constant); drop M by holding a chunk's segment sums in smem.
  */
 #include <algorithm>
 #include <math.h>
@@ -320,11 +350,13 @@ struct score_args {
 constexpr int KT = 64; /* keys per tile */
 
 /* bf16 tensor-core policy: Q rows in registers as A fragments, K tiles in swizzled smem. */
-template <int D_, int NW_, int MT_>
+template <int D_, int NW_, int MT_, bool PIPE_>
 struct MmaBf16 {
   static constexpr int D = D_;
-  static constexpr int MT = MT_; /* m16 tiles per warp */
-  static constexpr int NW = NW_; /* warps per CTA */
+  static constexpr int MT = MT_;       /* m16 tiles per warp */
+  static constexpr int NW = NW_;       /* warps per CTA */
+  static constexpr bool PIPE = PIPE_;  /* half-tile software pipeline (G >= 64 only) */
+  static constexpr int MINB = (NW == 4 || (MT == 1 && D <= 128)) ? 2 : 1; /* CTAs per SM to fit */
   static constexpr int THREADS = NW * 32;
   static constexpr int RPC = NW * 16 * MT;
   static constexpr int KBUF = 2;
@@ -332,6 +364,64 @@ struct MmaBf16 {
   static size_t smem_bytes(int) { return (size_t)KBUF * KT * D * 2; }
 
   uint32_t a[MT][KS][4];
+  /* Fast K-tile issue: this thread copies chunks (kk0 + j*KSTEP, ch0) of every tile. */
+  static constexpr int CPR = D / 8;              /* 16-byte chunks per key row */
+  static constexpr int KSTEP = THREADS / CPR;    /* key rows between a thread's chunks */
+  static constexpr int KJ = KT * CPR / THREADS;  /* chunks per thread per tile */
+  const __nv_bfloat16 *kbase;                    /* k + tok0*ks0 + kvh*ks1 + ch0*8 */
+  int64_t ks0;
+  int kk0, ch0;
+  __nv_bfloat162 chk2; /* NaN once a checked q or k value is NaN/Inf */
+
+  __device__ __forceinline__ void init_k(const score_args &x, int64_t tok0, int kvh) {
+    kk0 = threadIdx.x / CPR;
+    ch0 = threadIdx.x % CPR;
+    ks0 = x.ks0;
+    kbase = (const __nv_bfloat16 *)x.k + tok0 * x.ks0 + (int64_t)kvh * x.ks1 + ch0 * 8;
+    chk2 = __floats2bfloat162_rn(0.f, 0.f);
+  }
+
+  __device__ __forceinline__ void issue_fast(uint8_t *smem, int buf, int n, int kb) {
+    const uint32_t base = (uint32_t)__cvta_generic_to_shared(smem + (size_t)buf * KT * D * 2);
+    const __nv_bfloat16 *src0 = kbase + (int64_t)(kb + kk0) * ks0;
+    const int64_t step = (int64_t)KSTEP * ks0;
+#pragma unroll
+    for (int j = 0; j < KJ; j++) {
+      const int kk = kk0 + j * KSTEP;
+      const bool in = kb + kk < n;
+      const __nv_bfloat16 *src = in ? src0 + j * step : kbase;
+      uint32_t dst = base + kk * D * 2 + ((ch0 ^ (kk & 7)) << 4);
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(in ? 16 : 0));
+    }
+    asm volatile("cp.async.commit_group;\n" ::);
+  }
+
+  /* x*0 + chk is NaN for x = NaN or +-Inf: checks this thread's slice of the tile in buffer buf. */
+  __device__ __forceinline__ void check_tile(const uint8_t *smem, int buf) {
+    const uint4 *t = (const uint4 *)(smem + (size_t)buf * KT * D * 2);
+    const __nv_bfloat162 zero = __floats2bfloat162_rn(0.f, 0.f);
+#pragma unroll
+    for (int j = 0; j < KJ; j++) {
+      uint4 v = t[threadIdx.x + j * THREADS];
+      chk2 = __hfma2(*(__nv_bfloat162 *)&v.x, zero, chk2);
+      chk2 = __hfma2(*(__nv_bfloat162 *)&v.y, zero, chk2);
+      chk2 = __hfma2(*(__nv_bfloat162 *)&v.z, zero, chk2);
+      chk2 = __hfma2(*(__nv_bfloat162 *)&v.w, zero, chk2);
+    }
+  }
+
+  __device__ __forceinline__ void check_q() {
+    const __nv_bfloat162 zero = __floats2bfloat162_rn(0.f, 0.f);
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+      for (int ks = 0; ks < KS; ks++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+          chk2 = __hfma2(*(const __nv_bfloat162 *)&a[mt][ks][e], zero, chk2);
+  }
+
+  __device__ __forceinline__ bool bad() const { return __hisnan(chk2.x) || __hisnan(chk2.y); }
 
   __device__ __forceinline__ void load_q(const score_args &x, uint8_t *smem, const int64_t qrow_off[MT][2],
                                          const bool valid[MT][2]) {
@@ -405,6 +495,38 @@ struct MmaBf16 {
     }
   }
 
+  /* Keys [32*half, 32*half + 32) of the tile in buffer buf: four n8 tiles. */
+  __device__ __forceinline__ void compute_half(const uint8_t *smem, int buf, int half, float (&acc)[MT][4][4]) {
+    const int lane = threadIdx.x & 31;
+    const uint8_t *base = smem + (size_t)buf * KT * D * 2;
+    const int mi = lane >> 3, rr = lane & 7;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+      for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+          acc[mt][nt][e] = 0.f;
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++) {
+#pragma unroll
+      for (int npl = 0; npl < 2; npl++) {
+        int kk = (half * 2 + npl) * 16 + rr + ((mi & 2) ? 8 : 0);
+        int ch = ks * 2 + (mi & 1);
+        uint32_t addr = (uint32_t)__cvta_generic_to_shared(base + kk * D * 2 + ((ch ^ rr) << 4));
+        uint32_t b0, b1, b2, b3;
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
+                     : "r"(addr));
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+          mma(acc[mt][2 * npl], a[mt][ks], b0, b1);
+          mma(acc[mt][2 * npl + 1], a[mt][ks], b2, b3);
+        }
+      }
+    }
+  }
+
   static __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
                  "{%0,%1,%2,%3};\n"
@@ -418,6 +540,8 @@ struct MmaBf16 {
  * mma.sync C fragment, so the epilogue is shared. Any D <= 256. */
 template <typename T>
 struct Ffma {
+  static constexpr bool PIPE = false;
+  static constexpr int MINB = 1;
   static constexpr int MT = 2;
   static constexpr int NW = 4;
   static constexpr int THREADS = NW * 32;
@@ -513,9 +637,89 @@ __device__ __forceinline__ void merge_stats(float &mc, float &lc, float m, float
   }
 }
 
+/* Per-thread state of the G >= 64 epilogue: 2*MT rows. */
+template <int MT>
+struct big_state {
+  float mrun[2 * MT], usum[2 * MT], mc[2 * MT], lc[2 * MT];
+};
+
+/* G >= 64 epilogue of one piece of NTL n8 tiles (keys kb ..): finite check, causal mask, piece max,
+ * online update of the segment sum; at a segment end writes (M, U) and folds it into (MC, LC). */
+template <int MT, int NTL>
+__device__ __forceinline__ void epi_big(float (&acc)[MT][NTL][4], int kb, bool need_mask, bool seg_end,
+                                        const int (&lim)[MT][2], const bool (&valid)[MT][2],
+                                        const int64_t (&R)[MT][2], big_state<MT> &st, const score_args &x,
+                                        const sel_req &rq, int tq) {
+  const float c = x.c;
+  if (need_mask) { /* only the tiles that reach the last L keys or the request's end */
+    const int key0 = kb + 2 * tq;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+      for (int nt = 0; nt < NTL; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+          if (key0 + nt * 8 + (e & 1) > lim[mt][e >> 1])
+            acc[mt][nt][e] = -INFINITY;
+  }
+  float mx[2 * MT];
+#pragma unroll
+  for (int j = 0; j < 2 * MT; j++)
+    mx[j] = -INFINITY;
+#pragma unroll
+  for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+    for (int nt = 0; nt < NTL; nt++)
+#pragma unroll
+      for (int e = 0; e < 4; e++)
+        mx[mt * 2 + (e >> 1)] = fmaxf(mx[mt * 2 + (e >> 1)], acc[mt][nt][e]);
+#pragma unroll
+  for (int j = 0; j < 2 * MT; j++) {
+    mx[j] = fmaxf(mx[j], __shfl_xor_sync(0xffffffffu, mx[j], 1));
+    mx[j] = fmaxf(mx[j], __shfl_xor_sync(0xffffffffu, mx[j], 2));
+    mx[j] *= c;
+  }
+#pragma unroll
+  for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      const int j = mt * 2 + h;
+      float mnew = fmaxf(st.mrun[j], mx[j]);
+      float ref = mnew == -INFINITY ? 0.f : mnew;
+      float alpha = ex2(st.mrun[j] - ref);
+      float sum = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < NTL; nt++) {
+        sum += ex2(fmaf(acc[mt][nt][2 * h], c, -ref));
+        sum += ex2(fmaf(acc[mt][nt][2 * h + 1], c, -ref));
+      }
+      st.usum[j] = st.usum[j] * alpha + sum;
+      st.mrun[j] = mnew;
+    }
+  if (seg_end) {
+    /* rows of this thread are R[0][0] + 16*mt + 8*h: one base pointer, immediate offsets */
+    const int64_t at = (int64_t)(kb / x.SG) * x.Rn + R[0][0];
+    float *Mp = x.M + rq.m0 + at, *Up = x.U + rq.u0 + at;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        const int j = mt * 2 + h;
+        float uq = quad_sum(st.usum[j]);
+        if (tq == 0 && valid[mt][h]) {
+          Mp[mt * 16 + 8 * h] = st.mrun[j];
+          Up[mt * 16 + 8 * h] = uq;
+        }
+        merge_stats(st.mc[j], st.lc[j], st.mrun[j], uq);
+        st.mrun[j] = -INFINITY;
+        st.usum[j] = 0.f;
+      }
+  }
+}
+
 /* MODE 0: G < 64 (several blocks per tile, one reference max per tile). MODE 1: G >= 64. */
 template <class P, int MODE>
-__global__ void __launch_bounds__(P::THREADS, 1) sel_score_kernel(const score_args x) {
+__global__ void __launch_bounds__(P::THREADS, P::MINB) sel_score_kernel(const score_args x) {
   extern __shared__ __align__(16) uint8_t smem[];
   constexpr int MT = P::MT, NR = 2 * MT;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, tq = lane & 3;
@@ -552,6 +756,63 @@ __global__ void __launch_bounds__(P::THREADS, 1) sel_score_kernel(const score_ar
     }
 
   P pol;
+  if constexpr (P::PIPE && MODE == 1) {
+    /* Half-tile software pipeline: the MMAs of the next 32 keys are issued before the epilogue of
+     * the current 32, so the tensor pipe works while the warp does the exponentials. Non-finite
+     * inputs are caught on the operands (q fragments once, each K tile once per kv group) rather
+     * than on every score. */
+    pol.init_k(x, rq.tok0, kvh);
+    pol.issue_fast(smem, 0, n, k0);
+    if (ntile > 1)
+      pol.issue_fast(smem, 1, n, k0 + KT);
+    pol.load_q(x, smem, qrow_off, valid);
+    pol.check_q();
+    if (ntile > 1)
+      asm volatile("cp.async.wait_group 1;\n" ::);
+    else
+      asm volatile("cp.async.wait_group 0;\n" ::);
+    __syncthreads();
+    const bool check_k = rg == 0; /* the other row groups read the same K tiles */
+    if (check_k)
+      pol.check_tile(smem, 0);
+    big_state<MT> st;
+#pragma unroll
+    for (int j = 0; j < NR; j++) {
+      st.mrun[j] = -INFINITY;
+      st.usum[j] = 0.f;
+      st.mc[j] = -INFINITY;
+      st.lc[j] = 0.f;
+    }
+    float acc0[MT][4][4], acc1[MT][4][4];
+    pol.compute_half(smem, 0, 0, acc0);
+    for (int t = 0; t < ntile; t++) {
+      const int kb = k0 + t * KT;
+      pol.compute_half(smem, t & 1, 1, acc1);
+      epi_big<MT, 4>(acc0, kb, kb + 31 > n - x.L, (kb + 32) % x.SG == 0, lim, valid, R, st, x, rq, tq);
+      asm volatile("cp.async.wait_group 0;\n" ::);
+      __syncthreads();
+      if (t + 2 < ntile)
+        pol.issue_fast(smem, t & 1, n, kb + 2 * KT);
+      if (t + 1 < ntile) {
+        if (check_k)
+          pol.check_tile(smem, (t + 1) & 1);
+        pol.compute_half(smem, (t + 1) & 1, 0, acc0);
+      }
+      epi_big<MT, 4>(acc1, kb + 32, kb + 63 > n - x.L, (kb + 64) % x.SG == 0 || t == ntile - 1, lim, valid, R,
+                     st, x, rq, tq);
+    }
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+      for (int h = 0; h < 2; h++)
+        if (tq == 0 && valid[mt][h]) {
+          x.MC[rq.c0 + (int64_t)chunk * x.Rn + R[mt][h]] = st.mc[mt * 2 + h];
+          x.LC[rq.c0 + (int64_t)chunk * x.Rn + R[mt][h]] = st.lc[mt * 2 + h];
+        }
+    if (pol.bad())
+      atomicMin(x.bad_req, (unsigned)s);
+    return;
+  }
   if constexpr (P::KBUF == 2) {
     pol.issue_k(x, smem, 0, rq.tok0, n, kvh, k0);
     pol.load_q(x, smem, qrow_off, valid);
@@ -585,8 +846,29 @@ __global__ void __launch_bounds__(P::THREADS, 1) sel_score_kernel(const score_ar
     float acc[MT][8][4];
     pol.compute(smem, t & 1, acc);
 
-    /* scale, finite check, causal mask, row max */
-    const bool need_mask = kb + KT - 1 > n - x.L;
+    /* finite check, causal mask (a uniform branch: only tiles that reach the last L keys or the
+     * request's end), row max */
+    if (kb + KT - 1 > n - x.L) {
+      const int key0 = kb + 2 * tq;
+#pragma unroll
+      for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+          for (int e = 0; e < 4; e++) {
+            chk = fmaf(acc[mt][nt][e], 0.f, chk);
+            if (key0 + nt * 8 + (e & 1) > lim[mt][e >> 1])
+              acc[mt][nt][e] = -INFINITY;
+          }
+    } else {
+#pragma unroll
+      for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+          for (int e = 0; e < 4; e++)
+            chk = fmaf(acc[mt][nt][e], 0.f, chk);
+    }
     float mx[NR];
 #pragma unroll
     for (int j = 0; j < NR; j++)
@@ -596,14 +878,8 @@ __global__ void __launch_bounds__(P::THREADS, 1) sel_score_kernel(const score_ar
 #pragma unroll
       for (int nt = 0; nt < 8; nt++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-          float v = acc[mt][nt][e];
-          chk = fmaf(v, 0.f, chk);
-          if (need_mask && kb + nt * 8 + 2 * tq + (e & 1) > lim[mt][e >> 1])
-            v = -INFINITY;
-          acc[mt][nt][e] = v;
-          mx[mt * 2 + (e >> 1)] = fmaxf(mx[mt * 2 + (e >> 1)], v);
-        }
+        for (int e = 0; e < 4; e++)
+          mx[mt * 2 + (e >> 1)] = fmaxf(mx[mt * 2 + (e >> 1)], acc[mt][nt][e]);
     /* c > 0, so the max of the raw dots times c is the max of the scaled scores; the exponent is
      * then one FFMA, exp2(fma(dot, c, -max)). */
 #pragma unroll
@@ -786,7 +1062,7 @@ __global__ void __launch_bounds__(BM_THREADS) sel_block_mass_kernel(sel_dev_plan
   for (int64_t sg = seg0; sg < seg1; sg++) {
     const float *u = U + rq.u0 + sg * Rn;
     const float *m = M + rq.m0 + (sg * SG / UG) * Rn;
-#pragma unroll 4
+#pragma unroll 8
     for (int64_t R = threadIdx.x; R < Rn; R += BM_THREADS)
       acc += u[R] * ex2(m[R] - wm[R]) * wi[R];
   }
@@ -1274,29 +1550,39 @@ upf_status prepare_score_kernel(kernel_cfg &cfg, int D) {
   return UPF_OK;
 }
 
+template <int MODE, int D, int NW, int MT>
+upf_status prepare_mma(kernel_cfg &cfg, bool pipe) {
+  if constexpr (MODE == 1) {
+    if (pipe)
+      return prepare_score_kernel<MmaBf16<D, NW, MT, true>, MODE>(cfg, D);
+  }
+  return prepare_score_kernel<MmaBf16<D, NW, MT, false>, MODE>(cfg, D);
+}
+
 template <int MODE>
 upf_status pick_score_kernel(const upf_select_inputs *in, int D, bool use_mma, kernel_cfg &cfg) {
   if (use_mma) {
-    /* (warps, m-tiles per warp): 8x2 default for D <= 128 (one CTA of 256 rows per SM); the others
-     * are variants for benchmarks. D = 256 keeps one m-tile (its A fragments take 64 registers). */
-    int shape = g_mma_shape;
+    /* Shapes (warps x m-tiles per warp): 0 = 8x2 (D <= 128; 8x1 for D = 256, whose A fragments take
+     * 64 registers per m-tile), 1 = 4x2 (4x1), 2 = 8x1; +4 = without the half-tile pipeline. */
+    int shape = g_mma_shape & 3;
+    bool pipe = (g_mma_shape & 4) == 0;
     if (D == 64) {
       if (shape == 1)
-        return prepare_score_kernel<MmaBf16<64, 4, 2>, MODE>(cfg, D);
+        return prepare_mma<MODE, 64, 4, 2>(cfg, pipe);
       if (shape == 2)
-        return prepare_score_kernel<MmaBf16<64, 8, 1>, MODE>(cfg, D);
-      return prepare_score_kernel<MmaBf16<64, 8, 2>, MODE>(cfg, D);
+        return prepare_mma<MODE, 64, 8, 1>(cfg, pipe);
+      return prepare_mma<MODE, 64, 8, 2>(cfg, pipe);
     }
     if (D == 128) {
       if (shape == 1)
-        return prepare_score_kernel<MmaBf16<128, 4, 2>, MODE>(cfg, D);
+        return prepare_mma<MODE, 128, 4, 2>(cfg, pipe);
       if (shape == 2)
-        return prepare_score_kernel<MmaBf16<128, 8, 1>, MODE>(cfg, D);
-      return prepare_score_kernel<MmaBf16<128, 8, 2>, MODE>(cfg, D);
+        return prepare_mma<MODE, 128, 8, 1>(cfg, pipe);
+      return prepare_mma<MODE, 128, 8, 2>(cfg, pipe);
     }
     if (shape == 1)
-      return prepare_score_kernel<MmaBf16<256, 4, 1>, MODE>(cfg, D);
-    return prepare_score_kernel<MmaBf16<256, 8, 1>, MODE>(cfg, D);
+      return prepare_mma<MODE, 256, 4, 1>(cfg, pipe);
+    return prepare_mma<MODE, 256, 8, 1>(cfg, pipe);
   }
   if (in->q.dtype == UPF_DTYPE_BF16)
     return prepare_score_kernel<Ffma<__nv_bfloat16>, MODE>(cfg, D);
