@@ -549,7 +549,9 @@ struct Ffma {
   static constexpr int KBUF = 1;
   static constexpr int QLD = RPC + 1; /* padded: transposed stores spread over banks */
   static constexpr int KLD = KT + 2;  /* even: float2 loads stay aligned */
-  static size_t smem_bytes(int D) { return (size_t)D * (QLD + KLD) * sizeof(float); }
+  /* The K tile starts 16-byte aligned whatever D is (odd D once made its float2 loads misaligned). */
+  static __host__ __device__ size_t q_floats(int D) { return ((size_t)D * QLD + 3) & ~(size_t)3; }
+  static size_t smem_bytes(int D) { return (q_floats(D) + (size_t)D * KLD) * sizeof(float); }
 
   int D;
 
@@ -573,7 +575,7 @@ struct Ffma {
 
   __device__ __forceinline__ void issue_k(const score_args &x, uint8_t *smem, int, int64_t tok0, int n, int kvh,
                                           int kb) {
-    float *ks = (float *)smem + (size_t)D * QLD;
+    float *ks = (float *)smem + q_floats(D);
     const T *k = (const T *)x.k;
     for (int e = threadIdx.x; e < KT * D; e += THREADS) {
       int kk = e / D, d = e % D;
@@ -590,7 +592,7 @@ struct Ffma {
   __device__ __forceinline__ void compute(const uint8_t *smem, int, float (&acc)[MT][8][4]) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, tq = lane & 3;
     const float *qs = (const float *)smem;
-    const float *ks = (const float *)smem + (size_t)D * QLD;
+    const float *ks = (const float *)smem + q_floats(D);
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll

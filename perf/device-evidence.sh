@@ -21,7 +21,7 @@ for step in "${steps[@]}"; do
     tail -n 1 "$OUT/verify.log" ;;
   sanitize)
     for tool in memcheck racecheck; do
-      compute-sanitizer --tool "$tool" --error-exitcode 9 $BIN/upf verify all --quick --log "$OUT/verify-$tool.log" \
+      compute-sanitizer --tool "$tool" --error-exitcode 9 $BIN/upf verify all --quick \
         >"$OUT/sanitizer-$tool.log" 2>&1 || status=1
       tail -n 2 "$OUT/sanitizer-$tool.log"
     done ;;
