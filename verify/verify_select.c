@@ -36,6 +36,7 @@ static const select_case select_cases[] = {
     {"gqa1 d64 sink", {2000}, 1, 4, 4, 64, UPF_DIST_SINK, .flags = CASE_STAGES},
     {"gqa8 d256 local", {1500, 1}, 2, 16, 2, 256, UPF_DIST_LOCAL, .flags = CASE_STAGES},
     {"gqa4 d128 random", {3000}, 1, 8, 2, 128, UPF_DIST_RANDOM, .flags = CASE_STAGES},
+    {"odd head dim D=33", {700, 1, 300}, 3, 4, 2, 33, UPF_DIST_HEAVY, .flags = CASE_QUICK | CASE_STAGES},
     {"all keys tie", {1024, 640}, 2, 4, 1, 64, UPF_DIST_TIES, .flags = CASE_QUICK | CASE_STAGES},
     {"top-k K=8", {2048}, 1, 8, 2, 128, UPF_DIST_HEAVY, .topk = 8, .flags = CASE_STAGES},
     {"G=16 sink=16 L=32", {700, 45}, 2, 4, 1, 64, UPF_DIST_HEAVY, 16, 16, 32, .flags = CASE_QUICK | CASE_STAGES},
