@@ -87,15 +87,15 @@ run: deps
 	$(MAKE) -j$(JOBS) all
 	$(UPF) report --out $(BUILD)/report
 
-# CUnit suites, then the CPU-only build of the same suites under Valgrind memcheck: the CUDA
-# libraries' own load-time code (libcublasLt's constructors) is not ours to check, and it trips
-# Valgrind in ld.so.
+# The CPU-only build of the suites under Valgrind memcheck first (the CUDA libraries' own load-time
+# code, libcublasLt's constructors, is not ours to check and trips Valgrind in ld.so), then every
+# suite of the full build, so the output ends with CUnit's run summary.
 test: deps
 	$(MAKE) -j$(JOBS) all
-	$(TEST_BIN)
 	$(MAKE) -j$(JOBS) CUDA=0 BUILD=$(BUILD)-memcheck all
 	UPF_TEST_QUICK=1 valgrind --error-exitcode=3 --leak-check=full \
 	  --errors-for-leak-kinds=definite --show-leak-kinds=definite $(BUILD)-memcheck/test_upf
+	$(TEST_BIN)
 
 verify: all
 	$(UPF) verify all
