@@ -11,7 +11,7 @@ CUDA ?= 1
 endif
 
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
-CUDA_ARCH ?= -gencode=arch=compute_90,code=sm_90
+CUDA_ARCH ?= -gencode=arch=compute_90a,code=sm_90a
 # A CPU-only tree builds apart, so switching CUDA= never mixes objects of the two.
 BUILD ?= build$(if $(filter 0,$(CUDA)),-cpu)
 

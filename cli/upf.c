@@ -280,8 +280,10 @@ static int cmd_verify(int argc, char **argv) {
       return 2;
     }
   }
-  if (strcmp(filter, "all") && strcmp(filter, "select") && upf_op_by_name(filter) == UPF_OP_COUNT &&
-      strncmp(filter, "select.", 7) && strncmp(filter, "compact", 7)) {
+  int matches = !strcmp(filter, "all");
+  for (int op = 0; op < UPF_OP_COUNT && !matches; op++)
+    matches = !strncmp(upf_op_name((upf_op)op), filter, strlen(filter));
+  if (!matches) {
     fprintf(stderr, "upf verify: '%s' names no op (see upf ops)\n", filter);
     return 2;
   }

@@ -6,6 +6,14 @@
 #include <string.h>
 
 #include "ref_cpu/compact.h"
+#include "ref_cpu/embed.h"
+#include "ref_cpu/ffn.h"
+#include "ref_cpu/gated_out.h"
+#include "ref_cpu/gemm.h"
+#include "ref_cpu/logits.h"
+#include "ref_cpu/moe.h"
+#include "ref_cpu/norm.h"
+#include "ref_cpu/rope.h"
 #include "ref_cpu/select.h"
 
 static upf_status cpu_probe(void) { return UPF_OK; }
@@ -44,6 +52,19 @@ static const upf_backend cpu_backend = {
     .select_expand = cpu_select_expand,
     .select_run = cpu_select_run,
     .compact_rows = cpu_compact_rows,
+    .gemm = cpu_gemm,
+    .ffn_act_mul = cpu_gated_act,
+    .ffn_gated = cpu_ffn_gated,
+    .rmsnorm = cpu_rmsnorm,
+    .rmsnorm_add = cpu_rmsnorm_add,
+    .qk_norm = cpu_qk_norm,
+    .rope = cpu_rope,
+    .gated_output = cpu_gated_output,
+    .embed = cpu_embed,
+    .logits_last = cpu_logits_last,
+    .moe_route = cpu_moe_route,
+    .moe_permute = cpu_moe_permute,
+    .moe_ffn = cpu_moe_ffn,
 };
 
 const upf_backend *upf_backend_cpu(void) { return &cpu_backend; }
@@ -90,6 +111,47 @@ static upf_status no_cuda_compact(const void *src, int64_t rows, int64_t row_byt
   return no_cuda();
 }
 
+static upf_status no_cuda_gemm(const upf_tensor *a, const upf_tensor *b, const upf_tensor *c) { return no_cuda(); }
+static upf_status no_cuda_act_mul(const upf_tensor *gu, upf_act act, const upf_tensor *h) { return no_cuda(); }
+static upf_status no_cuda_ffn(const upf_tensor *x, const upf_tensor *wgu, const upf_tensor *wd, upf_act act,
+                              const upf_tensor *y) {
+  return no_cuda();
+}
+static upf_status no_cuda_rmsnorm(const upf_tensor *x, const upf_tensor *w, const upf_norm_params *p,
+                                  const upf_tensor *y) {
+  return no_cuda();
+}
+static upf_status no_cuda_rmsnorm_add(const upf_tensor *x, const upf_tensor *r, const upf_tensor *w,
+                                      const upf_norm_params *p, const upf_tensor *y) {
+  return no_cuda();
+}
+static upf_status no_cuda_rope(const upf_tensor *q, const upf_tensor *k, const int32_t *pos, const upf_rope_params *p) {
+  return no_cuda();
+}
+static upf_status no_cuda_gated_output(const upf_tensor *o, const upf_tensor *g, const upf_tensor *y) {
+  return no_cuda();
+}
+static upf_status no_cuda_embed(const int32_t *ids, int64_t n, const upf_tensor *table, float scale,
+                                const upf_tensor *y) {
+  return no_cuda();
+}
+static upf_status no_cuda_logits(const upf_tensor *h, const int32_t *cu, int32_t b, const upf_tensor *nw,
+                                 const upf_norm_params *p, const upf_tensor *w, const upf_tensor *l) {
+  return no_cuda();
+}
+
+static upf_status no_cuda_moe_route(const upf_moe_config *c, const upf_tensor *x, const upf_moe_weights *w,
+                                    upf_moe_routing *r) {
+  return no_cuda();
+}
+static upf_status no_cuda_moe_permute(const upf_moe_config *c, int64_t t, const int32_t *idx, upf_moe_permutation *p) {
+  return no_cuda();
+}
+static upf_status no_cuda_moe_ffn(const upf_moe_config *c, const upf_tensor *x, const upf_moe_weights *w,
+                                  const upf_tensor *o, upf_moe_routing *r) {
+  return no_cuda();
+}
+
 static const upf_backend cuda_unavailable = {
     .name = "cuda",
     .probe = no_cuda,
@@ -107,6 +169,19 @@ static const upf_backend cuda_unavailable = {
     .select_expand = no_cuda_expand,
     .select_run = no_cuda_run,
     .compact_rows = no_cuda_compact,
+    .gemm = no_cuda_gemm,
+    .ffn_act_mul = no_cuda_act_mul,
+    .ffn_gated = no_cuda_ffn,
+    .rmsnorm = no_cuda_rmsnorm,
+    .rmsnorm_add = no_cuda_rmsnorm_add,
+    .qk_norm = no_cuda_rmsnorm,
+    .rope = no_cuda_rope,
+    .gated_output = no_cuda_gated_output,
+    .embed = no_cuda_embed,
+    .logits_last = no_cuda_logits,
+    .moe_route = no_cuda_moe_route,
+    .moe_permute = no_cuda_moe_permute,
+    .moe_ffn = no_cuda_moe_ffn,
 };
 
 const upf_backend *upf_backend_cuda(void) { return &cuda_unavailable; }

@@ -11,6 +11,14 @@
 #include "cuda/compact.cuh"
 #include "cuda/cuda_backend.cuh"
 #include "cuda/cuda_check.cuh"
+#include "cuda/embed.cuh"
+#include "cuda/ffn.cuh"
+#include "cuda/gated_out.cuh"
+#include "cuda/gemm.cuh"
+#include "cuda/logits.cuh"
+#include "cuda/moe.cuh"
+#include "cuda/norm.cuh"
+#include "cuda/rope.cuh"
 #include "cuda/select.cuh"
 #include "uniprefill/backend.h"
 
@@ -262,6 +270,19 @@ const upf_backend cuda_backend = {
     /* select_expand */ upf_cuda_select_expand,
     /* select_run */ upf_cuda_select_run,
     /* compact_rows */ upf_cuda_compact_rows,
+    /* gemm */ upf_cuda_gemm,
+    /* ffn_act_mul */ upf_cuda_ffn_act_mul,
+    /* ffn_gated */ upf_cuda_ffn_gated,
+    /* rmsnorm */ upf_cuda_rmsnorm,
+    /* rmsnorm_add */ upf_cuda_rmsnorm_add,
+    /* qk_norm */ upf_cuda_qk_norm,
+    /* rope */ upf_cuda_rope,
+    /* gated_output */ upf_cuda_gated_output,
+    /* embed */ upf_cuda_embed,
+    /* logits_last */ upf_cuda_logits_last,
+    /* moe_route */ upf_cuda_moe_route,
+    /* moe_permute */ upf_cuda_moe_permute,
+    /* moe_ffn */ upf_cuda_moe_ffn,
 };
 
 } // namespace

@@ -129,9 +129,15 @@ double upf_bench_result_counter(const upf_bench_result *result, const char *name
 #define UPF_BENCH_FLOPS "flop_per_second"
 #define UPF_BENCH_BYTES "bytes_per_second"
 #define UPF_BENCH_COPY_SHARE "copy_bw_share" /* bytes_per_second / measured device copy bandwidth */
+#define UPF_BENCH_CUBLAS_SHARE "cublas_share" /* flop_per_second / measured cuBLAS bf16 GEMM rate */
 
 /* perf/bench_select.c: "copy_bandwidth" (the ceiling) and select/... (backend->select_run). */
 void upf_register_select_benchmarks(void);
+/* perf/bench_dense.c: "gemm_ceiling" (the cuBLAS ceiling), gemm/ffn/act_mul/rmsnorm/.../logits_last
+ * on cpu and cuda at Llama-3.1-8B, Gemma-3-12B and Qwen3-Next shapes. */
+void upf_register_dense_benchmarks(void);
+/* perf/bench_moe.c: moe.ffn (Qwen3-Next, cuda per expert-GEMM variant, cpu small) and moe.dense_equiv. */
+void upf_register_moe_benchmarks(void);
 
 /* perf/bench_registry.c: every family above; a new op's benchmarks add one line there. */
 void upf_register_all_benchmarks(void);

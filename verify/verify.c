@@ -11,6 +11,19 @@ static const upf_verify_fn verify_fns[UPF_OP_COUNT] = {
     [UPF_OP_SELECT_EXPAND] = upf_verify_select_expand,
     [UPF_OP_SELECT_PIPELINE] = upf_verify_select_pipeline,
     [UPF_OP_COMPACT_ROWS] = upf_verify_compact_rows,
+    [UPF_OP_GEMM] = upf_verify_gemm,
+    [UPF_OP_FFN_ACT_MUL] = upf_verify_ffn_act_mul,
+    [UPF_OP_FFN_GATED] = upf_verify_ffn_gated,
+    [UPF_OP_RMSNORM] = upf_verify_rmsnorm,
+    [UPF_OP_RMSNORM_ADD] = upf_verify_rmsnorm_add,
+    [UPF_OP_QK_NORM] = upf_verify_qk_norm,
+    [UPF_OP_ROPE] = upf_verify_rope,
+    [UPF_OP_GATED_OUTPUT] = upf_verify_gated_output,
+    [UPF_OP_EMBED] = upf_verify_embed,
+    [UPF_OP_LOGITS_LAST] = upf_verify_logits_last,
+    [UPF_OP_MOE_ROUTE] = upf_verify_moe_route,
+    [UPF_OP_MOE_PERMUTE] = upf_verify_moe_permute,
+    [UPF_OP_MOE_FFN] = upf_verify_moe_ffn,
 };
 
 upf_verify_fn upf_verify_fn_for(upf_op op) { return (unsigned)op < UPF_OP_COUNT ? verify_fns[op] : NULL; }

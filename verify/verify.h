@@ -42,6 +42,21 @@ void upf_verify_select_topp(upf_verify_ctx *ctx);
 void upf_verify_select_expand(upf_verify_ctx *ctx);
 void upf_verify_select_pipeline(upf_verify_ctx *ctx);
 void upf_verify_compact_rows(upf_verify_ctx *ctx);
+/* Op entries of the dense sub-layers (verify/verify_dense.c). */
+void upf_verify_gemm(upf_verify_ctx *ctx);
+void upf_verify_ffn_act_mul(upf_verify_ctx *ctx);
+void upf_verify_ffn_gated(upf_verify_ctx *ctx);
+void upf_verify_rmsnorm(upf_verify_ctx *ctx);
+void upf_verify_rmsnorm_add(upf_verify_ctx *ctx);
+void upf_verify_qk_norm(upf_verify_ctx *ctx);
+void upf_verify_rope(upf_verify_ctx *ctx);
+void upf_verify_gated_output(upf_verify_ctx *ctx);
+void upf_verify_embed(upf_verify_ctx *ctx);
+void upf_verify_logits_last(upf_verify_ctx *ctx);
+/* Op entries of the MoE FFN (verify/verify_moe.c). */
+void upf_verify_moe_route(upf_verify_ctx *ctx);
+void upf_verify_moe_permute(upf_verify_ctx *ctx);
+void upf_verify_moe_ffn(upf_verify_ctx *ctx);
 
 #ifdef __cplusplus
 }

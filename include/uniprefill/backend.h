@@ -7,6 +7,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "uniprefill/dense.h"
+#include "uniprefill/moe.h"
 #include "uniprefill/select.h"
 
 #ifdef __cplusplus
@@ -53,6 +55,57 @@ typedef struct upf_backend {
   /* dst[i, :] = src[kept_index[i], :] for i < kept_total; rows of row_bytes bytes. */
   upf_status (*compact_rows)(const void *src, int64_t num_rows, int64_t row_bytes,
                              const int32_t *kept_index, int64_t kept_total, void *dst);
+
+  /* ---- Dense sub-layers (uniprefill/dense.h). Tensors are 2-D (T, N) or 3-D (T, H, D) with a
+   * contiguous last dim and any outer strides (views into fused buffers are fine); outputs are
+   * written through the descriptor's data. f32 or bf16 throughout; math in fp32 or better, each
+   * output rounded once. Shapes are checked with the upf_*_check rules of dense.h. ---- */
+  /* c (M, N) = a (M, K) . b (K, N): weights in the (in, out) layout. a and b share a dtype; c is f32
+   * or bf16 (bf16 inputs), f32 (f32 inputs). CPU: cblas_sgemm; CUDA: cublasGemmEx, CUBLAS_COMPUTE_32F. */
+  upf_status (*gemm)(const upf_tensor *a, const upf_tensor *b, const upf_tensor *c);
+  /* h (T, I) = act(gate_up[:, :I]) * gate_up[:, I:], gate_up (T, 2I); same dtype. */
+  upf_status (*ffn_act_mul)(const upf_tensor *gate_up, upf_act act, const upf_tensor *h);
+  /* y (T, H) = (act(x Wg) * (x Wu)) Wd with w_gate_up (H, 2I) = [Wg | Wu] and w_down (I, H), all in
+   * x's dtype; y in x's dtype or f32. The (T, 2I) and (T, I) intermediates are stored in x's dtype
+   * (backend scratch). */
+  upf_status (*ffn_gated)(const upf_tensor *x, const upf_tensor *w_gate_up, const upf_tensor *w_down, upf_act act,
+                          const upf_tensor *y);
+  /* y (T, N) = rmsnorm(x (T, N)) with w (N); y may be x (in place). */
+  upf_status (*rmsnorm)(const upf_tensor *x, const upf_tensor *w, const upf_norm_params *p, const upf_tensor *y);
+  /* residual (T, N) = round(x + residual) in place, then y = rmsnorm(residual); y may be x. */
+  upf_status (*rmsnorm_add)(const upf_tensor *x, const upf_tensor *residual, const upf_tensor *w,
+                            const upf_norm_params *p, const upf_tensor *y);
+  /* y (T, H, D) = rmsnorm of every head row of x (T, H, D) with w (D); y may be x. */
+  upf_status (*qk_norm)(const upf_tensor *x, const upf_tensor *w, const upf_norm_params *p, const upf_tensor *y);
+  /* Rotates q (T, Hq, D) and k (T, Hkv, D) in place at positions (T) (int32, any values, gaps
+   * allowed); k may be NULL. Dims at and after rotary_dim are not touched. */
+  upf_status (*rope)(const upf_tensor *q, const upf_tensor *k, const int32_t *positions, const upf_rope_params *p);
+  /* y (T, H, D) = o * sigmoid(gate); y may be o. */
+  upf_status (*gated_output)(const upf_tensor *o, const upf_tensor *gate, const upf_tensor *y);
+  /* y (T, H) = table (V, H)[ids (T)] * scale; UPF_ERR_INVALID_ARG naming the first id outside [0, V). */
+  upf_status (*embed)(const int32_t *ids, int64_t num_tokens, const upf_tensor *table, float scale,
+                      const upf_tensor *y);
+  /* logits (B, V) = rmsnorm(hidden[cu[r+1]-1]) . w_lm (H, V) for each request r: the final norm and
+   * the LM head of the last token of each request. cu_seqlens_host (B+1) is a host array; every
+   * request needs a token. logits f32 or bf16 (bf16 inputs). */
+  upf_status (*logits_last)(const upf_tensor *hidden, const int32_t *cu_seqlens_host, int32_t num_reqs,
+                            const upf_tensor *norm_w, const upf_norm_params *p, const upf_tensor *w_lm,
+                            const upf_tensor *logits);
+
+  /* ---- MoE FFN of Qwen3-Next (uniprefill/moe.h): x (T, H), weights in x's dtype, (out, in) layout.
+   * Deterministic: the same inputs give the same bits on every run. ---- */
+  /* routing->topk_index, topk_weight (T, K) and, when not NULL, logits (T, E) fp32. UPF_ERR_NONFINITE
+   * names the first token with a NaN/Inf logit. */
+  upf_status (*moe_route)(const upf_moe_config *cfg, const upf_tensor *x, const upf_moe_weights *w,
+                          upf_moe_routing *routing);
+  /* Stable counting sort of the pairs of topk_index (T, K) by expert; all four outputs required.
+   * UPF_ERR_INVALID_ARG names the first index outside [0, E). */
+  upf_status (*moe_permute)(const upf_moe_config *cfg, int64_t num_tokens, const int32_t *topk_index,
+                            upf_moe_permutation *perm);
+  /* out (T, H), f32 or bf16: the whole layer. routing may be NULL; its non-NULL arrays receive the
+   * routing the layer used. */
+  upf_status (*moe_ffn)(const upf_moe_config *cfg, const upf_tensor *x, const upf_moe_weights *w,
+                        const upf_tensor *out, upf_moe_routing *routing);
 } upf_backend;
 
 const upf_backend *upf_backend_cpu(void);

@@ -1,0 +1,21 @@
+/* CUDA last-token logits: final norm of each request's last row, then the LM head (plain C header). */
+#ifndef UNIPREFILL_CUDA_LOGITS_CUH
+#define UNIPREFILL_CUDA_LOGITS_CUH
+
+#include <stdint.h>
+
+#include "uniprefill/dense.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Backend entry (device pointers except cu_seqlens_host): see backend.h. */
+upf_status upf_cuda_logits_last(const upf_tensor *hidden, const int32_t *cu_seqlens_host, int32_t num_reqs,
+                                const upf_tensor *norm_w, const upf_norm_params *p, const upf_tensor *w_lm,
+                                const upf_tensor *logits);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,1116 @@
+/* CUDA MoE FFN of Qwen3-Next (uniprefill/moe.h): router, top-K, counting sort of the (token, rank)
+ * pairs by expert, grouped expert GEMMs through cuBLAS, SwiGLU, shared expert, weighted un-permute.
+ *
+ * moe_ffn, in stream order:
+ *   1. Router GEMM (cublasGemmEx, fp32 logits (T, E)), then moe_topk_kernel: one warp per token
+ *      holds its E logits in shared memory; max, sum of exp (per-lane sums in a fixed order, then an
+ *      xor tree: every lane ends with the same bits), then K rounds of a warp argmax (ties: lower
+ *      index), each winner's probability p = exp(l - max)/sum, renormalised by the sum of the K.
+ *      A non-finite logit sets an integer flag (the lowest such token wins an atomicMin).
+ *   2. Counting sort: moe_count_kernel (shared-memory histogram, integer atomics: exact),
+ *      moe_offsets_kernel (one CTA, cub::BlockScan), then cub::DeviceRadixSort::SortPairs on the
+ *      expert index of every pair with the pair index as value: a radix sort is stable, so within an
+ *      expert the pairs stay in ascending (token, rank) order, on every run.
+ *   3. One device-to-host read: the flags and the E counts. The host sizes the expert GEMMs from them
+ *      (cuBLAS takes the per-GEMM row counts on the host) and picks the GEMM variant.
+ *   4. moe_gather_kernel: one warp per sorted pair copies the token's row of x into the permuted
+ *      matrix xp at the expert's row, and records the row for the un-permute. Each expert's rows
+ *      start at a multiple of 8 (16-byte aligned matrices for cuBLAS).
+ *   5. Expert GEMM 1: h (rows, 2I) = xp . gate_up_e^T per expert; moe_swiglu_kernel: a (rows, I) =
+ *      silu(h[:, :I]) * h[:, I:]; expert GEMM 2: y (rows, H) = a . down_e^T. Variants:
+ *        GROUPED  cublasGemmGroupedBatchedEx, experts with equal counts form one group;
+ *        PADDED   cublasGemmStridedBatchedEx over E slabs of `cap` rows (the largest count rounded up
+ *                 to 8); slab e holds expert e's rows first, the rest is never read;
+ *        LOOP     one cublasGemmEx per expert that has tokens;
+ *        AUTO     PADDED while E*cap <= 1.5 T*K (uniform routing at T >= 4K), else GROUPED.
+ *   6. Shared expert: two cublasGemmEx over all T tokens with the same SwiGLU kernel between, on a
+ *      side stream (its own cuBLAS handle) forked at the start of the call and joined before the
+ *      combine: it depends on x alone, so it fills the GPU while the host reads the counts.
+ *   7. moe_combine_kernel: one CTA per token: g = sigmoid(x . shared_gate) (per-thread partial sums
+ *      in a fixed order, then a fixed tree), out = sum over k in rank order of w_k * y[row(t, k)]
+ *      + g * ys[t], fp32, rounded once to out's dtype.
+ * No float atomics anywhere and every reduction has a fixed order, so the same inputs give the
+ * same bits on every run (cuBLAS GEMMs are deterministic on one stream and device).
+ *
+ * Numerics: bf16 inputs -> fp32 accumulation in every GEMM; logits, softmax, weights and the
+ * combine in fp32; the GEMM outputs h, y, ys and the SwiGLU output are stored in bf16 (the GEMM
+ * operands of the next step), as the frameworks do. f32 inputs: everything fp32, no TF32 (the
+ * handle's math mode is set to CUBLAS_DEFAULT_MATH for the op's calls and restored after).
+ *
+ * Floors for Qwen3-Next (H=2048, E=512, K=10, I=Is=512), bf16, H200 (about 790 TFLOP/s bf16 dense,
+ * 4.3 TB/s copy): 71.3 MFLOP per token (router 2.1, experts 62.9, shared 6.3); all weights 3.2 GB.
+ *   T = 8K:  0.58 TFLOP -> 0.74 ms, but every expert's weights (3.2 GB) are read once -> 0.75 ms:
+ *            the expert GEMMs sit at the ridge point (about 160 tokens per expert, 160 FLOP/byte).
+ *   T = 32K: 2.34 TFLOP -> 2.96 ms; weights 0.75 ms; activations through HBM (xp, h, a, y at
+ *            T*K rows, each written and read once) about 6 GB -> 1.4 ms unless overlapped.
+ */
+#include <algorithm>
+#include <limits.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <type_traits>
+#include <vector>
+
+#include <cub/block/block_scan.cuh>
+#include <cub/device/device_radix_sort.cuh>
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "cuda/cuda_backend.cuh"
+#include "cuda/cuda_check.cuh"
+#include "cuda/moe.cuh"
+
+/* Evaluates a cuBLAS call; on failure records the message and returns UPF_ERR_CUDA. */
+#define MOE_CUBLAS_TRY(call)                                                                        \
+  do {                                                                                              \
+    cublasStatus_t moe_blas_st_ = (call);                                                           \
+    if (moe_blas_st_ != CUBLAS_STATUS_SUCCESS)                                                      \
+      return upf_fail(UPF_ERR_CUDA, "cuda: %s failed: %s (%d) at %s:%d", #call,                     \
+                      cublasGetStatusString(moe_blas_st_), (int)moe_blas_st_, __FILE__, __LINE__);  \
+  } while (0)
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+constexpr int MOE_MAX_EXPERTS = 12288; /* one warp's logits, and the histogram, in 48 KB of shared memory */
+constexpr int MOE_MAX_TOPK = 4096;     /* the combine kernel's (row, weight) list in shared memory */
+constexpr uint32_t MOE_NONE = 0xFFFFFFFFu;
+/* The info array read back by moe_ffn: [0] first token with a non-finite logit, [1] first pair
+ * whose expert index is out of range (MOE_NONE: none), [2..3] unused, then the E counts. */
+constexpr int INFO_HEAD = 4;
+constexpr int TOPK_WARPS = 8;
+/* AUTO runs PADDED while its slabs hold at most this many times the real rows: one uniform batched
+ * GEMM (cuBLAS's best-tuned path) against a grouped call of exact size. Not yet tuned on a device:
+ * set from the moe.ffn/cuda/bf16/{grouped,padded} benchmarks. */
+constexpr double PADDED_MAX_WASTE = 1.5;
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Element helpers                                                                                  */
+
+__device__ __forceinline__ float to_f(float v) { return v; }
+__device__ __forceinline__ float to_f(bf16 v) { return __bfloat162float(v); }
+template <typename T> __device__ __forceinline__ T from_f(float v);
+template <> __device__ __forceinline__ float from_f<float>(float v) { return v; }
+template <> __device__ __forceinline__ bf16 from_f<bf16>(float v) { return __float2bfloat16_rn(v); }
+
+template <int BYTES> struct raw_vec;
+template <> struct raw_vec<2> { using type = unsigned short; };
+template <> struct raw_vec<4> { using type = unsigned int; };
+template <> struct raw_vec<8> { using type = uint2; };
+template <> struct raw_vec<16> { using type = uint4; };
+
+/* V consecutive elements at p (aligned to V * sizeof(T)) as floats, in one access. */
+template <typename T, int V> __device__ __forceinline__ void load_f(const T *p, float (&o)[V]) {
+  using R = typename raw_vec<V * (int)sizeof(T)>::type;
+  R r = *reinterpret_cast<const R *>(p);
+  const T *e = reinterpret_cast<const T *>(&r);
+#pragma unroll
+  for (int i = 0; i < V; i++)
+    o[i] = to_f(e[i]);
+}
+
+template <typename T, int V> __device__ __forceinline__ void store_f(T *p, const float (&v)[V]) {
+  using R = typename raw_vec<V * (int)sizeof(T)>::type;
+  R r;
+  T *e = reinterpret_cast<T *>(&r);
+#pragma unroll
+  for (int i = 0; i < V; i++)
+    e[i] = from_f<T>(v[i]);
+  *reinterpret_cast<R *>(p) = r;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1)
+    v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1)
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Kernels                                                                                          */
+
+/* One warp per token. Shared memory: (warps, E) floats. */
+__global__ void moe_topk_kernel(const float *__restrict__ logits, // (T, E)
+                                int64_t T, int E, int K, int norm,
+                                int32_t *__restrict__ topk_index, // (T, K)
+                                float *__restrict__ topk_weight,  // (T, K)
+                                uint32_t *__restrict__ flags) {   // (INFO_HEAD)
+  extern __shared__ float smem[];
+  const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t t = (int64_t)blockIdx.x * warps + warp;
+  if (t >= T)
+    return; /* the whole warp leaves together */
+  float *v = smem + (size_t)warp * E;
+  const float *row = logits + t * E;
+  int32_t *idx = topk_index + t * K;
+  float *wt = topk_weight + t * K;
+  float m = -INFINITY;
+  int bad = 0;
+  for (int e = lane; e < E; e += 32) {
+    float l = row[e];
+    v[e] = l;
+    bad |= !isfinite(l);
+    m = fmaxf(m, l);
+  }
+  __syncwarp();
+  if (__any_sync(0xffffffffu, bad)) {
+    if (lane == 0)
+      atomicMin(&flags[0], (uint32_t)t);
+    for (int k = lane; k < K; k += 32)
+      idx[k] = 0, wt[k] = 0.0f;
+    return;
+  }
+  m = warp_max(m);
+  float s = 0.0f;
+  for (int e = lane; e < E; e += 32)
+    s += expf(v[e] - m);
+  s = warp_sum(s);
+  float chosen = 0.0f;
+  for (int k = 0; k < K; k++) {
+    float best = -INFINITY;
+    int bi = INT_MAX;
+    for (int e = lane; e < E; e += 32) {
+      float l = v[e];
+      if (l > best) /* ascending e: the first of equal values, the lower index, stays */
+        best = l, bi = e;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      float ob = __shfl_xor_sync(0xffffffffu, best, o);
+      int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+      if (ob > best || (ob == best && oi < bi))
+        best = ob, bi = oi;
+    }
+    if (lane == (bi & 31))
+      v[bi] = -INFINITY; /* taken: every logit left is finite, so it never wins again */
+    __syncwarp();
+    float p = expf(best - m) / s;
+    chosen += p;
+    if (lane == 0)
+      idx[k] = bi, wt[k] = p;
+  }
+  __syncwarp();
+  if (norm)
+    for (int k = lane; k < K; k += 32)
+      wt[k] = wt[k] / chosen;
+}
+
+/* counts[e] += pairs routed to e (shared-memory histogram, E ints of shared memory); the first
+ * pair with an index outside [0, E) lands in flags[1]. */
+__global__ void moe_count_kernel(const int32_t *__restrict__ topk_index, // (n)
+                                 int64_t n, int E,
+                                 uint32_t *__restrict__ counts, // (E) zeroed
+                                 uint32_t *__restrict__ flags) {
+  extern __shared__ uint32_t hist[];
+  for (int e = threadIdx.x; e < E; e += blockDim.x)
+    hist[e] = 0;
+  __syncthreads();
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    int32_t e = topk_index[i];
+    if (e < 0 || e >= E)
+      atomicMin(&flags[1], (uint32_t)i);
+    else
+      atomicAdd(&hist[e], 1u);
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < E; e += blockDim.x)
+    if (hist[e])
+      atomicAdd(&counts[e], hist[e]);
+}
+
+/* offsets (E+1) = exclusive prefix sum of counts (E); one CTA of 1024 threads. */
+__global__ void moe_offsets_kernel(const uint32_t *__restrict__ counts, int E, int32_t *__restrict__ offsets) {
+  using scan_t = cub::BlockScan<int32_t, 1024>;
+  __shared__ typename scan_t::TempStorage tmp;
+  __shared__ int32_t carry;
+  if (threadIdx.x == 0)
+    carry = 0;
+  __syncthreads();
+  for (int base = 0; base < E; base += 1024) {
+    int e = base + threadIdx.x;
+    int32_t c = e < E ? (int32_t)counts[e] : 0, excl = 0, total = 0;
+    scan_t(tmp).ExclusiveSum(c, excl, total);
+    if (e < E)
+      offsets[e] = carry + excl;
+    __syncthreads();
+    if (threadIdx.x == 0)
+      carry += total;
+    __syncthreads();
+  }
+  if (threadIdx.x == 0)
+    offsets[E] = carry;
+}
+
+__global__ void moe_iota_kernel(int32_t *__restrict__ v, int64_t n) {
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    v[i] = (int32_t)i;
+}
+
+/* pair_row[sorted_pair[i]] = i (the standalone permutation's inverse). */
+__global__ void moe_inverse_kernel(const int32_t *__restrict__ sorted_pair, int64_t n, int32_t *__restrict__ pair_row) {
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    pair_row[sorted_pair[i]] = (int32_t)i;
+}
+
+/* One warp per sorted pair i: its row r = row_base[e] + (i - offsets[e]) of the permuted layout;
+ * copies x[token] into xp[r] with R-typed accesses and records r for the SwiGLU and the combine. */
+template <typename R>
+__global__ void moe_gather_kernel(const R *__restrict__ x, int64_t x_ld, int64_t vpr, // x (T, x_ld), vpr R per row
+                                  const int32_t *__restrict__ sorted_pair,   // (n)
+                                  const uint32_t *__restrict__ sorted_expert, // (n)
+                                  const int32_t *__restrict__ offsets,       // (E+1)
+                                  const int32_t *__restrict__ row_base,      // (E)
+                                  int64_t n, int K,
+                                  int32_t *__restrict__ row_of_pair,   // (n)
+                                  int32_t *__restrict__ row_of_sorted, // (n)
+                                  R *__restrict__ xp) {                // (rows, vpr)
+  const int warps = blockDim.x / 32, lane = threadIdx.x % 32;
+  const int64_t i = (int64_t)blockIdx.x * warps + threadIdx.x / 32;
+  if (i >= n)
+    return;
+  const int32_t p = sorted_pair[i];
+  const uint32_t e = sorted_expert[i];
+  const int32_t r = row_base[e] + (int32_t)(i - offsets[e]);
+  if (lane == 0)
+    row_of_pair[p] = r, row_of_sorted[i] = r;
+  const R *src = x + (int64_t)(p / K) * x_ld;
+  R *dst = xp + (int64_t)r * vpr;
+  for (int64_t j = lane; j < vpr; j += 32)
+    dst[j] = src[j];
+}
+
+/* act[r] = silu(hg[r, :I]) * hg[r, I:] for the rows r = rows[i] (i < n), or r = i when rows is
+ * NULL. tpr threads per row, V elements per access. */
+template <typename T, int V>
+__global__ void moe_swiglu_kernel(const T *__restrict__ hg, // (rows, 2I)
+                                  const int32_t *__restrict__ rows, int64_t n, int I, int tpr,
+                                  T *__restrict__ act) { // (rows, I)
+  const int rows_per_cta = blockDim.x / tpr;
+  const int64_t i = (int64_t)blockIdx.x * rows_per_cta + threadIdx.x / tpr;
+  if (i >= n)
+    return;
+  const int64_t r = rows ? rows[i] : i;
+  const T *g = hg + r * 2 * I, *u = g + I;
+  T *a = act + r * I;
+  for (int c = (threadIdx.x % tpr) * V; c < I; c += tpr * V) {
+    float gv[V], uv[V], av[V];
+    load_f<T, V>(g + c, gv);
+    load_f<T, V>(u + c, uv);
+#pragma unroll
+    for (int j = 0; j < V; j++)
+      av[j] = gv[j] / (1.0f + expf(-gv[j])) * uv[j];
+    store_f<T, V>(a + c, av);
+  }
+}
+
+/* One CTA per token t: out[t] = sum_k w[t,k] * y[row(t,k)] (k ascending) + g * ys[t], with
+ * g = sigmoid(x[t] . shared_gate) when ys is not NULL. Shared memory: K ints, K floats. */
+template <typename T, typename TO, int V>
+__global__ void moe_combine_kernel(const T *__restrict__ x, int64_t x_ld, // (T, x_ld)
+                                   const T *__restrict__ shared_gate,    // (H) or NULL
+                                   const T *__restrict__ y,              // (rows, H)
+                                   const T *__restrict__ ys,             // (T, H) or NULL
+                                   const int32_t *__restrict__ row_of_pair, // (T, K)
+                                   const float *__restrict__ topk_weight,   // (T, K)
+                                   int H, int K,
+                                   TO *__restrict__ out, int64_t out_ld) { // (T, out_ld)
+  extern __shared__ int32_t cmb[];
+  int32_t *rows = cmb;
+  float *wts = reinterpret_cast<float *>(cmb + K);
+  __shared__ float red[33];
+  const int64_t t = blockIdx.x;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  for (int k = threadIdx.x; k < K; k += blockDim.x) {
+    rows[k] = row_of_pair[t * K + k];
+    wts[k] = topk_weight[t * K + k];
+  }
+  float g = 0.0f;
+  if (ys) {
+    float part = 0.0f;
+    for (int h = threadIdx.x; h < H; h += blockDim.x)
+      part += to_f(x[t * x_ld + h]) * to_f(shared_gate[h]);
+    part = warp_sum(part);
+    if (lane == 0)
+      red[warp] = part;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      float dot = 0.0f;
+      for (int w = 0; w < warps; w++)
+        dot += red[w];
+      red[32] = 1.0f / (1.0f + expf(-dot));
+    }
+  }
+  __syncthreads();
+  if (ys)
+    g = red[32];
+  for (int h0 = threadIdx.x * V; h0 < H; h0 += blockDim.x * V) {
+    float acc[V];
+#pragma unroll
+    for (int j = 0; j < V; j++)
+      acc[j] = 0.0f;
+    for (int k = 0; k < K; k++) {
+      float yv[V];
+      load_f<T, V>(y + (int64_t)rows[k] * H + h0, yv);
+      const float wk = wts[k];
+#pragma unroll
+      for (int j = 0; j < V; j++)
+        acc[j] += wk * yv[j];
+    }
+    if (ys) {
+      float sv[V];
+      load_f<T, V>(ys + t * H + h0, sv);
+#pragma unroll
+      for (int j = 0; j < V; j++)
+        acc[j] += g * sv[j];
+    }
+    store_f<TO, V>(out + t * out_ld + h0, acc);
+  }
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Host state: two grow-only device buffers (routing/sort scratch, and the expert activations), the
+ * variant choice and the phase events.                                                            */
+
+struct dev_buffer {
+  void *ptr = nullptr;
+  size_t bytes = 0;
+};
+
+struct moe_state {
+  dev_buffer route, act, shared;
+  upf_cuda_moe_gemm_variant variant = UPF_CUDA_MOE_GEMM_AUTO;
+  upf_cuda_moe_gemm_variant last = UPF_CUDA_MOE_GEMM_AUTO;
+  bool profile = false, profiled = false, events_ready = false;
+  cudaEvent_t ev[UPF_CUDA_MOE_PHASES + 1] = {};
+  cudaStream_t side = nullptr; /* the shared expert's stream, forked from and joined to the backend's */
+  cudaEvent_t fork = nullptr, join = nullptr;
+  cublasHandle_t side_blas = nullptr; /* its own cuBLAS handle: a handle's workspace serves one stream */
+  std::vector<unsigned char> blob; /* host image of the per-call plan uploaded to the device */
+};
+
+moe_state ms;
+
+size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+/* Grows b to at least `bytes` (whole MiB, at least 1.25x the old size). Waits for the stream first:
+ * queued work may still use the old allocation. New memory is zeroed when asked, so that padded
+ * rows the GEMMs read but nobody wrote hold finite values. */
+upf_status reserve(dev_buffer &b, size_t bytes, bool zero) {
+  if (bytes <= b.bytes)
+    return UPF_OK;
+  cudaStream_t s = upf_cuda_stream();
+  size_t want = std::max(bytes, b.bytes + b.bytes / 4);
+  want = align_up(want, (size_t)1 << 20);
+  UPF_CUDA_TRY(cudaStreamSynchronize(s));
+  if (ms.side)
+    UPF_CUDA_TRY(cudaStreamSynchronize(ms.side));
+  if (b.ptr) {
+    UPF_CUDA_TRY(cudaFree(b.ptr));
+    b.ptr = nullptr;
+    b.bytes = 0;
+  }
+  cudaError_t err = cudaMalloc(&b.ptr, want);
+  if (err != cudaSuccess) {
+    b.ptr = nullptr;
+    (void)cudaGetLastError();
+    return upf_fail(err == cudaErrorMemoryAllocation ? UPF_ERR_NOMEM : UPF_ERR_CUDA,
+                    "moe (cuda): cannot allocate %zu bytes of scratch: %s", want, cudaGetErrorString(err));
+  }
+  b.bytes = want;
+  if (zero)
+    UPF_CUDA_TRY(cudaMemsetAsync(b.ptr, 0, want, s));
+  return UPF_OK;
+}
+
+/* Bump layout of one buffer: offsets first, then pointers once the buffer is reserved. */
+struct carve {
+  size_t at = 0;
+  size_t take(size_t bytes) {
+    size_t off = align_up(at, 256);
+    at = off + bytes;
+    return off;
+  }
+};
+
+template <typename P> P *ptr_at(const dev_buffer &b, size_t off) {
+  return reinterpret_cast<P *>(static_cast<char *>(b.ptr) + off);
+}
+
+/* Copies `bytes` of device memory to the host in reads of at most 4096 bytes (waits). */
+upf_status download(void *dst, const void *src, size_t bytes) {
+  for (size_t at = 0; at < bytes; at += 4096)
+    UPF_TRY(upf_cuda_download_small((char *)dst + at, (const char *)src + at, std::min<size_t>(4096, bytes - at)));
+  return UPF_OK;
+}
+
+/* The backend's cuBLAS handle, with host pointer mode and CUBLAS_DEFAULT_MATH (no TF32) for this
+ * op's calls; the handle's previous settings come back when the guard goes. */
+struct cublas_guard {
+  cublasHandle_t h = nullptr;
+  cublasMath_t math = CUBLAS_DEFAULT_MATH;
+  cublasPointerMode_t mode = CUBLAS_POINTER_MODE_HOST;
+  bool saved = false;
+  upf_status acquire() {
+    h = upf_cuda_cublas();
+    if (!h) {
+      char why[256];
+      snprintf(why, sizeof why, "%s", upf_last_error());
+      return upf_fail(UPF_ERR_CUDA, "moe (cuda): no cuBLAS handle: %s", why);
+    }
+    MOE_CUBLAS_TRY(cublasGetMathMode(h, &math));
+    MOE_CUBLAS_TRY(cublasGetPointerMode(h, &mode));
+    saved = true;
+    MOE_CUBLAS_TRY(cublasSetStream(h, upf_cuda_stream()));
+    MOE_CUBLAS_TRY(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH));
+    MOE_CUBLAS_TRY(cublasSetPointerMode(h, CUBLAS_POINTER_MODE_HOST));
+    return UPF_OK;
+  }
+  ~cublas_guard() {
+    if (saved) {
+      cublasSetMathMode(h, math);
+      cublasSetPointerMode(h, mode);
+    }
+  }
+};
+
+template <typename T> constexpr cudaDataType_t cuda_type() {
+  return std::is_same<T, bf16>::value ? CUDA_R_16BF : CUDA_R_32F;
+}
+
+/* out (rows, cols; ld_out) = in (rows, k; ld_in) . W^T with W (cols, k) contiguous: cuBLAS sees the
+ * column-major product out^T = W^T' . in^T, i.e. op(A) = W^T (TN). */
+upf_status linear(cublasHandle_t h, int64_t rows, int64_t cols, int64_t k, const void *W, const void *in,
+                  int64_t ld_in, void *out, int64_t ld_out, cudaDataType_t ab, cudaDataType_t c) {
+  if (rows > INT_MAX || cols > INT_MAX || k > INT_MAX || ld_in > INT_MAX || ld_out > INT_MAX)
+    return upf_fail(UPF_ERR_UNSUPPORTED, "moe (cuda): GEMM extent beyond int32 (%lld x %lld x %lld)",
+                    (long long)rows, (long long)cols, (long long)k);
+  const float one = 1.0f, zero = 0.0f;
+  MOE_CUBLAS_TRY(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)cols, (int)rows, (int)k, &one, W, ab, (int)k, in, ab,
+                              (int)ld_in, &zero, out, c, (int)ld_out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  return UPF_OK;
+}
+
+void mark(int phase) {
+  if (ms.profile && ms.events_ready)
+    (void)cudaEventRecord(ms.ev[phase], upf_cuda_stream());
+}
+
+upf_status check_limits(const upf_moe_config *cfg) {
+  if (cfg->num_experts > MOE_MAX_EXPERTS || cfg->top_k > MOE_MAX_TOPK)
+    return upf_fail(UPF_ERR_UNSUPPORTED, "moe (cuda): E=%d, K=%d beyond this implementation's E <= %d, K <= %d",
+                    cfg->num_experts, cfg->top_k, MOE_MAX_EXPERTS, MOE_MAX_TOPK);
+  return UPF_OK;
+}
+
+int sort_bits(int E) {
+  int bits = 1;
+  while ((1 << bits) < E)
+    bits++;
+  return bits;
+}
+
+/* CTAs for a grid-stride loop over `items`: one item per thread, at most per_sm CTAs per SM. */
+int grid_for(int64_t items, int threads, int per_sm = 32) {
+  int64_t g = (items + threads - 1) / threads;
+  int cap = std::max(1, upf_cuda_num_sms()) * per_sm;
+  return (int)std::max<int64_t>(1, std::min<int64_t>(g, cap));
+}
+
+/* ---- stage launches shared by the three entries ---- */
+
+/* logits (T, E) fp32 = x . router^T, then top-K; flags[0] gets the first non-finite token. */
+template <typename T>
+upf_status launch_route(cublasHandle_t h, const upf_moe_config *cfg, const upf_tensor *x, const upf_moe_weights *w,
+                        float *logits, int32_t *topk_index, float *topk_weight, uint32_t *flags) {
+  cudaStream_t s = upf_cuda_stream();
+  const int64_t T_ = x->shape[0];
+  const int E = cfg->num_experts, K = cfg->top_k;
+  UPF_TRY(linear(h, T_, E, cfg->hidden, w->router, x->data, x->stride[0], logits, E, cuda_type<T>(), CUDA_R_32F));
+  int warps = (int)std::max<int64_t>(1, std::min<int64_t>(TOPK_WARPS, (48 * 1024) / ((int64_t)E * 4)));
+  int64_t blocks = (T_ + warps - 1) / warps;
+  moe_topk_kernel<<<(unsigned)blocks, warps * 32, (size_t)warps * E * sizeof(float), s>>>(
+      logits, T_, E, K, cfg->norm_topk, topk_index, topk_weight, flags);
+  UPF_CUDA_LAUNCH_TRY("moe_topk_kernel");
+  return UPF_OK;
+}
+
+/* Scratch of the counting sort of n pairs. */
+struct sort_scratch {
+  int32_t *iota;           /* (n) */
+  uint32_t *sorted_expert; /* (n) */
+  void *cub_temp;
+  size_t cub_bytes;
+};
+
+upf_status sort_temp_bytes(int64_t n, int E, size_t *bytes) {
+  *bytes = 0;
+  UPF_CUDA_TRY(cub::DeviceRadixSort::SortPairs(nullptr, *bytes, (const uint32_t *)nullptr, (uint32_t *)nullptr,
+                                               (const int32_t *)nullptr, (int32_t *)nullptr, (int)n, 0,
+                                               sort_bits(E), upf_cuda_stream()));
+  return UPF_OK;
+}
+
+/* counts (E, zeroed here), offsets (E+1) and sorted_pair (n) from topk_index (n); flags[1] gets the
+ * first out-of-range pair (flags reset by the caller). */
+upf_status launch_sort(const upf_moe_config *cfg, int64_t n, const int32_t *topk_index, uint32_t *counts,
+                       int32_t *offsets, int32_t *sorted_pair, uint32_t *flags, const sort_scratch &sc) {
+  cudaStream_t s = upf_cuda_stream();
+  const int E = cfg->num_experts;
+  UPF_CUDA_TRY(cudaMemsetAsync(counts, 0, (size_t)E * sizeof(uint32_t), s));
+  moe_count_kernel<<<grid_for(n, 256, 2), 256, (size_t)E * sizeof(uint32_t), s>>>(topk_index, n, E, counts, flags);
+  UPF_CUDA_LAUNCH_TRY("moe_count_kernel");
+  moe_offsets_kernel<<<1, 1024, 0, s>>>(counts, E, offsets);
+  UPF_CUDA_LAUNCH_TRY("moe_offsets_kernel");
+  moe_iota_kernel<<<grid_for(n, 256), 256, 0, s>>>(sc.iota, n);
+  UPF_CUDA_LAUNCH_TRY("moe_iota_kernel");
+  size_t bytes = sc.cub_bytes;
+  UPF_CUDA_TRY(cub::DeviceRadixSort::SortPairs(sc.cub_temp, bytes, reinterpret_cast<const uint32_t *>(topk_index),
+                                               sc.sorted_expert, sc.iota, sorted_pair, (int)n, 0, sort_bits(E), s));
+  return UPF_OK;
+}
+
+/* ---- the expert GEMMs ---- */
+
+/* The plan of one call's expert GEMMs, built on the host from the counts. */
+struct gemm_plan {
+  upf_cuda_moe_gemm_variant variant;
+  int64_t rows; /* rows of the permuted layout */
+  int32_t cap;  /* PADDED slab rows */
+  std::vector<int32_t> count, offset, row_base; /* (E), (E+1), (E) */
+  std::vector<int32_t> order;                   /* experts with tokens, by (count, index) */
+  std::vector<int> group_n, group_size;         /* GROUPED: per group of equal counts */
+};
+
+void plan_gemms(const upf_moe_config *cfg, int64_t T, const uint32_t *counts, gemm_plan &p) {
+  const int E = cfg->num_experts;
+  const int64_t n = T * cfg->top_k;
+  p.count.assign(E, 0);
+  p.offset.assign((size_t)E + 1, 0);
+  p.row_base.assign(E, 0);
+  p.order.clear();
+  p.group_n.clear();
+  p.group_size.clear();
+  int32_t max_count = 0;
+  for (int e = 0; e < E; e++) {
+    p.count[e] = (int32_t)counts[e];
+    p.offset[e + 1] = p.offset[e] + p.count[e];
+    max_count = std::max(max_count, p.count[e]);
+    if (p.count[e] > 0)
+      p.order.push_back(e);
+  }
+  p.cap = (int32_t)align_up((size_t)max_count, 8);
+  double padded_rows = (double)E * p.cap;
+  upf_cuda_moe_gemm_variant v = ms.variant;
+  if (v == UPF_CUDA_MOE_GEMM_AUTO)
+    v = padded_rows <= PADDED_MAX_WASTE * (double)n ? UPF_CUDA_MOE_GEMM_PADDED : UPF_CUDA_MOE_GEMM_GROUPED;
+  if (v == UPF_CUDA_MOE_GEMM_PADDED && padded_rows > (double)(INT_MAX / 2))
+    v = UPF_CUDA_MOE_GEMM_GROUPED;
+  p.variant = v;
+  if (v == UPF_CUDA_MOE_GEMM_PADDED) {
+    p.rows = (int64_t)E * p.cap;
+    for (int e = 0; e < E; e++)
+      p.row_base[e] = e * p.cap;
+  } else {
+    /* Each expert's rows start at a multiple of 8 rows, so every matrix pointer the GEMMs get is
+     * 16-byte aligned (cuBLAS requires it of grouped bf16 GEMMs whose rows are 16-byte multiples). */
+    int64_t at = 0;
+    for (int e = 0; e < E; e++) {
+      p.row_base[e] = (int32_t)at;
+      at += (int64_t)align_up((size_t)p.count[e], 8);
+    }
+    p.rows = at;
+  }
+  std::stable_sort(p.order.begin(), p.order.end(), [&](int a, int b) { return p.count[a] < p.count[b]; });
+  for (size_t i = 0; i < p.order.size(); i++) {
+    int c = p.count[p.order[i]];
+    if (p.group_n.empty() || p.group_n.back() != c) {
+      p.group_n.push_back(c);
+      p.group_size.push_back(0);
+    }
+    p.group_size.back()++;
+  }
+}
+
+/* One of the two expert GEMMs: out rows (count_e, cols) = in rows (count_e, k) . W_e^T for every
+ * expert e with tokens; W_e = W + e * cols * k. in/out are the permuted activations with row
+ * strides k and cols. dev_ptrs (3 * experts) are the device pointer arrays of GROUPED. */
+struct expert_gemm {
+  const void *W;
+  const void *in;
+  void *out;
+  int64_t cols, k;
+  const void **dev_ptrs;
+};
+
+template <typename T>
+upf_status run_expert_gemm(cublasHandle_t h, const gemm_plan &p, const expert_gemm &g, int num_experts,
+                           upf_cuda_moe_gemm_variant *ran) {
+  const cudaDataType_t dt = cuda_type<T>();
+  const float one = 1.0f, zero = 0.0f;
+  const size_t es = sizeof(T);
+  if (g.cols > INT_MAX || g.k > INT_MAX || p.rows > INT_MAX)
+    return upf_fail(UPF_ERR_UNSUPPORTED, "moe (cuda): expert GEMM extents beyond int32");
+  const int cols = (int)g.cols, k = (int)g.k;
+  if (p.variant == UPF_CUDA_MOE_GEMM_PADDED) {
+    MOE_CUBLAS_TRY(cublasGemmStridedBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, cols, p.cap, k, &one, g.W, dt, k,
+                                              (long long)cols * k, g.in, dt, k, (long long)p.cap * k, &zero, g.out,
+                                              dt, cols, (long long)p.cap * cols, num_experts, CUBLAS_COMPUTE_32F,
+                                              CUBLAS_GEMM_DEFAULT));
+    *ran = UPF_CUDA_MOE_GEMM_PADDED;
+    return UPF_OK;
+  }
+  if (p.variant == UPF_CUDA_MOE_GEMM_GROUPED && !p.group_n.empty()) {
+    const int G = (int)p.group_n.size();
+    std::vector<cublasOperation_t> ta(G, CUBLAS_OP_T), tb(G, CUBLAS_OP_N);
+    std::vector<int> m(G, cols), kk(G, k), lda(G, k), ldb(G, k), ldc(G, cols);
+    std::vector<float> alpha(G, 1.0f), beta(G, 0.0f);
+    const size_t E_used = p.order.size();
+    cublasStatus_t st = cublasGemmGroupedBatchedEx(
+        h, ta.data(), tb.data(), m.data(), p.group_n.data(), kk.data(), alpha.data(), g.dev_ptrs, dt, lda.data(),
+        g.dev_ptrs + E_used, dt, ldb.data(), beta.data(), const_cast<void *const *>(g.dev_ptrs + 2 * E_used), dt,
+        ldc.data(), G, p.group_size.data(), CUBLAS_COMPUTE_32F);
+    if (st == CUBLAS_STATUS_SUCCESS) {
+      *ran = UPF_CUDA_MOE_GEMM_GROUPED;
+      return UPF_OK;
+    }
+    if (st != CUBLAS_STATUS_NOT_SUPPORTED && st != CUBLAS_STATUS_INVALID_VALUE)
+      return upf_fail(UPF_ERR_CUDA, "cuda: cublasGemmGroupedBatchedEx failed: %s (%d)", cublasGetStatusString(st),
+                      (int)st);
+    /* This cuBLAS refuses the grouped call for these types or shapes (it checks them before it
+     * queues anything): one GEMM per expert instead, reported as LOOP. */
+  }
+  for (int e : p.order) {
+    const char *W = static_cast<const char *>(g.W) + (size_t)e * g.cols * g.k * es;
+    const char *in = static_cast<const char *>(g.in) + (size_t)p.row_base[e] * g.k * es;
+    char *out = static_cast<char *>(g.out) + (size_t)p.row_base[e] * g.cols * es;
+    MOE_CUBLAS_TRY(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, cols, p.count[e], k, &one, W, dt, k, in, dt, k, &zero,
+                                out, dt, cols, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  }
+  *ran = UPF_CUDA_MOE_GEMM_LOOP;
+  return UPF_OK;
+}
+
+/* ---- launch helpers that pick the vector width ---- */
+
+bool aligned(const void *p, size_t a) { return ((uintptr_t)p % a) == 0; }
+
+template <typename R>
+upf_status launch_gather_as(const upf_tensor *x, size_t es, const int32_t *sorted_pair, const uint32_t *sorted_expert,
+                            const int32_t *offsets, const int32_t *row_base, int64_t n, int K, int32_t *row_of_pair,
+                            int32_t *row_of_sorted, void *xp) {
+  const int64_t vpr = x->shape[1] * (int64_t)es / (int64_t)sizeof(R);
+  const int64_t x_ld = x->stride[0] * (int64_t)es / (int64_t)sizeof(R);
+  const int warps = 8;
+  moe_gather_kernel<R><<<(unsigned)((n + warps - 1) / warps), warps * 32, 0, upf_cuda_stream()>>>(
+      static_cast<const R *>(x->data), x_ld, vpr, sorted_pair, sorted_expert, offsets, row_base, n, K, row_of_pair,
+      row_of_sorted, static_cast<R *>(xp));
+  UPF_CUDA_LAUNCH_TRY("moe_gather_kernel");
+  return UPF_OK;
+}
+
+upf_status launch_gather(const upf_tensor *x, size_t es, const int32_t *sorted_pair, const uint32_t *sorted_expert,
+                         const int32_t *offsets, const int32_t *row_base, int64_t n, int K, int32_t *row_of_pair,
+                         int32_t *row_of_sorted, void *xp) {
+  const size_t row_bytes = (size_t)x->shape[1] * es, ld_bytes = (size_t)x->stride[0] * es;
+  auto fits = [&](size_t a) { return row_bytes % a == 0 && ld_bytes % a == 0 && aligned(x->data, a); };
+  if (fits(16))
+    return launch_gather_as<uint4>(x, es, sorted_pair, sorted_expert, offsets, row_base, n, K, row_of_pair,
+                                   row_of_sorted, xp);
+  if (fits(8))
+    return launch_gather_as<uint2>(x, es, sorted_pair, sorted_expert, offsets, row_base, n, K, row_of_pair,
+                                   row_of_sorted, xp);
+  if (fits(4))
+    return launch_gather_as<unsigned int>(x, es, sorted_pair, sorted_expert, offsets, row_base, n, K, row_of_pair,
+                                          row_of_sorted, xp);
+  return launch_gather_as<unsigned short>(x, es, sorted_pair, sorted_expert, offsets, row_base, n, K, row_of_pair,
+                                          row_of_sorted, xp);
+}
+
+template <typename T, int V>
+upf_status launch_swiglu_as(const T *hg, const int32_t *rows, int64_t n, int I, T *act, cudaStream_t s) {
+  int chunks = (I + V - 1) / V, tpr = 1;
+  while (tpr < 256 && tpr < chunks)
+    tpr *= 2;
+  const int rows_per_cta = 256 / tpr;
+  moe_swiglu_kernel<T, V><<<(unsigned)((n + rows_per_cta - 1) / rows_per_cta), 256, 0, s>>>(hg, rows, n, I, tpr,
+                                                                                              act);
+  UPF_CUDA_LAUNCH_TRY("moe_swiglu_kernel");
+  return UPF_OK;
+}
+
+template <typename T>
+upf_status launch_swiglu(const T *hg, const int32_t *rows, int64_t n, int I, T *act, cudaStream_t s) {
+  constexpr int VM = 16 / (int)sizeof(T);
+  if (I % VM == 0)
+    return launch_swiglu_as<T, VM>(hg, rows, n, I, act, s);
+  return launch_swiglu_as<T, 1>(hg, rows, n, I, act, s);
+}
+
+/* The shared expert on the side stream: hs (T, 2Is) = x . shared_gate_up^T, as = SwiGLU(hs),
+ * ys (T, H) = as . shared_down^T. Forked from the backend stream after everything queued so far and
+ * joined back by ms.join, so it overlaps the routing, the host read of the counts and the gather. */
+template <typename T>
+upf_status launch_shared_expert(const upf_moe_config *cfg, const upf_tensor *x, const upf_moe_weights *w, T *hs,
+                                T *as, T *ys) {
+  cudaStream_t s = upf_cuda_stream();
+  if (!ms.side_blas) {
+    if (!ms.side)
+      UPF_CUDA_TRY(cudaStreamCreate(&ms.side));
+    if (!ms.fork)
+      UPF_CUDA_TRY(cudaEventCreateWithFlags(&ms.fork, cudaEventDisableTiming));
+    if (!ms.join)
+      UPF_CUDA_TRY(cudaEventCreateWithFlags(&ms.join, cudaEventDisableTiming));
+    cublasHandle_t h = nullptr;
+    MOE_CUBLAS_TRY(cublasCreate(&h));
+    cublasStatus_t bst = cublasSetStream(h, ms.side);
+    if (bst != CUBLAS_STATUS_SUCCESS) {
+      cublasDestroy(h);
+      return upf_fail(UPF_ERR_CUDA, "cuda: cublasSetStream failed: %s", cublasGetStatusString(bst));
+    }
+    ms.side_blas = h; /* defaults: host pointer mode, CUBLAS_DEFAULT_MATH (no TF32) */
+  }
+  const int64_t T_ = x->shape[0], H = cfg->hidden, Is = cfg->shared_inter;
+  const cudaDataType_t dt = cuda_type<T>();
+  UPF_CUDA_TRY(cudaEventRecord(ms.fork, s));
+  UPF_CUDA_TRY(cudaStreamWaitEvent(ms.side, ms.fork, 0));
+  upf_status st = linear(ms.side_blas, T_, 2 * Is, H, w->shared_gate_up, x->data, x->stride[0], hs, 2 * Is, dt, dt);
+  if (st == UPF_OK)
+    st = launch_swiglu<T>(hs, nullptr, T_, (int)Is, as, ms.side);
+  if (st == UPF_OK)
+    st = linear(ms.side_blas, T_, H, Is, w->shared_down, as, Is, ys, H, dt, dt);
+  UPF_CUDA_TRY(cudaEventRecord(ms.join, ms.side)); /* also after a failed launch: whatever was queued */
+  return st;
+}
+
+template <typename T, typename TO, int V>
+upf_status launch_combine_as(const upf_tensor *x, const T *shared_gate, const T *y, const T *ys,
+                             const int32_t *row_of_pair, const float *topk_weight, int H, int K, const upf_tensor *out) {
+  const int64_t T_ = x->shape[0];
+  int threads = (int)std::min<int64_t>(256, std::max<int64_t>(32, align_up((size_t)((H + V - 1) / V), 32)));
+  size_t smem = (size_t)K * (sizeof(int32_t) + sizeof(float));
+  moe_combine_kernel<T, TO, V><<<(unsigned)T_, threads, smem, upf_cuda_stream()>>>(
+      static_cast<const T *>(x->data), x->stride[0], shared_gate, y, ys, row_of_pair, topk_weight, H, K,
+      static_cast<TO *>(out->data), out->stride[0]);
+  UPF_CUDA_LAUNCH_TRY("moe_combine_kernel");
+  return UPF_OK;
+}
+
+template <typename T, typename TO>
+upf_status launch_combine_to(const upf_tensor *x, const T *shared_gate, const T *y, const T *ys,
+                             const int32_t *row_of_pair, const float *topk_weight, int H, int K, const upf_tensor *out) {
+  constexpr int VM = 16 / (int)(sizeof(T) > sizeof(TO) ? sizeof(T) : sizeof(TO));
+  if (H % VM == 0 && out->stride[0] % VM == 0 && aligned(out->data, VM * sizeof(TO)))
+    return launch_combine_as<T, TO, VM>(x, shared_gate, y, ys, row_of_pair, topk_weight, H, K, out);
+  return launch_combine_as<T, TO, 1>(x, shared_gate, y, ys, row_of_pair, topk_weight, H, K, out);
+}
+
+template <typename T>
+upf_status launch_combine(const upf_tensor *x, const T *shared_gate, const T *y, const T *ys,
+                          const int32_t *row_of_pair, const float *topk_weight, int H, int K, const upf_tensor *out) {
+  if (out->dtype == UPF_DTYPE_BF16)
+    return launch_combine_to<T, bf16>(x, shared_gate, y, ys, row_of_pair, topk_weight, H, K, out);
+  return launch_combine_to<T, float>(x, shared_gate, y, ys, row_of_pair, topk_weight, H, K, out);
+}
+
+upf_status nonfinite_error(uint32_t token) {
+  return upf_fail(UPF_ERR_NONFINITE,
+                  "moe: router logits of token %u are not finite (NaN/Inf in x row %u or in the router weights)",
+                  token, token);
+}
+
+/* ---- the entries ---- */
+
+template <typename T>
+upf_status route_run(const upf_moe_config *cfg, const upf_tensor *x, const upf_moe_weights *w,
+                     upf_moe_routing *routing) {
+  cublas_guard cg;
+  UPF_TRY(cg.acquire());
+  const int64_t T_ = x->shape[0];
+  carve c;
+  size_t o_logits = routing->logits ? 0 : c.take((size_t)T_ * cfg->num_experts * sizeof(float));
+  size_t o_flags = c.take(INFO_HEAD * sizeof(uint32_t));
+  UPF_TRY(reserve(ms.route, c.at, false));
+  float *logits = routing->logits ? routing->logits : ptr_at<float>(ms.route, o_logits);
+  uint32_t *flags = ptr_at<uint32_t>(ms.route, o_flags);
+  UPF_CUDA_TRY(cudaMemsetAsync(flags, 0xFF, INFO_HEAD * sizeof(uint32_t), upf_cuda_stream()));
+  UPF_TRY(launch_route<T>(cg.h, cfg, x, w, logits, routing->topk_index, routing->topk_weight, flags));
+  uint32_t bad = MOE_NONE;
+  UPF_TRY(download(&bad, flags, sizeof bad));
+  return bad == MOE_NONE ? UPF_OK : nonfinite_error(bad);
+}
+
+/* Makes the backend stream wait for the shared expert on every way out of moe_ffn, so that no
+ * caller's later work on the stream can race with it, an error return included. */
+struct join_guard {
+  bool armed = false;
+  ~join_guard() {
+    if (armed)
+      (void)cudaStreamWaitEvent(upf_cuda_stream(), ms.join, 0);
+  }
+};
+
+/* Offsets of the route buffer of one moe_ffn call. */
+struct ffn_route_layout {
+  size_t logits, index, weight, info, offsets, iota, sorted_expert, sorted_pair, row_of_pair, row_of_sorted, plan,
+      cub_temp, plan_bytes, cub_bytes;
+};
+
+template <typename T>
+upf_status ffn_run(const upf_moe_config *cfg, const upf_tensor *x, const upf_moe_weights *w, const upf_tensor *out,
+                   upf_moe_routing *routing) {
+  cudaStream_t s = upf_cuda_stream();
+  cublas_guard cg;
+  UPF_TRY(cg.acquire());
+  const int64_t T_ = x->shape[0], H = cfg->hidden, I = cfg->inter, Is = cfg->shared_inter;
+  const int E = cfg->num_experts, K = cfg->top_k;
+  const int64_t n = T_ * K;
+  const size_t es = sizeof(T);
+  if (!ms.events_ready && ms.profile) {
+    for (int i = 0; i <= UPF_CUDA_MOE_PHASES; i++)
+      UPF_CUDA_TRY(cudaEventCreate(&ms.ev[i]));
+    ms.events_ready = true;
+  }
+  ms.profiled = false;
+
+  /* Routing and sort scratch; the plan region holds row_base (E) and 6 pointer arrays (E each). */
+  upf_moe_routing rt = routing ? *routing : upf_moe_routing{nullptr, nullptr, nullptr};
+  ffn_route_layout L;
+  carve c;
+  L.logits = rt.logits ? 0 : c.take((size_t)T_ * E * sizeof(float));
+  L.index = rt.topk_index ? 0 : c.take((size_t)n * sizeof(int32_t));
+  L.weight = rt.topk_weight ? 0 : c.take((size_t)n * sizeof(float));
+  L.info = c.take((size_t)(INFO_HEAD + E) * sizeof(uint32_t));
+  L.offsets = c.take((size_t)(E + 1) * sizeof(int32_t));
+  L.iota = c.take((size_t)n * sizeof(int32_t));
+  L.sorted_expert = c.take((size_t)n * sizeof(uint32_t));
+  L.sorted_pair = c.take((size_t)n * sizeof(int32_t));
+  L.row_of_pair = c.take((size_t)n * sizeof(int32_t));
+  L.row_of_sorted = c.take((size_t)n * sizeof(int32_t));
+  L.plan_bytes = align_up((size_t)E * sizeof(int32_t), 256) + (size_t)6 * E * sizeof(void *);
+  L.plan = c.take(L.plan_bytes);
+  UPF_TRY(sort_temp_bytes(n, E, &L.cub_bytes));
+  L.cub_temp = c.take(L.cub_bytes);
+  UPF_TRY(reserve(ms.route, c.at, false));
+  carve sh; /* shared expert: hs (T, 2Is), as (T, Is), ys (T, H) */
+  const size_t o_hs = sh.take((size_t)T_ * 2 * Is * es), o_as = sh.take((size_t)T_ * Is * es);
+  const size_t o_ys = sh.take((size_t)T_ * H * es);
+  if (Is > 0)
+    UPF_TRY(reserve(ms.shared, sh.at, false));
+  const dev_buffer &rb = ms.route;
+  float *logits = rt.logits ? rt.logits : ptr_at<float>(rb, L.logits);
+  int32_t *topk_index = rt.topk_index ? rt.topk_index : ptr_at<int32_t>(rb, L.index);
+  float *topk_weight = rt.topk_weight ? rt.topk_weight : ptr_at<float>(rb, L.weight);
+  uint32_t *info = ptr_at<uint32_t>(rb, L.info);
+  int32_t *offsets = ptr_at<int32_t>(rb, L.offsets);
+  int32_t *sorted_pair = ptr_at<int32_t>(rb, L.sorted_pair);
+  int32_t *row_of_pair = ptr_at<int32_t>(rb, L.row_of_pair);
+  int32_t *row_of_sorted = ptr_at<int32_t>(rb, L.row_of_sorted);
+  int32_t *row_base = ptr_at<int32_t>(rb, L.plan);
+  const void **ptrs = ptr_at<const void *>(rb, L.plan + align_up((size_t)E * sizeof(int32_t), 256));
+  sort_scratch sc = {ptr_at<int32_t>(rb, L.iota), ptr_at<uint32_t>(rb, L.sorted_expert), ptr_at<void>(rb, L.cub_temp),
+                     L.cub_bytes};
+
+  mark(0);
+  T *hs = Is > 0 ? ptr_at<T>(ms.shared, o_hs) : nullptr, *as = Is > 0 ? ptr_at<T>(ms.shared, o_as) : nullptr;
+  T *ys = Is > 0 ? ptr_at<T>(ms.shared, o_ys) : nullptr;
+  join_guard joined;
+  if (Is > 0) {
+    joined.armed = true;
+    UPF_TRY(launch_shared_expert<T>(cfg, x, w, hs, as, ys));
+  }
+  UPF_CUDA_TRY(cudaMemsetAsync(info, 0xFF, INFO_HEAD * sizeof(uint32_t), s));
+  UPF_TRY(launch_route<T>(cg.h, cfg, x, w, logits, topk_index, topk_weight, info));
+  mark(1);
+  UPF_TRY(launch_sort(cfg, n, topk_index, info + INFO_HEAD, offsets, sorted_pair, info, sc));
+
+  /* The one wait: flags and counts. */
+  std::vector<uint32_t> host_info((size_t)INFO_HEAD + E);
+  UPF_TRY(download(host_info.data(), info, host_info.size() * sizeof(uint32_t)));
+  if (host_info[0] != MOE_NONE)
+    return nonfinite_error(host_info[0]);
+  if (host_info[1] != MOE_NONE) /* cannot happen: the indices come from the top-K kernel */
+    return upf_fail(UPF_ERR_CUDA, "moe.ffn (cuda): internal error, pair %u routed outside [0, E)", host_info[1]);
+  gemm_plan plan;
+  plan_gemms(cfg, T_, host_info.data() + INFO_HEAD, plan);
+  if (plan.rows > INT_MAX)
+    return upf_fail(UPF_ERR_UNSUPPORTED, "moe.ffn (cuda): %lld permuted rows exceed the int32 row index",
+                    (long long)plan.rows);
+
+  /* Routed activations: xp (rows, H), hg (rows, 2I), act (rows, I), y (rows, H). */
+  carve a;
+  const int64_t R = plan.rows;
+  size_t o_xp = a.take((size_t)R * H * es), o_hg = a.take((size_t)R * 2 * I * es), o_act = a.take((size_t)R * I * es);
+  size_t o_y = a.take((size_t)R * H * es);
+  UPF_TRY(reserve(ms.act, a.at, true));
+  T *xp = ptr_at<T>(ms.act, o_xp), *hg = ptr_at<T>(ms.act, o_hg), *act = ptr_at<T>(ms.act, o_act);
+  T *y = ptr_at<T>(ms.act, o_y);
+
+  /* Upload row_base and, for GROUPED, the pointer arrays (A, B, C of GEMM 1, then of GEMM 2), in
+   * the (count, index) order of the groups. */
+  const size_t used = plan.order.size();
+  const size_t ptr_off = align_up((size_t)E * sizeof(int32_t), 256);
+  ms.blob.assign(ptr_off + 6 * used * sizeof(void *), 0);
+  memcpy(ms.blob.data(), plan.row_base.data(), (size_t)E * sizeof(int32_t));
+  const void **hp = reinterpret_cast<const void **>(ms.blob.data() + ptr_off);
+  for (size_t i = 0; i < used; i++) {
+    const int e = plan.order[i];
+    const size_t rbase = (size_t)plan.row_base[e];
+    hp[i] = static_cast<const char *>(w->gate_up) + (size_t)e * 2 * I * H * es;
+    hp[used + i] = xp + rbase * H;
+    hp[2 * used + i] = hg + rbase * 2 * I;
+    hp[3 * used + i] = static_cast<const char *>(w->down) + (size_t)e * H * I * es;
+    hp[4 * used + i] = act + rbase * I;
+    hp[5 * used + i] = y + rbase * H;
+  }
+  UPF_TRY(upf_cuda_upload_async(row_base, ms.blob.data(), ms.blob.size()));
+
+  UPF_TRY(launch_gather(x, es, sorted_pair, sc.sorted_expert, offsets, row_base, n, K, row_of_pair, row_of_sorted,
+                        xp));
+  mark(2);
+  upf_cuda_moe_gemm_variant ran = plan.variant;
+  expert_gemm g1 = {w->gate_up, xp, hg, 2 * I, H, ptrs};
+  UPF_TRY(run_expert_gemm<T>(cg.h, plan, g1, E, &ran));
+  if (ran == UPF_CUDA_MOE_GEMM_LOOP)
+    plan.variant = UPF_CUDA_MOE_GEMM_LOOP; /* GROUPED unsupported here: the second GEMM loops too */
+  mark(3);
+  UPF_TRY(launch_swiglu<T>(hg, row_of_sorted, n, (int)I, act, s));
+  mark(4);
+  expert_gemm g2 = {w->down, act, y, H, I, ptrs + 3 * used};
+  UPF_TRY(run_expert_gemm<T>(cg.h, plan, g2, E, &ran));
+  mark(5);
+  if (Is > 0) {
+    joined.armed = false;
+    UPF_CUDA_TRY(cudaStreamWaitEvent(s, ms.join, 0));
+  }
+  mark(6);
+  UPF_TRY(launch_combine<T>(x, Is > 0 ? static_cast<const T *>(w->shared_gate) : nullptr, y, Is > 0 ? ys : nullptr,
+                            row_of_pair, topk_weight, (int)H, K, out));
+  mark(7);
+  ms.last = ran;
+  ms.profiled = ms.profile && ms.events_ready;
+  return UPF_OK;
+}
+
+} // namespace
+
+/* ---- extern "C" entries ---- */
+
+extern "C" upf_status upf_cuda_moe_route(const upf_moe_config *cfg, const upf_tensor *x, const upf_moe_weights *w,
+                                         upf_moe_routing *routing) {
+  UPF_TRY(upf_cuda_init());
+  UPF_TRY(upf_moe_validate(cfg, x, w, NULL));
+  if (!routing || !routing->topk_index || !routing->topk_weight)
+    return upf_fail(UPF_ERR_INVALID_ARG, "moe.route: routing->topk_index and topk_weight must be set");
+  UPF_TRY(check_limits(cfg));
+  if (x->shape[0] == 0)
+    return UPF_OK;
+  if (x->dtype == UPF_DTYPE_BF16)
+    return route_run<bf16>(cfg, x, w, routing);
+  return route_run<float>(cfg, x, w, routing);
+}
+
+extern "C" upf_status upf_cuda_moe_permute(const upf_moe_config *cfg, int64_t num_tokens, const int32_t *topk_index,
+                                           upf_moe_permutation *perm) {
+  UPF_TRY(upf_cuda_init());
+  UPF_TRY(upf_moe_config_check(cfg));
+  if (num_tokens < 0 || num_tokens * (int64_t)cfg->top_k > INT32_MAX)
+    return upf_fail(UPF_ERR_SHAPE, "moe.permute: T=%lld tokens (T*K must fit in int32)", (long long)num_tokens);
+  if (!perm || !perm->expert_count || !perm->expert_offset || !perm->sorted_pair || !perm->pair_row ||
+      (num_tokens > 0 && !topk_index))
+    return upf_fail(UPF_ERR_INVALID_ARG, "moe.permute: topk_index and all four permutation outputs must be set");
+  UPF_TRY(check_limits(cfg));
+  cudaStream_t s = upf_cuda_stream();
+  const int E = cfg->num_experts;
+  const int64_t n = num_tokens * cfg->top_k;
+  if (n == 0) {
+    UPF_CUDA_TRY(cudaMemsetAsync(perm->expert_count, 0, (size_t)E * sizeof(int32_t), s));
+    UPF_CUDA_TRY(cudaMemsetAsync(perm->expert_offset, 0, (size_t)(E + 1) * sizeof(int32_t), s));
+    return UPF_OK;
+  }
+  size_t cub_bytes = 0;
+  UPF_TRY(sort_temp_bytes(n, E, &cub_bytes));
+  carve c;
+  size_t o_flags = c.take(INFO_HEAD * sizeof(uint32_t)), o_iota = c.take((size_t)n * sizeof(int32_t));
+  size_t o_sorted = c.take((size_t)n * sizeof(uint32_t)), o_cub = c.take(cub_bytes);
+  UPF_TRY(reserve(ms.route, c.at, false));
+  uint32_t *flags = ptr_at<uint32_t>(ms.route, o_flags);
+  sort_scratch sc = {ptr_at<int32_t>(ms.route, o_iota), ptr_at<uint32_t>(ms.route, o_sorted),
+                     ptr_at<void>(ms.route, o_cub), cub_bytes};
+  UPF_CUDA_TRY(cudaMemsetAsync(flags, 0xFF, INFO_HEAD * sizeof(uint32_t), s));
+  UPF_TRY(launch_sort(cfg, n, topk_index, reinterpret_cast<uint32_t *>(perm->expert_count), perm->expert_offset,
+                      perm->sorted_pair, flags, sc));
+  moe_inverse_kernel<<<grid_for(n, 256), 256, 0, s>>>(perm->sorted_pair, n, perm->pair_row);
+  UPF_CUDA_LAUNCH_TRY("moe_inverse_kernel");
+  uint32_t host_flags[INFO_HEAD];
+  UPF_TRY(download(host_flags, flags, sizeof host_flags));
+  if (host_flags[1] != MOE_NONE) {
+    int32_t value = 0;
+    UPF_TRY(download(&value, topk_index + host_flags[1], sizeof value));
+    return upf_fail(UPF_ERR_INVALID_ARG, "moe.permute: topk_index[%u] (token %u, rank %u) = %d outside [0, E=%d)",
+                    host_flags[1], host_flags[1] / (uint32_t)cfg->top_k, host_flags[1] % (uint32_t)cfg->top_k, value,
+                    E);
+  }
+  return UPF_OK;
+}
+
+extern "C" upf_status upf_cuda_moe_ffn(const upf_moe_config *cfg, const upf_tensor *x, const upf_moe_weights *w,
+                                       const upf_tensor *out, upf_moe_routing *routing) {
+  UPF_TRY(upf_cuda_init());
+  if (!out)
+    return upf_fail(UPF_ERR_INVALID_ARG, "moe.ffn: out must be set");
+  UPF_TRY(upf_moe_validate(cfg, x, w, out));
+  UPF_TRY(check_limits(cfg));
+  if (x->shape[0] == 0)
+    return UPF_OK;
+  if (x->dtype == UPF_DTYPE_BF16)
+    return ffn_run<bf16>(cfg, x, w, out, routing);
+  return ffn_run<float>(cfg, x, w, out, routing);
+}
+
+extern "C" void upf_cuda_moe_set_gemm_variant(upf_cuda_moe_gemm_variant variant) {
+  ms.variant = (unsigned)variant < UPF_CUDA_MOE_GEMM_COUNT ? variant : UPF_CUDA_MOE_GEMM_AUTO;
+}
+
+extern "C" const char *upf_cuda_moe_gemm_variant_name(upf_cuda_moe_gemm_variant variant) {
+  static const char *const names[UPF_CUDA_MOE_GEMM_COUNT] = {"auto", "grouped", "padded", "loop"};
+  return (unsigned)variant < UPF_CUDA_MOE_GEMM_COUNT ? names[variant] : "invalid";
+}
+
+extern "C" upf_cuda_moe_gemm_variant upf_cuda_moe_last_gemm_variant(void) { return ms.last; }
+
+extern "C" void upf_cuda_moe_profile(int enable) { ms.profile = enable != 0; }
+
+extern "C" int upf_cuda_moe_profile_read(float phase_ms[UPF_CUDA_MOE_PHASES]) {
+  if (!ms.profiled)
+    return 0;
+  if (cudaEventSynchronize(ms.ev[UPF_CUDA_MOE_PHASES]) != cudaSuccess)
+    return 0;
+  for (int i = 0; i < UPF_CUDA_MOE_PHASES; i++)
+    if (cudaEventElapsedTime(&phase_ms[i], ms.ev[i], ms.ev[i + 1]) != cudaSuccess)
+      return 0;
+  return 1;
+}
+
+extern "C" const char *upf_cuda_moe_phase_name(int phase) {
+  static const char *const names[UPF_CUDA_MOE_PHASES] = {"route", "sort_gather", "gemm_gate_up", "swiglu",
+                                                         "gemm_down",  "shared_wait", "combine"};
+  return phase >= 0 && phase < UPF_CUDA_MOE_PHASES ? names[phase] : "invalid";
+}
+
+extern "C" upf_status upf_cuda_moe_dense_gemm(int64_t M, int64_t N, int64_t K, const void *A, const void *B, void *C) {
+  UPF_TRY(upf_cuda_init());
+  cublas_guard cg;
+  UPF_TRY(cg.acquire());
+  return linear(cg.h, M, N, K, B, A, K, C, N, CUDA_R_16BF, CUDA_R_16BF);
+}

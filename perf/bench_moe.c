@@ -1,0 +1,421 @@
+/* Benchmarks of the Qwen3-Next MoE layer (backend->moe_ffn; H=2048, E=512, K=10, I=Is=512): CUDA in
+ * bf16 at T = 8K and 32K for each expert-GEMM variant, every variant verified against the CPU
+ * reference before it is timed; "moe.dense_equiv", one cuBLAS bf16 GEMM of the same FLOPs measured in
+ * the same program on the same stream, which each MoE result is compared with ("vs_dense" = MoE time
+ * / dense time at equal FLOPs, the issue's target is <= 1.5); and the CPU reference on a small layer.
+ * No L2 flush: every call streams the 3.2 GB of expert weights, which evicts the previous call's x. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "perf/bench.h"
+#include "ref_cpu/moe.h"
+#include "uniprefill/backend.h"
+#include "uniprefill/bf16.h"
+#include "verify/moe_checks.h"
+#include "verify/moe_inputs.h"
+
+#ifdef UPF_HAVE_CUDA
+#include "cuda/moe.cuh"
+#include "cuda/perf_support.cuh"
+#endif
+
+#define MOE_MAX_T 32768
+#define MOE_VERIFY_T 61 /* tokens of the verify-before-timing run */
+#define MOE_CUDA_REPETITIONS 10
+#define MOE_CUDA_MIN_TIME_S 0.1
+#define MOE_WARMUP 3
+#define MOE_DENSE_REPS 20
+#define MOE_SEED 0x30e0b3e7ull
+
+typedef struct {
+  const char *name;
+  int on_cuda;
+  int dense;   /* the dense-GEMM ceiling rather than the layer */
+  int variant; /* upf_cuda_moe_gemm_variant */
+  int64_t T;
+} moe_bench_case;
+
+static moe_bench_case cases[] = {
+    {"moe.dense_equiv/cuda/bf16", 1, 1, 0, 8192},
+    {"moe.dense_equiv/cuda/bf16", 1, 1, 0, 32768},
+    {"moe.ffn/cuda/bf16", 1, 0, 0, 8192},
+    {"moe.ffn/cuda/bf16", 1, 0, 0, 32768},
+    {"moe.ffn/cuda/bf16/grouped", 1, 0, 1, 8192},
+    {"moe.ffn/cuda/bf16/grouped", 1, 0, 1, 32768},
+    {"moe.ffn/cuda/bf16/padded", 1, 0, 2, 8192},
+    {"moe.ffn/cuda/bf16/padded", 1, 0, 2, 32768},
+    {"moe.ffn/cuda/bf16/loop", 1, 0, 3, 8192},
+    {"moe.ffn/cuda/bf16/loop", 1, 0, 3, 32768},
+    {"moe.ffn/cpu/bf16/small", 0, 0, 0, 256},
+};
+#define NUM_CASES ((int)(sizeof cases / sizeof cases[0]))
+
+/* ---- CPU: a small layer (H=256, E=32, K=4, I=Is=128) ---- */
+
+static const upf_moe_config cpu_cfg = {256, 32, 4, 128, 128, 1};
+
+static void bench_moe_cpu(upf_bench_state *st, void *ctx) {
+  const moe_bench_case *c = ctx;
+  upf_moe_problem pb;
+  if (upf_moe_problem_make(&pb, &cpu_cfg, c->T, 0, UPF_DTYPE_BF16, UPF_MOE_DIST_RANDOM, MOE_SEED, NULL) != UPF_OK) {
+    upf_bench_skip_with_error(st, "inputs: %s", upf_last_error());
+    return;
+  }
+  upf_moe_weights w = upf_moe_problem_weights(&pb);
+  void *out_data = malloc((size_t)(c->T * cpu_cfg.hidden) * 2);
+  int64_t shape[2] = {c->T, cpu_cfg.hidden};
+  upf_tensor out;
+  upf_tensor_init(&out, out_data, UPF_DTYPE_BF16, 2, shape);
+  const upf_backend *be = upf_backend_cpu();
+  while (out_data && upf_bench_keep_running(st)) {
+    if (be->moe_ffn(&cpu_cfg, &pb.x, &w, &out, NULL) != UPF_OK) {
+      upf_bench_skip_with_error(st, "moe_ffn: %s", upf_last_error());
+      break;
+    }
+  }
+  if (!out_data)
+    upf_bench_skip_with_error(st, "out: no memory");
+  else
+    upf_bench_set_counter(st, UPF_BENCH_FLOPS, upf_moe_flops(&cpu_cfg, c->T), UPF_BENCH_COUNTER_RATE);
+  free(out_data);
+  upf_moe_problem_free(&pb);
+}
+
+#ifdef UPF_HAVE_CUDA
+/* ---- CUDA: Qwen3-Next weights and MOE_MAX_T tokens, made once and shared by every case ---- */
+
+static struct {
+  int ready;
+  upf_status status;
+  char message[512];
+  upf_moe_config cfg;
+  upf_moe_problem experts, data; /* data: x (MOE_MAX_T, H) and the router, borrowing the experts */
+  upf_moe_device_problem dev_experts, dev_data;
+  void *dense_c;          /* (MOE_MAX_T, dense_n) bf16 */
+  int64_t dense_n;
+  double dense_median_s[2]; /* per T of the cases: 8K, 32K; 0 until measured */
+  int verified[4];          /* per variant: 0 not yet, 1 passed, -1 failed */
+  char verify_message[4][512];
+} q;
+
+static void qwen_release(void *ctx) {
+  (void)ctx;
+  if (!q.ready)
+    return;
+  upf_moe_device_problem_free(&q.dev_data);
+  upf_moe_device_problem_free(&q.dev_experts);
+  if (q.dense_c)
+    upf_backend_cuda()->release(q.dense_c);
+  upf_moe_problem_free(&q.data);
+  upf_moe_problem_free(&q.experts);
+  memset(&q, 0, sizeof q);
+}
+
+/* The dense GEMM of the layer's FLOPs at T tokens: (T, H) x (H, N), N = flops / (2 T H) rounded up
+ * to a multiple of 64 (the time is scaled back to the layer's FLOPs). */
+static int64_t dense_n(const upf_moe_config *cfg) {
+  double n = upf_moe_flops(cfg, 1) / (2.0 * cfg->hidden);
+  return ((int64_t)ceil(n) + 63) / 64 * 64;
+}
+
+static upf_status qwen_prepare(void) {
+  if (q.ready)
+    return q.status;
+  q.ready = 1;
+  q.cfg = upf_moe_config_qwen3_next();
+  const upf_backend *be = upf_backend_cuda();
+  upf_status st = upf_moe_problem_make(&q.experts, &q.cfg, 0, 0, UPF_DTYPE_BF16, UPF_MOE_DIST_RANDOM, MOE_SEED, NULL);
+  if (st == UPF_OK)
+    st = upf_moe_problem_make(&q.data, &q.cfg, MOE_MAX_T, 0, UPF_DTYPE_BF16, UPF_MOE_DIST_RANDOM, MOE_SEED + 1,
+                              &q.experts);
+  if (st == UPF_OK)
+    st = upf_moe_problem_upload(be, &q.experts, NULL, &q.dev_experts);
+  if (st == UPF_OK)
+    st = upf_moe_problem_upload(be, &q.data, &q.dev_experts, &q.dev_data);
+  q.dense_n = dense_n(&q.cfg);
+  if (st == UPF_OK)
+    st = be->alloc(&q.dense_c, (size_t)MOE_MAX_T * (size_t)q.dense_n * 2);
+  q.status = st;
+  if (st != UPF_OK)
+    snprintf(q.message, sizeof q.message, "%s", upf_last_error());
+  return st == UPF_OK ? st : upf_fail(st, "%s", q.message);
+}
+
+/* x of the first T tokens (device). */
+static upf_tensor x_view(int64_t T) {
+  upf_tensor x = q.dev_data.x;
+  x.shape[0] = T;
+  return x;
+}
+
+/* Verify before timing: MOE_VERIFY_T tokens through moe_ffn with `variant` against the CPU
+ * reference: routing under the marginal rule, outputs of agreeing tokens within the bf16 tolerances. */
+static int verify_variant(int variant, char *why, size_t cap) {
+  if (q.verified[variant]) {
+    snprintf(why, cap, "%s", q.verify_message[variant]);
+    return q.verified[variant] == 1;
+  }
+  const int64_t T = MOE_VERIFY_T, H = q.cfg.hidden, K = q.cfg.top_k, E = q.cfg.num_experts;
+  const upf_backend *be = upf_backend_cuda();
+  upf_tensor hx = q.data.x;
+  hx.shape[0] = T;
+  upf_moe_weights hw = upf_moe_problem_weights(&q.data);
+  double *logits = malloc((size_t)(T * E) * sizeof *logits), *weight = malloc((size_t)(T * K) * sizeof *weight);
+  double *ref = malloc((size_t)(T * H) * sizeof *ref);
+  int32_t *index = malloc((size_t)(T * K) * sizeof *index), *got_index = malloc((size_t)(T * K) * sizeof *got_index);
+  uint16_t *raw = malloc((size_t)(T * H) * 2);
+  float *got = malloc((size_t)(T * H) * sizeof *got);
+  uint8_t *agree = malloc((size_t)T);
+  void *d_out = NULL, *d_index = NULL;
+  char *msg = q.verify_message[variant];
+  upf_status st = logits && weight && ref && index && got_index && raw && got && agree
+                      ? UPF_OK
+                      : upf_fail(UPF_ERR_NOMEM, "verify: host buffers");
+  if (st == UPF_OK)
+    st = ref_moe_route(&q.cfg, &hx, &hw, logits, index, weight);
+  if (st == UPF_OK)
+    st = ref_moe_ffn(&q.cfg, &hx, &hw, index, weight, ref);
+  if (st == UPF_OK)
+    st = be->alloc(&d_out, (size_t)(T * H) * 2);
+  if (st == UPF_OK)
+    st = be->alloc(&d_index, (size_t)(T * K) * 4);
+  if (st == UPF_OK) {
+    int64_t shape[2] = {T, H};
+    upf_tensor out, x = x_view(T);
+    upf_tensor_init(&out, d_out, UPF_DTYPE_BF16, 2, shape);
+    upf_moe_routing rt = {d_index, NULL, NULL};
+    upf_cuda_moe_set_gemm_variant((upf_cuda_moe_gemm_variant)variant);
+    st = be->moe_ffn(&q.cfg, &x, &q.dev_data.w, &out, &rt);
+    upf_cuda_moe_set_gemm_variant(UPF_CUDA_MOE_GEMM_AUTO);
+  }
+  if (st == UPF_OK)
+    st = be->download(raw, d_out, (size_t)(T * H) * 2);
+  if (st == UPF_OK)
+    st = be->download(got_index, d_index, (size_t)(T * K) * 4);
+  int passed = 0;
+  if (st != UPF_OK) {
+    snprintf(msg, sizeof q.verify_message[0], "%s", upf_last_error());
+  } else {
+    upf_check check;
+    memset(&check, 0, sizeof check);
+    upf_moe_compare_routing(&q.cfg, T, logits, index, got_index, upf_moe_tau(UPF_DTYPE_BF16), agree, &check);
+    if (check.passed) {
+      int64_t m = 0;
+      upf_bf16_to_f32_array(got, raw, T * H);
+      for (int64_t t = 0; t < T; t++)
+        if (agree[t]) {
+          memmove(got + m * H, got + t * H, (size_t)H * sizeof *got);
+          memmove(ref + m * H, ref + t * H, (size_t)H * sizeof *ref);
+          m++;
+        }
+      upf_compare_f32(got, ref, m * H, upf_tolerance_for(UPF_DTYPE_BF16), &check);
+    }
+    passed = check.passed;
+    snprintf(msg, sizeof q.verify_message[0], "%s", check.passed ? "" : check.detail);
+  }
+  q.verified[variant] = passed ? 1 : -1;
+  snprintf(why, cap, "%s", msg);
+  if (d_out)
+    be->release(d_out);
+  if (d_index)
+    be->release(d_index);
+  free(logits), free(weight), free(ref), free(index), free(got_index), free(raw), free(got), free(agree);
+  return passed;
+}
+
+/* Median time of the dense GEMM at T tokens, measured once. */
+static upf_status dense_time(int64_t T, double *seconds) {
+  int slot = T == 8192 ? 0 : 1;
+  if (q.dense_median_s[slot] > 0.0) {
+    *seconds = q.dense_median_s[slot];
+    return UPF_OK;
+  }
+  upf_cuda_timer *timer = NULL;
+  double t[MOE_DENSE_REPS];
+  const int64_t H = q.cfg.hidden;
+  /* A = x (T, H), B = the first dense_n rows of the experts' gate_up (random bf16, not zeros). */
+  upf_status st = upf_cuda_timer_create(&timer);
+  for (int i = 0; st == UPF_OK && i < MOE_WARMUP; i++)
+    st = upf_cuda_moe_dense_gemm(T, q.dense_n, H, q.dev_data.x.data, q.dev_experts.w.gate_up, q.dense_c);
+  for (int i = 0; st == UPF_OK && i < MOE_DENSE_REPS; i++) {
+    st = upf_cuda_timer_start(timer);
+    if (st == UPF_OK)
+      st = upf_cuda_moe_dense_gemm(T, q.dense_n, H, q.dev_data.x.data, q.dev_experts.w.gate_up, q.dense_c);
+    if (st == UPF_OK)
+      st = upf_cuda_timer_stop(timer, &t[i]);
+  }
+  upf_cuda_timer_destroy(timer);
+  UPF_TRY(st);
+  for (int i = 1; i < MOE_DENSE_REPS; i++) /* insertion sort for the median */
+    for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
+      double s = t[j];
+      t[j] = t[j - 1], t[j - 1] = s;
+    }
+  double median = t[MOE_DENSE_REPS / 2];
+  /* Scale to the layer's FLOPs (dense_n rounds N up). */
+  median *= upf_moe_flops(&q.cfg, T) / (2.0 * (double)T * (double)H * (double)q.dense_n);
+  q.dense_median_s[slot] = median;
+  *seconds = median;
+  return UPF_OK;
+}
+
+static void bench_dense_cuda(upf_bench_state *st, moe_bench_case *c) {
+  const int64_t T = c->T, H = q.cfg.hidden;
+  upf_cuda_timer *timer = NULL;
+  upf_status s = upf_cuda_timer_create(&timer);
+  for (int i = 0; s == UPF_OK && i < MOE_WARMUP; i++)
+    s = upf_cuda_moe_dense_gemm(T, q.dense_n, H, q.dev_data.x.data, q.dev_experts.w.gate_up, q.dense_c);
+  while (s == UPF_OK && upf_bench_keep_running(st)) {
+    double seconds = 0.0;
+    s = upf_cuda_timer_start(timer);
+    if (s == UPF_OK)
+      s = upf_cuda_moe_dense_gemm(T, q.dense_n, H, q.dev_data.x.data, q.dev_experts.w.gate_up, q.dense_c);
+    if (s == UPF_OK)
+      s = upf_cuda_timer_stop(timer, &seconds);
+    if (s == UPF_OK)
+      upf_bench_set_iteration_time(st, seconds);
+  }
+  upf_cuda_timer_destroy(timer);
+  if (s != UPF_OK) {
+    upf_bench_skip_with_error(st, "dense GEMM: %s", upf_last_error());
+    return;
+  }
+  upf_bench_set_counter(st, UPF_BENCH_FLOPS, 2.0 * (double)T * (double)H * (double)q.dense_n, UPF_BENCH_COUNTER_RATE);
+  upf_bench_set_counter(st, "N", (double)q.dense_n, UPF_BENCH_COUNTER_VALUE);
+}
+
+static void bench_moe_cuda(upf_bench_state *st, void *ctx) {
+  moe_bench_case *c = ctx;
+  const upf_backend *be = upf_backend_cuda();
+  if (be->probe() != UPF_OK) {
+    upf_bench_skip_no_device(st, upf_last_error());
+    return;
+  }
+  if (qwen_prepare() != UPF_OK) {
+    upf_bench_skip_with_error(st, "preparing Qwen3-Next weights: %s", upf_last_error());
+    return;
+  }
+  if (c->dense) {
+    bench_dense_cuda(st, c);
+    return;
+  }
+  char why[512];
+  if (!verify_variant(c->variant, why, sizeof why)) {
+    upf_bench_skip_with_error(st, "not timed, verification against the CPU reference failed: %s", why);
+    return;
+  }
+  double dense_s = 0.0;
+  if (dense_time(c->T, &dense_s) != UPF_OK) {
+    upf_bench_skip_with_error(st, "dense GEMM ceiling: %s", upf_last_error());
+    return;
+  }
+  const int64_t T = c->T, H = q.cfg.hidden;
+  void *d_out = NULL;
+  upf_cuda_timer *timer = NULL;
+  upf_status s = be->alloc(&d_out, (size_t)(T * H) * 2);
+  if (s == UPF_OK)
+    s = upf_cuda_timer_create(&timer);
+  int64_t shape[2] = {T, H};
+  upf_tensor out, x = x_view(T);
+  upf_tensor_init(&out, d_out, UPF_DTYPE_BF16, 2, shape);
+  upf_cuda_moe_set_gemm_variant((upf_cuda_moe_gemm_variant)c->variant);
+  for (int i = 0; s == UPF_OK && i < MOE_WARMUP; i++)
+    s = be->moe_ffn(&q.cfg, &x, &q.dev_data.w, &out, NULL);
+  double total_s = 0.0;
+  int64_t iter = 0;
+  while (s == UPF_OK && upf_bench_keep_running(st)) {
+    double seconds = 0.0;
+    s = upf_cuda_timer_start(timer);
+    if (s == UPF_OK)
+      s = be->moe_ffn(&q.cfg, &x, &q.dev_data.w, &out, NULL);
+    if (s == UPF_OK)
+      s = upf_cuda_timer_stop(timer, &seconds);
+    if (s == UPF_OK) {
+      upf_bench_set_iteration_time(st, seconds);
+      total_s += seconds, iter++;
+    }
+  }
+  /* One profiled call for the phase split (not part of the timing). */
+  float phase[UPF_CUDA_MOE_PHASES];
+  int have_phases = 0;
+  if (s == UPF_OK) {
+    upf_cuda_moe_profile(1);
+    s = be->moe_ffn(&q.cfg, &x, &q.dev_data.w, &out, NULL);
+    if (s == UPF_OK)
+      s = be->synchronize();
+    have_phases = s == UPF_OK && upf_cuda_moe_profile_read(phase);
+    upf_cuda_moe_profile(0);
+  }
+  upf_cuda_moe_gemm_variant ran = upf_cuda_moe_last_gemm_variant();
+  upf_cuda_moe_set_gemm_variant(UPF_CUDA_MOE_GEMM_AUTO);
+  upf_cuda_timer_destroy(timer);
+  be->release(d_out);
+  if (s != UPF_OK) {
+    upf_bench_skip_with_error(st, "moe_ffn: %s", upf_last_error());
+    return;
+  }
+  double mean_s = iter ? total_s / (double)iter : NAN;
+  double flops = upf_moe_flops(&q.cfg, T);
+  /* Bytes counted once: every weight, x read, out written. */
+  double bytes = upf_moe_weight_bytes(&q.cfg, UPF_DTYPE_BF16) + 2.0 * (double)T * (double)H * 2.0;
+  upf_bench_set_counter(st, UPF_BENCH_FLOPS, flops, UPF_BENCH_COUNTER_RATE);
+  upf_bench_set_counter(st, UPF_BENCH_BYTES, bytes, UPF_BENCH_COUNTER_RATE);
+  upf_bench_set_counter(st, "dense_equiv_ms", dense_s * 1e3, UPF_BENCH_COUNTER_VALUE);
+  upf_bench_set_counter(st, "vs_dense", mean_s / dense_s, UPF_BENCH_COUNTER_VALUE);
+  upf_bench_set_counter(st, "gemm_share", dense_s / mean_s, UPF_BENCH_COUNTER_VALUE);
+  if (have_phases)
+    for (int i = 0; i < UPF_CUDA_MOE_PHASES; i++) {
+      char name[48];
+      snprintf(name, sizeof name, "ms_%s", upf_cuda_moe_phase_name(i));
+      upf_bench_set_counter(st, name, phase[i], UPF_BENCH_COUNTER_VALUE);
+    }
+  char label[64];
+  snprintf(label, sizeof label, "gemm=%s", upf_cuda_moe_gemm_variant_name(ran));
+  upf_bench_set_label(st, label);
+}
+#endif /* UPF_HAVE_CUDA */
+
+static void bench_moe_cuda_entry(upf_bench_state *st, void *ctx) {
+#ifndef UPF_HAVE_CUDA
+  (void)ctx;
+  upf_bench_skip_no_device(st, "cuda backend unavailable (built with CUDA=0)");
+#else
+  bench_moe_cuda(st, ctx);
+#endif
+}
+
+static void moe_teardown(void *ctx) {
+#ifdef UPF_HAVE_CUDA
+  qwen_release(ctx);
+#else
+  (void)ctx;
+#endif
+}
+
+void upf_register_moe_benchmarks(void) {
+  int cuda_ok = upf_backend_cuda()->probe() == UPF_OK;
+  for (int i = 0; i < NUM_CASES; i++) {
+    moe_bench_case *c = &cases[i];
+    upf_bench_spec spec = {.name = c->name, .ctx = c, .num_args = 1};
+    spec.args[0] = c->T, spec.arg_names[0] = "T";
+    if (c->on_cuda) {
+      spec.fn = bench_moe_cuda_entry;
+      spec.flags = UPF_BENCH_MANUAL_TIME;
+      spec.unit = UPF_BENCH_US;
+      spec.min_time_s = MOE_CUDA_MIN_TIME_S;
+      spec.repetitions = cuda_ok ? MOE_CUDA_REPETITIONS : 1;
+      /* The shared Qwen3-Next data goes after the last CUDA case. */
+      spec.teardown = i == NUM_CASES - 2 ? moe_teardown : NULL;
+    } else {
+      spec.fn = bench_moe_cpu;
+      spec.flags = UPF_BENCH_REAL_TIME;
+      spec.unit = UPF_BENCH_MS;
+      spec.iterations = 2;
+      spec.repetitions = 3;
+    }
+    if (upf_bench_register(&spec) != UPF_OK)
+      fprintf(stderr, "bench moe: %s\n", upf_last_error());
+  }
+}
