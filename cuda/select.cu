@@ -26,6 +26,18 @@
  *      (the MMAs of the next 32 keys are issued before the exponentials of the current 32);
  *      upf_cuda_select_set_mma_shape picks 4x2 (2 CTAs/SM), 8x1, and PIPE off. Ffma<T>: fp32 FFMA
  *      (no TF32) for fp32 inputs, and the bf16 fallback for other D <= 256 or unaligned rows.
+ *      Hopper (sm_90a build, G >= 64, bf16 D = 64/128/256; the default there): sel_score_wgmma_kernel,
+ *      section 1b. CTA = 2 consumer warpgroups x 64 query rows (Q in registers as the wgmma A
+ *      operand) + 1 producer warp streaming 64-key K tiles by cp.async into a 4-stage (D = 64: 8)
+ *      ring in the 128-byte-swizzle layout, full/empty mbarriers; wgmma m64n64k16 (B = K tile from
+ *      smem), two accumulator sets per warpgroup: the wgmma of tile t+1 runs while the warpgroup does
+ *      the exponentials of tile t (epi_big, same (M, U, MC, LC) outputs and per-thread order, so the
+ *      same bits run to run). The mma.sync kernel stays as the fallback (sm_90 builds, G < 64,
+ *      upf_cuda_select_set_mma_shape != 0).
+ *      Prediction (T=128K, D=128): tensor work 0.17 ms and MUFU 0.13 ms per pass now overlap instead
+ *      of serialising in one warp: score kernel 0.595 -> ~0.33 ms, select_run 0.675 -> ~0.41 ms.
+ *      Outcome (H200, 2026-11-29): score kernel 0.595 -> 0.542 ms, select_run 0.675 -> 0.622 ms
+ *      (bench_upf select/cuda/bf16/T:131072; 1M: 4.98 -> 4.54 ms). Missed: see "wgmma" below.
  *   2. sel_row_stats_kernel: per row: m = max MC, l = sum LC*exp2(MC-m) over chunks (fixed order).
  *   3. sel_block_mass_kernel: one CTA per block: b = sum_rows sum_segments U*exp2(M-m)/l, threads
  *      strided over rows, then cub::BlockReduce. Every float reduction in 1-3 has a fixed order:
@@ -71,9 +83,24 @@
  *   instruction diet (the causal mask had been if-converted into every tile; cp.async addresses
  *     precomputed; operand finite check instead of one FFMA per score): 1513 -> ~800 instructions
  *     per warp-tile, predicted 0.686 -> 0.44, measured 0.595 (instructions -36%, issue 51% -> 38%).
- *   Next steps toward 0.5 ms total: wgmma (sm_90a) so the tensor cores run asynchronously while the
- *   same warps do the exponentials (FA3 style), or more resident warps; top-p sized to the block
- *   count (a 4096-key sort is a 23 us constant); drop M by holding a chunk's segment sums in smem.
+ *   wgmma kernel (sm_90a; check cmp/cmpv in the scratch harness, medians of 10-15 after 3 warm-ups,
+ *   score phase at 128K): predicted 0.595 -> 0.33 ms. Measured: fence before every tile's wgmma
+ *   0.561-0.569; without the proxy fence (diagnostic only, not ordered) 0.539-0.541; early fence
+ *   (VAR bit 1, the default) 0.538-0.545; + deferred (M, U) stores 0.544-0.546; + 8 stages
+ *   0.547-0.548; mma.sync in the same runs 0.595-0.598. ncu (fence per tile): 553 us at 1.80 GHz,
+ *   issue slots 37.9% busy, no eligible warp 59% of cycles, 2.24 warps and 0.59 eligible per
+ *   scheduler, tensor pipe the busiest at 25.5%, L2 24%, DRAM 13%; 1.63 IPC = ~11.5 thread
+ *   instructions per score. So wgmma took the MMAs off the issue slots, but the kernel is still
+ *   latency-bound on the per-warp epilogue chains (max tree, two shuffle rounds, 32 ex2 feeding a
+ *   fixed-order add chain, quad sums, merge) with only two consumer warps per scheduler; neither the
+ *   tensor pipe nor MUFU is near its rate. Full select_run (bench_upf): 8K 0.101, 32K 0.210, 128K
+ *   0.622, 1M 4.535 ms; 16 x 8K 0.628, 64 x 2K 0.655, ragged 24 rows 0.561 ms.
+ *   Next steps toward 0.5 ms total: more consumer warps per scheduler (4 warpgroups x 1 accumulator
+ *   set fits in 117 registers at 544 threads; drafted, not measured); a cheaper epilogue (kb / SG and
+ *   the segment-end modulo are integer divisions per tile: SG is a power of two; the non-finite K
+ *   check makes row group 0 slower than the others); TMA tensor loads (async proxy: no proxy fence,
+ *   a lighter producer); then exponentials split between MUFU and an FMA polynomial once MUFU binds;
+ *   top-p sized to the block count (a 4096-key sort is a 23 us constant).
  */
 #include <algorithm>
 #include <math.h>
@@ -645,13 +672,22 @@ struct big_state {
   float mrun[2 * MT], usum[2 * MT], mc[2 * MT], lc[2 * MT];
 };
 
+/* (M, U) of a segment end held back for a later store (wgmma kernel, MT = 1). */
+struct pend_mu {
+  float *Mp, *Up;
+  float m[2], u[2];
+  bool has;
+};
+
 /* G >= 64 epilogue of one piece of NTL n8 tiles (keys kb ..): finite check, causal mask, piece max,
- * online update of the segment sum; at a segment end writes (M, U) and folds it into (MC, LC). */
-template <int MT, int NTL>
+ * online update of the segment sum; at a segment end writes (M, U) (DEFER: hands them to *pd) and
+ * folds it into (MC, LC). */
+template <int MT, int NTL, bool DEFER = false>
 __device__ __forceinline__ void epi_big(float (&acc)[MT][NTL][4], int kb, bool need_mask, bool seg_end,
                                         const int (&lim)[MT][2], const bool (&valid)[MT][2],
                                         const int64_t (&R)[MT][2], big_state<MT> &st, const score_args &x,
-                                        const sel_req &rq, int tq) {
+                                        const sel_req &rq, int tq, pend_mu *pd = nullptr) {
+  static_assert(!DEFER || MT == 1, "deferred stores: one m-tile");
   const float c = x.c;
   if (need_mask) { /* only the tiles that reach the last L keys or the request's end */
     const int key0 = kb + 2 * tq;
@@ -708,7 +744,13 @@ __device__ __forceinline__ void epi_big(float (&acc)[MT][NTL][4], int kb, bool n
       for (int h = 0; h < 2; h++) {
         const int j = mt * 2 + h;
         float uq = quad_sum(st.usum[j]);
-        if (tq == 0 && valid[mt][h]) {
+        if constexpr (DEFER) {
+          pd->Mp = Mp;
+          pd->Up = Up;
+          pd->m[h] = st.mrun[j];
+          pd->u[h] = uq;
+          pd->has = true;
+        } else if (tq == 0 && valid[mt][h]) {
           Mp[mt * 16 + 8 * h] = st.mrun[j];
           Up[mt * 16 + 8 * h] = uq;
         }
@@ -1006,6 +1048,330 @@ __global__ void __launch_bounds__(P::THREADS, P::MINB) sel_score_kernel(const sc
       }
   if (chk != chk)
     atomicMin(x.bad_req, (unsigned)s);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* 1b. Hopper score kernel (sm_90a): wgmma, producer warp, mbarrier pipeline (MODE 1, G >= 64).     */
+/*                                                                                                  */
+/* CTA = NCW consumer warpgroups (64 query rows each, Q in registers as the wgmma A operand) and */
+/* one producer warp that streams the chunk's K tiles (64 keys) into a WG_NS-stage ring with         */
+/* cp.async (16-byte chunks, written in the 128-byte-swizzle K-major layout wgmma reads: D/64 atoms */
+/* of 64 rows x 128 bytes) and signals `full[s]` with cp.async.mbarrier.arrive.noinc; consumers     */
+/* release a stage on `empty[s]` once the wgmma that read it has completed. Each consumer WG keeps  */
+/* two accumulator sets: it issues the wgmma of tile t+1 (async) and then runs the epilogue of tile */
+/* t (epi_big, the same (M, U, MC, LC) arithmetic as the mma.sync kernel) while the tensor cores    */
+/* work. Every reduction is per thread or per quad in a fixed order: deterministic.                 */
+
+constexpr int WG_VAR = 2; /* the variant select_run uses (see WgCfg) */
+
+/* VAR (variants, for measurement; all keep the same arithmetic): bit 1 = early fence (the consumer
+ * waits for tile t+2 and fences right after the wgmma wait of tile t, so the proxy fence does not
+ * directly follow the epilogue's global stores; the default), bit 2 = twice the ring stages, bit 3 =
+ * the (M, U) stores of tile t held back until after the next fence. Without bit 1 the fence sits
+ * before each tile's wgmma. */
+template <int D_, int VAR = 0>
+struct WgCfg {
+  static_assert((VAR & ~14) == 0, "wgmma kernel variant bits: 2, 4, 8");
+  static constexpr int D = D_;
+  static constexpr int NCW = 2;                     /* consumer warpgroups */
+  static constexpr int KS = D / 16;                 /* k16 steps */
+  static constexpr int NS = (D == 64 ? 8 : 4) * ((VAR & 4) ? 2 : 1); /* ring stages */
+  static constexpr int STAGE = KT * D * 2;          /* bytes per stage */
+  static constexpr int THREADS = NCW * 128 + 32; /* + producer warp */
+  static constexpr int RPC = NCW * 64;
+  static size_t smem_bytes() { return 1024 + (size_t)NS * STAGE + 2 * NS * 8; }
+};
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile("{\n"
+               ".reg .pred P1;\n"
+               "WAIT_LOOP:\n"
+               "mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
+               "@!P1 bra WAIT_LOOP;\n"
+               "}\n" ::"r"(bar),
+               "r"(parity)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("{\n"
+               ".reg .b64 st;\n"
+               "mbarrier.arrive.shared::cta.b64 st, [%0];\n"
+               "}\n" ::"r"(bar)
+               : "memory");
+}
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wg_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+/* D(64x64, f32) (+)= A(64x16 bf16, registers) * B(64 keys x 16, smem descriptor)^T */
+__device__ __forceinline__ void wgmma_m64n64k16(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc,
+                                                int scale_d) {
+  asm volatile("{\n"
+               ".reg .pred p;\n"
+               "setp.ne.b32 p, %37, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+               "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n"
+               "}\n"
+               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+                 "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+                 "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+                 "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+                 "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+                 "+f"(d[7][2]), "+f"(d[7][3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d));
+}
+#endif
+
+template <int D, int VAR>
+__global__ void __launch_bounds__(WgCfg<D, VAR>::THREADS, 1) sel_score_wgmma_kernel(const score_args x) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using C = WgCfg<D, VAR>;
+  constexpr int NS = C::NS, KS = C::KS, STAGE = C::STAGE, NCW = C::NCW;
+  extern __shared__ __align__(16) uint8_t smem[];
+  const uint32_t sraw = (uint32_t)__cvta_generic_to_shared(smem);
+  const uint32_t sbase = (sraw + 1023u) & ~1023u; /* swizzle atoms need 1024-byte alignment */
+  const uint32_t full = sbase + NS * STAGE, empty = full + NS * 8;
+  const uint8_t *tiles = smem + (sbase - sraw);
+
+  const int s = find_req_by_cta(x.reqs, x.S, (int)blockIdx.x);
+  const sel_req rq = x.reqs[s];
+  int local = (int)blockIdx.x - rq.cta0;
+  const int rg = local % x.RG;
+  local /= x.RG;
+  const int kvh = local % x.Hkv;
+  const int chunk = local / x.Hkv;
+  /* Broadcasts make the loop bounds and role provably warp-uniform for ptxas (otherwise it
+   * serialises the wgmma: C7518). */
+  const int n = __shfl_sync(0xffffffffu, rq.n, 0);
+  const int k0 = chunk * x.KC;
+  const int k1 = min(n, k0 + x.KC);
+  const int ntile = __shfl_sync(0xffffffffu, (k1 - k0 + KT - 1) / KT, 0);
+  const int warp = __shfl_sync(0xffffffffu, (int)(threadIdx.x >> 5), 0), lane = threadIdx.x & 31;
+
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int i = 0; i < NS; i++) {
+      mbar_init(full + 8 * i, 32);
+      mbar_init(empty + 8 * i, NCW * 4);
+    }
+  }
+  __syncthreads();
+
+  if (warp == NCW * 4) {
+    /* Producer: lane copies 16-byte chunk c of rows r0, r0 + RPI, ... of every tile. */
+    constexpr int CPR = D / 8, RPI = 32 / CPR, J = KT / RPI;
+    const int c = lane % CPR, r0 = lane / CPR, cc = c & 7;
+    const __nv_bfloat16 *kb0 =
+        (const __nv_bfloat16 *)x.k + rq.tok0 * x.ks0 + (int64_t)kvh * x.ks1 + c * 8;
+    const uint32_t coff = (uint32_t)(c >> 3) * (KT * 128);
+    for (int t = 0; t < ntile; t++) {
+      const int st = t % NS;
+      if (t >= NS)
+        mbar_wait(empty + 8 * st, (uint32_t)((t / NS - 1) & 1));
+      const int kb = k0 + t * KT;
+      const uint32_t dst0 = sbase + st * STAGE + coff;
+#pragma unroll
+      for (int j = 0; j < J; j++) {
+        const int kk = r0 + j * RPI, key = kb + kk;
+        const bool in = key < n;
+        const __nv_bfloat16 *src = in ? kb0 + (int64_t)key * x.ks0 : kb0;
+        const uint32_t dst = dst0 + kk * 128 + ((cc ^ (kk & 7)) << 4);
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(in ? 16 : 0)
+                     : "memory");
+      }
+      asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(full + 8 * st) : "memory");
+    }
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    return;
+  }
+
+  /* Consumers: warpgroup wg, warp w4 of it; this thread's rows gq and gq + 8 of the warp's 16. */
+  const int wg = warp >> 2, w4 = warp & 3, gq = lane >> 2, tq = lane & 3;
+  const int group_rows = x.grp * x.L;
+  int64_t R[1][2];
+  int lim[1][2];
+  bool valid[1][2];
+  uint32_t a[KS][4];
+  {
+    const __nv_bfloat16 *q = (const __nv_bfloat16 *)x.q;
+    const uint32_t *rp[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      int r_loc = rg * C::RPC + wg * 64 + w4 * 16 + gq + 8 * h;
+      valid[0][h] = r_loc < group_rows;
+      int rl = valid[0][h] ? r_loc : 0;
+      int hh = rl / x.L, i = rl % x.L;
+      R[0][h] = (int64_t)kvh * group_rows + rl;
+      lim[0][h] = valid[0][h] ? n - x.L + i : -1;
+      rp[h] = (const uint32_t *)(q + (rq.tok0 + n - x.L + i) * x.qs0 + (int64_t)(kvh * x.grp + hh) * x.qs1);
+    }
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++) {
+      a[ks][0] = valid[0][0] ? __ldg(rp[0] + ks * 8 + tq) : 0u;
+      a[ks][1] = valid[0][1] ? __ldg(rp[1] + ks * 8 + tq) : 0u;
+      a[ks][2] = valid[0][0] ? __ldg(rp[0] + ks * 8 + 4 + tq) : 0u;
+      a[ks][3] = valid[0][1] ? __ldg(rp[1] + ks * 8 + 4 + tq) : 0u;
+    }
+  }
+  /* Non-finite inputs: x*0 + chk turns NaN on NaN/Inf operands (q fragments; K tiles in row group 0,
+   * which reads the same tiles as the others). */
+  const __nv_bfloat162 zero2 = __floats2bfloat162_rn(0.f, 0.f);
+  __nv_bfloat162 chk2 = zero2;
+#pragma unroll
+  for (int ks = 0; ks < KS; ks++)
+#pragma unroll
+    for (int e = 0; e < 4; e++)
+      chk2 = __hfma2(*(const __nv_bfloat162 *)&a[ks][e], zero2, chk2);
+  const bool check_k = rg == 0;
+
+  big_state<1> st;
+#pragma unroll
+  for (int j = 0; j < 2; j++) {
+    st.mrun[j] = -INFINITY;
+    st.usum[j] = 0.f;
+    st.mc[j] = -INFINITY;
+    st.lc[j] = 0.f;
+  }
+  constexpr uint64_t DESC_HI = ((uint64_t)1 << 62) | ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 16);
+
+  /* Tile t has landed (full barrier) and its generic-proxy (cp.async) writes are ordered before the
+   * async-proxy reads of the wgmma that follow. */
+  auto ready = [&](int t) {
+    mbar_wait(full + 8 * (t % NS), (uint32_t)((t / NS) & 1));
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  };
+  auto issue = [&](float (&acc)[8][4], int t) {
+    if constexpr (!(VAR & 2))
+      ready(t);
+    wg_fence();
+    const uint32_t base = sbase + (t % NS) * STAGE;
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++) {
+      const uint32_t addr = base + (ks >> 2) * (KT * 128) + (ks & 3) * 32;
+      wgmma_m64n64k16(acc, a[ks], DESC_HI | (uint64_t)((addr & 0x3FFFFu) >> 4), ks);
+    }
+    wg_commit();
+  };
+  pend_mu pd;
+  pd.has = false;
+  pd.Mp = pd.Up = nullptr;
+  pd.m[0] = pd.m[1] = pd.u[0] = pd.u[1] = 0.f;
+  auto flush = [&]() {
+    if constexpr ((VAR & 8) != 0) {
+      if (pd.has) {
+        if (tq == 0 && valid[0][0]) {
+          pd.Mp[0] = pd.m[0];
+          pd.Up[0] = pd.u[0];
+        }
+        if (tq == 0 && valid[0][1]) {
+          pd.Mp[8] = pd.m[1];
+          pd.Up[8] = pd.u[1];
+        }
+        pd.has = false;
+      }
+    }
+  };
+  /* After the wgmma wait of tile t: early fence for tile t+2 (VAR & 2), then the held-back stores. */
+  auto mid = [&](int t) {
+    if constexpr ((VAR & 2) != 0) {
+      if (t + 2 < ntile) /* the tile the next issue reads */
+        ready(t + 2);
+    }
+    flush();
+  };
+  /* Epilogue of tile t, whose wgmma has completed: K check, stage release, then epi_big on a copy of
+   * the accumulators (no non-wgmma instruction may define accumulator registers while a wgmma is in
+   * flight, or ptxas serialises them: C7515). */
+  auto epi = [&](const float (&cur)[1][8][4], int t) {
+    const int stg = t % NS;
+    if (check_k) {
+      const uint4 *tv = (const uint4 *)(tiles + stg * STAGE);
+#pragma unroll
+      for (int j = 0; j < STAGE / 16 / (NCW * 128); j++) {
+        uint4 v = tv[threadIdx.x + j * NCW * 128];
+        chk2 = __hfma2(*(__nv_bfloat162 *)&v.x, zero2, chk2);
+        chk2 = __hfma2(*(__nv_bfloat162 *)&v.y, zero2, chk2);
+        chk2 = __hfma2(*(__nv_bfloat162 *)&v.z, zero2, chk2);
+        chk2 = __hfma2(*(__nv_bfloat162 *)&v.w, zero2, chk2);
+      }
+    }
+    __syncwarp();
+    if (lane == 0)
+      mbar_arrive(empty + 8 * stg);
+    float sv[1][8][4];
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+      for (int e = 0; e < 4; e++)
+        sv[0][j][e] = cur[0][j][e];
+    const int kb = k0 + t * KT;
+    epi_big<1, 8, (VAR & 8) != 0>(sv, kb, kb + KT - 1 > n - x.L, (kb + KT) % x.SG == 0 || t == ntile - 1, lim,
+                                   valid, R, st, x, rq, tq, &pd);
+  };
+
+  /* Steady state without branches around the wgmma (ptxas tracks the in-flight groups through it):
+   * issue tile t+1, wait for tile t, epilogue of tile t. ntile >= 1: a chunk holds at least one key. */
+  float accA[1][8][4], accB[1][8][4];
+  if constexpr ((VAR & 2) != 0) {
+    ready(0);
+    if (ntile > 1)
+      ready(1);
+  }
+  issue(accA[0], 0);
+  int t = 0;
+  for (; t + 2 < ntile; t += 2) {
+    issue(accB[0], t + 1);
+    wg_wait<1>();
+    mid(t);
+    epi(accA, t);
+    issue(accA[0], t + 2);
+    wg_wait<1>();
+    mid(t + 1);
+    epi(accB, t + 1);
+  }
+  if (t + 1 < ntile) {
+    issue(accB[0], t + 1);
+    wg_wait<1>();
+    mid(t);
+    epi(accA, t);
+    wg_wait<0>();
+    mid(t + 1);
+    epi(accB, t + 1);
+  } else {
+    wg_wait<0>();
+    mid(t);
+    epi(accA, t);
+  }
+  flush();
+#pragma unroll
+  for (int h = 0; h < 2; h++)
+    if (tq == 0 && valid[0][h]) {
+      x.MC[rq.c0 + (int64_t)chunk * x.Rn + R[0][h]] = st.mc[h];
+      x.LC[rq.c0 + (int64_t)chunk * x.Rn + R[0][h]] = st.lc[h];
+    }
+  if (__hisnan(chk2.x) || __hisnan(chk2.y))
+    atomicMin(x.bad_req, (unsigned)s);
+#else
+  __trap(); /* built without sm_90a: the host never launches this */
+#endif
+}
+
+/* Writes 1 when this binary's device code was built for sm_90a (wgmma available). */
+__global__ void sel_wgmma_probe_kernel(int *out) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  *out = 1;
+#else
+  *out = 0;
+#endif
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -1561,8 +1927,70 @@ upf_status prepare_mma(kernel_cfg &cfg, bool pipe) {
   return prepare_score_kernel<MmaBf16<D, NW, MT, false>, MODE>(cfg, D);
 }
 
+template <int D, int VAR>
+upf_status prepare_wgmma(kernel_cfg &cfg) {
+  cfg.fn = (const void *)sel_score_wgmma_kernel<D, VAR>;
+  cfg.threads = WgCfg<D, VAR>::THREADS;
+  cfg.smem = WgCfg<D, VAR>::smem_bytes();
+  cfg.rows_per_cta = WgCfg<D, VAR>::RPC;
+  if (cfg.smem > upf_cuda_smem_optin())
+    return upf_fail(UPF_ERR_UNSUPPORTED, "select (cuda): the wgmma score kernel needs %zu bytes of shared memory, "
+                    "the device allows %zu", cfg.smem, upf_cuda_smem_optin());
+  UPF_CUDA_TRY(cudaFuncSetAttribute(sel_score_wgmma_kernel<D, VAR>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)cfg.smem));
+  return UPF_OK;
+}
+
+/* Whether the wgmma kernel can run: a compute-capability 9.0 device and device code built for
+ * sm_90a (asked once of the device through a probe kernel). */
+int g_wgmma_ok = -1;
+
+upf_status wgmma_available(bool *ok) {
+  if (g_wgmma_ok < 0) {
+    int dev = 0, major = 0, minor = 0;
+    UPF_CUDA_TRY(cudaGetDevice(&dev));
+    UPF_CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    UPF_CUDA_TRY(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+    int v = 0;
+    if (major == 9 && minor == 0) {
+      void *ws;
+      UPF_TRY(upf_cuda_workspace(256, &ws));
+      sel_wgmma_probe_kernel<<<1, 1, 0, upf_cuda_stream()>>>((int *)ws);
+      UPF_CUDA_LAUNCH_TRY("sel_wgmma_probe_kernel");
+      UPF_TRY(upf_cuda_download_small(&v, ws, sizeof v));
+    }
+    g_wgmma_ok = v == 1 ? 1 : 0;
+  }
+  *ok = g_wgmma_ok == 1;
+  return UPF_OK;
+}
+
 template <int MODE>
 upf_status pick_score_kernel(const upf_select_inputs *in, int D, bool use_mma, kernel_cfg &cfg) {
+  if constexpr (MODE == 1) {
+    /* Default shape 0 on an sm_90a build: the wgmma kernel (16 + v: variant v at D = 128, for
+     * measurement). */
+    if (use_mma && (g_mma_shape == 0 || g_mma_shape >= 16)) {
+      bool ok = false;
+      UPF_TRY(wgmma_available(&ok));
+      if (ok) {
+        if (D == 64)
+          return prepare_wgmma<64, WG_VAR>(cfg);
+        if (D == 256)
+          return prepare_wgmma<256, WG_VAR>(cfg);
+        switch (g_mma_shape) {
+        case 16:
+          return prepare_wgmma<128, 0>(cfg);
+        case 26:
+          return prepare_wgmma<128, 10>(cfg);
+        case 30:
+          return prepare_wgmma<128, 14>(cfg);
+        default:
+          return prepare_wgmma<128, WG_VAR>(cfg);
+        }
+      }
+    }
+  }
   if (use_mma) {
     /* Shapes (warps x m-tiles per warp): 0 = 8x2 (D <= 128; 8x1 for D = 256, whose A fragments take
      * 64 registers per m-tile), 1 = 4x2 (4x1), 2 = 8x1; +4 = without the half-tile pipeline. */

@@ -42,9 +42,12 @@ void upf_cuda_select_set_variants(upf_cuda_score_variant score, upf_cuda_topp_va
 /* Key-chunk size (keys per CTA) of the fused score kernel: 0 picks it from the batch shape. */
 void upf_cuda_select_set_key_chunk(int32_t keys);
 
-/* Shape of the bf16 tensor-core score kernel (benchmarks): low two bits 0 = 8 warps x 2 m-tiles
- * (256 query rows per CTA; 8 x 1 for D = 256), 1 = 4 warps x 2 m-tiles (two CTAs per SM),
- * 2 = 8 warps x 1 m-tile; add 4 to turn the half-tile MMA/exp pipeline off. */
+/* Shape of the bf16 tensor-core score kernel (benchmarks). 0 (the default) = the wgmma kernel
+ * (Hopper, sm_90a build, G >= 64; elsewhere as 8). Any other value picks the mma.sync kernel: low two
+ * bits 0 = 8 warps x 2 m-tiles (256 query rows per CTA; 8 x 1 for D = 256), 1 = 4 warps x 2 m-tiles
+ * (two CTAs per SM), 2 = 8 warps x 1 m-tile; add 4 to turn the half-tile MMA/exp pipeline off; 8 =
+ * the mma.sync 8 x 2 shape with the pipeline (the mma.sync default); 16, 26, 30 = wgmma variants at
+ * D = 128 (fence before each tile's wgmma; early fence with deferred stores; the same with 8 stages). */
 void upf_cuda_select_set_mma_shape(int shape);
 
 /* Phase timing of select_run for benchmarks: when enabled, select_run records device events between
