@@ -119,7 +119,9 @@ int upf_cli_report(int argc, char **argv) {
     /* Without a device the CPU reference at 128K takes tens of seconds a run; the default keeps the
      * main job to a few minutes there. */
     const char *filter = a.bench_filter ? a.bench_filter
-                         : be == upf_backend_cpu() ? (a.quick ? "copy|cpu.*T:8192" : "copy|cpu.*T:(8192|32768)$")
+                         : be == upf_backend_cpu() ? (a.quick ? "copy|select/cpu/bf16/T:8192/"
+                                                              : "copy|select/cpu/bf16/T:(8192|32768)/|"
+                                                                "(gemm|ffn|rmsnorm|rope|moe.ffn)/cpu/")
                                                    : ".";
     char out_arg[1100], filter_arg[512];
     snprintf(out_arg, sizeof out_arg, "--benchmark_out=%s/bench.json", a.out_dir);
