@@ -5,10 +5,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ref_cpu/attn.h"
 #include "ref_cpu/compact.h"
 #include "ref_cpu/embed.h"
 #include "ref_cpu/ffn.h"
 #include "ref_cpu/gated_out.h"
+#include "ref_cpu/gdn.h"
 #include "ref_cpu/gemm.h"
 #include "ref_cpu/logits.h"
 #include "ref_cpu/moe.h"
@@ -65,6 +67,13 @@ static const upf_backend cpu_backend = {
     .moe_route = cpu_moe_route,
     .moe_permute = cpu_moe_permute,
     .moe_ffn = cpu_moe_ffn,
+    .gdn_conv = cpu_gdn_conv,
+    .gdn_conv_step = cpu_gdn_conv_step,
+    .gdn_scan = cpu_gdn_scan,
+    .gdn_gated_norm = cpu_gdn_gated_norm,
+    .attn_prefill = cpu_attn_prefill,
+    .attn_paged = cpu_attn_paged,
+    .kv_cache_write = cpu_kv_cache_write,
 };
 
 const upf_backend *upf_backend_cpu(void) { return &cpu_backend; }
@@ -152,6 +161,38 @@ static upf_status no_cuda_moe_ffn(const upf_moe_config *c, const upf_tensor *x, 
   return no_cuda();
 }
 
+static upf_status no_cuda_gdn_conv(const upf_gdn_batch *b, const upf_tensor *x, const upf_tensor *w,
+                                   const upf_tensor *si, const upf_tensor *so, const upf_tensor *y) {
+  return no_cuda();
+}
+static upf_status no_cuda_gdn_conv_step(const upf_tensor *x, const upf_tensor *w, const upf_tensor *s,
+                                        const upf_tensor *y) {
+  return no_cuda();
+}
+static upf_status no_cuda_gdn_scan(const upf_gdn_batch *b, const upf_gdn_scan_inputs *in, const upf_tensor *o,
+                                   const upf_tensor *so) {
+  return no_cuda();
+}
+static upf_status no_cuda_gdn_gated_norm(const upf_tensor *o, const upf_tensor *z, const upf_tensor *w,
+                                         const upf_norm_params *p, const upf_tensor *y) {
+  return no_cuda();
+}
+
+static upf_status no_cuda_attn_prefill(const upf_attn_varlen *b, const upf_tensor *q, const upf_tensor *k,
+                                       const upf_tensor *v, const upf_attn_params *p, const upf_tensor *o,
+                                       const upf_tensor *lse) {
+  return no_cuda();
+}
+static upf_status no_cuda_attn_paged(const upf_attn_paged *b, const upf_tensor *q, const upf_tensor *kc,
+                                     const upf_tensor *vc, const upf_attn_params *p, const upf_tensor *o,
+                                     const upf_tensor *lse) {
+  return no_cuda();
+}
+static upf_status no_cuda_kv_write(const upf_tensor *k, const upf_tensor *v, const int32_t *slots,
+                                   const int32_t *slots_host, const upf_tensor *kc, const upf_tensor *vc) {
+  return no_cuda();
+}
+
 static const upf_backend cuda_unavailable = {
     .name = "cuda",
     .probe = no_cuda,
@@ -182,6 +223,13 @@ static const upf_backend cuda_unavailable = {
     .moe_route = no_cuda_moe_route,
     .moe_permute = no_cuda_moe_permute,
     .moe_ffn = no_cuda_moe_ffn,
+    .gdn_conv = no_cuda_gdn_conv,
+    .gdn_conv_step = no_cuda_gdn_conv_step,
+    .gdn_scan = no_cuda_gdn_scan,
+    .gdn_gated_norm = no_cuda_gdn_gated_norm,
+    .attn_prefill = no_cuda_attn_prefill,
+    .attn_paged = no_cuda_attn_paged,
+    .kv_cache_write = no_cuda_kv_write,
 };
 
 const upf_backend *upf_backend_cuda(void) { return &cuda_unavailable; }

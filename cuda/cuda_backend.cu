@@ -8,12 +8,14 @@
 
 #include <cuda_runtime.h>
 
+#include "cuda/attn.cuh"
 #include "cuda/compact.cuh"
 #include "cuda/cuda_backend.cuh"
 #include "cuda/cuda_check.cuh"
 #include "cuda/embed.cuh"
 #include "cuda/ffn.cuh"
 #include "cuda/gated_out.cuh"
+#include "cuda/gdn.cuh"
 #include "cuda/gemm.cuh"
 #include "cuda/logits.cuh"
 #include "cuda/moe.cuh"
@@ -283,6 +285,13 @@ const upf_backend cuda_backend = {
     /* moe_route */ upf_cuda_moe_route,
     /* moe_permute */ upf_cuda_moe_permute,
     /* moe_ffn */ upf_cuda_moe_ffn,
+    /* gdn_conv */ upf_cuda_gdn_conv,
+    /* gdn_conv_step */ upf_cuda_gdn_conv_step,
+    /* gdn_scan */ upf_cuda_gdn_scan,
+    /* gdn_gated_norm */ upf_cuda_gdn_gated_norm,
+    /* attn_prefill */ upf_cuda_attn_prefill,
+    /* attn_paged */ upf_cuda_attn_paged,
+    /* kv_cache_write */ upf_cuda_kv_cache_write,
 };
 
 } // namespace

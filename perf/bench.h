@@ -138,6 +138,10 @@ void upf_register_select_benchmarks(void);
 void upf_register_dense_benchmarks(void);
 /* perf/bench_moe.c: moe.ffn (Qwen3-Next, cuda per expert-GEMM variant, cpu small) and moe.dense_equiv. */
 void upf_register_moe_benchmarks(void);
+/* perf/bench_gdn.c: gdn.scan at Qwen3-Next shapes (prefill 4K/32K, ragged, decode) on cuda, cpu small. */
+void upf_register_gdn_benchmarks(void);
+/* Attention: prefill (causal, sliding window, cached), paged decode, cache write (perf/bench_attn.c). */
+void upf_register_attn_benchmarks(void);
 
 /* perf/bench_registry.c: every family above; a new op's benchmarks add one line there. */
 void upf_register_all_benchmarks(void);

@@ -8,6 +8,8 @@ static void (*const families[])(void) = {
     upf_register_select_benchmarks, /* copy_bandwidth ceiling, select.pipeline on cpu and cuda */
     upf_register_dense_benchmarks,  /* gemm_ceiling, projections, FFN, norms, RoPE, gate, embed, logits */
     upf_register_moe_benchmarks,    /* moe.ffn vs the dense GEMM of the same FLOPs */
+    upf_register_gdn_benchmarks,    /* gdn.scan at Qwen3-Next shapes: prefill, ragged, decode */
+    upf_register_attn_benchmarks,   /* causal/window prefill, paged decode, cache write */
 };
 
 void upf_register_all_benchmarks(void) {

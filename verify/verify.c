@@ -24,6 +24,13 @@ static const upf_verify_fn verify_fns[UPF_OP_COUNT] = {
     [UPF_OP_MOE_ROUTE] = upf_verify_moe_route,
     [UPF_OP_MOE_PERMUTE] = upf_verify_moe_permute,
     [UPF_OP_MOE_FFN] = upf_verify_moe_ffn,
+    [UPF_OP_GDN_CONV] = upf_verify_gdn_conv,
+    [UPF_OP_GDN_CONV_STEP] = upf_verify_gdn_conv_step,
+    [UPF_OP_GDN_SCAN] = upf_verify_gdn_scan,
+    [UPF_OP_GDN_GATED_NORM] = upf_verify_gdn_gated_norm,
+    [UPF_OP_ATTN_PREFILL] = upf_verify_attn_prefill,
+    [UPF_OP_ATTN_PAGED] = upf_verify_attn_paged,
+    [UPF_OP_KV_CACHE_WRITE] = upf_verify_kv_cache_write,
 };
 
 upf_verify_fn upf_verify_fn_for(upf_op op) { return (unsigned)op < UPF_OP_COUNT ? verify_fns[op] : NULL; }

@@ -57,6 +57,15 @@ void upf_verify_logits_last(upf_verify_ctx *ctx);
 void upf_verify_moe_route(upf_verify_ctx *ctx);
 void upf_verify_moe_permute(upf_verify_ctx *ctx);
 void upf_verify_moe_ffn(upf_verify_ctx *ctx);
+/* Op entries of the Gated DeltaNet (verify/verify_gdn.c). */
+void upf_verify_gdn_conv(upf_verify_ctx *ctx);
+void upf_verify_gdn_conv_step(upf_verify_ctx *ctx);
+void upf_verify_gdn_scan(upf_verify_ctx *ctx);
+void upf_verify_gdn_gated_norm(upf_verify_ctx *ctx);
+/* Op entries of the attention layers (verify/verify_attn.c). */
+void upf_verify_attn_prefill(upf_verify_ctx *ctx);
+void upf_verify_attn_paged(upf_verify_ctx *ctx);
+void upf_verify_kv_cache_write(upf_verify_ctx *ctx);
 
 #ifdef __cplusplus
 }

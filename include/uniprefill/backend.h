@@ -7,7 +7,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "uniprefill/attn.h"
 #include "uniprefill/dense.h"
+#include "uniprefill/gdn.h"
 #include "uniprefill/moe.h"
 #include "uniprefill/select.h"
 
@@ -106,6 +108,42 @@ typedef struct upf_backend {
    * routing the layer used. */
   upf_status (*moe_ffn)(const upf_moe_config *cfg, const upf_tensor *x, const upf_moe_weights *w,
                         const upf_tensor *out, upf_moe_routing *routing);
+  /* ---- Gated DeltaNet of Qwen3-Next (uniprefill/gdn.h): varlen batches, fp32 states, deterministic.
+   * Shapes are checked with the upf_gdn_*_check rules. ---- */
+  /* y (T, C) = silu(causal depthwise conv of x (T, C) with w (C, K)) within each request, the K-1
+   * inputs before a request's first token taken from state_in (B, K-1, C) (NULL: zeros); state_out
+   * (B, K-1, C), when not NULL, receives the last K-1 inputs of each request (its initial state
+   * included when it has fewer than K-1 tokens). state_out must not be state_in. */
+  upf_status (*gdn_conv)(const upf_gdn_batch *batch, const upf_tensor *x, const upf_tensor *w,
+                         const upf_tensor *state_in, const upf_tensor *state_out, const upf_tensor *y);
+  /* One decode token per request: y (B, C) from x (B, C) and state (B, K-1, C), then the state
+   * shifts by one in place. Equal to gdn_conv over one-token requests. */
+  upf_status (*gdn_conv_step)(const upf_tensor *x, const upf_tensor *w, const upf_tensor *state, const upf_tensor *y);
+  /* The gated delta rule over each request of the batch (decode rows are one-token requests):
+   * o (T, Hv, Dv); state_out (B, Hv, Dk, Dv) f32 or NULL, and may be in->state_in (in place). */
+  upf_status (*gdn_scan)(const upf_gdn_batch *batch, const upf_gdn_scan_inputs *in, const upf_tensor *o,
+                         const upf_tensor *state_out);
+  /* y (T, H, D) = rmsnorm(o) * w * silu(z) per head row; y may be o. */
+  upf_status (*gdn_gated_norm)(const upf_tensor *o, const upf_tensor *z, const upf_tensor *w, const upf_norm_params *p,
+                               const upf_tensor *y);
+  /* ---- Attention (uniprefill/attn.h): q (Tq, Hq, D), out (Tq, Hq, D) in q's dtype, lse (Tq, Hq) f32 or
+   * NULL, f32 or bf16 inputs, D >= 1 (CUDA: D <= 256). Deterministic: no float atomics, a fixed order of
+   * every sum. Sliding window and soft-cap are parameters. ---- */
+  /* Varlen causal prefill over contiguous k, v (Tkv, Hkv, D), queries bottom-right aligned to their
+   * request's keys (kv_len >= q_len: a prefill against an existing cache passes the cached rows too). */
+  upf_status (*attn_prefill)(const upf_attn_varlen *batch, const upf_tensor *q, const upf_tensor *k,
+                             const upf_tensor *v, const upf_attn_params *p, const upf_tensor *out,
+                             const upf_tensor *lse);
+  /* The same over the paged cache k_cache, v_cache (num_pages, P, Hkv, D): decode rows (q_len 1) and
+   * prefill rows whose KV is already in the cache, mixed in one batch. */
+  upf_status (*attn_paged)(const upf_attn_paged *batch, const upf_tensor *q, const upf_tensor *k_cache,
+                           const upf_tensor *v_cache, const upf_attn_params *p, const upf_tensor *out,
+                           const upf_tensor *lse);
+  /* k_cache, v_cache [slot_mapping[t]] = k, v (T, Hkv, D)[t]; slot -1 skips the row. slot_mapping (T)
+   * in backend memory, slot_mapping_host its host copy (range and duplicate checks). */
+  upf_status (*kv_cache_write)(const upf_tensor *k, const upf_tensor *v, const int32_t *slot_mapping,
+                               const int32_t *slot_mapping_host, const upf_tensor *k_cache,
+                               const upf_tensor *v_cache);
 } upf_backend;
 
 const upf_backend *upf_backend_cpu(void);

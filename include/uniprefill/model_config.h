@@ -63,6 +63,18 @@ extern "C" {
 #define UPF_QWEN3N_80B_EXPERTS_PER_TOK 10        /* num_experts_per_tok */
 #define UPF_QWEN3N_80B_MOE_INTERMEDIATE 512      /* moe_intermediate_size */
 #define UPF_QWEN3N_80B_SHARED_INTERMEDIATE 512   /* shared_expert_intermediate_size */
+/* Gated DeltaNet (linear-attention) layers: the layers i with (i+1) % 4 != 0. */
+#define UPF_QWEN3N_80B_LINEAR_KEY_HEADS 16       /* linear_num_key_heads */
+#define UPF_QWEN3N_80B_LINEAR_VALUE_HEADS 32     /* linear_num_value_heads */
+#define UPF_QWEN3N_80B_LINEAR_KEY_DIM 128        /* linear_key_head_dim; scan scale 1/sqrt(128) */
+#define UPF_QWEN3N_80B_LINEAR_VALUE_DIM 128      /* linear_value_head_dim */
+#define UPF_QWEN3N_80B_LINEAR_CONV_KERNEL 4      /* linear_conv_kernel_dim */
+/* The gated norm (Qwen3NextRMSNormGated) is a plain RMSNorm, weight multiplies (not 1 + w), eps = rms_norm_eps. */
+#define UPF_QWEN3N_80B_LINEAR_NORM_EPS 1e-6f     /* rms_norm_eps */
+/* conv channels: q and k (key heads) then v (value heads) */
+#define UPF_QWEN3N_80B_LINEAR_CONV_DIM \
+  (2 * UPF_QWEN3N_80B_LINEAR_KEY_HEADS * UPF_QWEN3N_80B_LINEAR_KEY_DIM + \
+   UPF_QWEN3N_80B_LINEAR_VALUE_HEADS * UPF_QWEN3N_80B_LINEAR_VALUE_DIM)
 
 /* ---- Parameter builders ---- */
 

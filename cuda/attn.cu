@@ -1,0 +1,786 @@
+/* CUDA attention: varlen causal prefill, paged attention and the paged cache write.
+ *
+ * attn_ffma_kernel<T, DPL, PAGED>: the one attention kernel of this file, FFMA in fp32 (no TF32), for
+ * f32 and bf16 inputs and any head dim up to 256. A CTA (8 warps) owns a tile of ATT_BR = 16 "rows"
+ * of one request and one kv head, a row being a (query token, q head of the kv head's GQA group) pair
+ * taken in token-major order, so a decode step's whole GQA group shares one CTA and one read of each K/V
+ * tile. K and V tiles of ATT_KT = 32 keys are staged in shared memory as fp32 with rows padded to D+1
+ * (lane j reading key j's column e hits bank (j + e) % 32: conflict-free); q rows live in shared memory
+ * too. Each warp owns two rows: lane j takes the logit of key kv0 + j, the warp reduces max and sum by
+ * xor-butterflies (a fixed order: deterministic), and the lane owning dims e = lane + 32 i accumulates
+ * p_j * v_j[e] with p_j broadcast by shuffle - the FlashAttention-2 online softmax (running max m,
+ * running sum l, rescale by exp(m_old - m_new)). Masking (causal, bottom-right aligned, window,
+ * tile end) sets the logit to -inf before the max; soft-cap is tanh on the scaled logit.
+ * Split-KV: when the tiles alone cannot fill the GPU (decode, short batches with long contexts), a
+ * tile's KV range is cut into chunks that run as separate CTAs writing normalised partial outputs and
+ * their LSE to the workspace; attn_combine_kernel merges them in chunk order (no atomics, so the
+ * result does not depend on scheduling).
+ * Paged variants read K/V rows through the block table (PAGED = true), everything else is shared.
+ * attn_mma_kernel<D, BN, PAGED>: the bf16 tensor-core prefill (FlashAttention-2 forward with
+ * mma.sync m16n8k16, fp32 accumulation) for D = 64/128/256 with 16-byte aligned rows; see its comment.
+ * attn.prefill takes it for bf16 at those head dims, the FFMA kernel otherwise (f32, odd D, unaligned
+ * views); attn.paged takes it (PAGED) for requests of at least MMA_MIN_Q_ROWS query rows (prefill
+ * against the cache) and the FFMA kernel for the rest (decode rows: GQA packing and split-KV matter
+ * more there), two launches writing disjoint rows.
+ * kv_cache_write_kernel: one CTA per token row, k and v rows to their slot. */
+#include <math.h>
+#include <stdlib.h>
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "cuda/attn.cuh"
+#include "cuda/cuda_backend.cuh"
+#include "cuda/cuda_check.cuh"
+
+namespace {
+
+typedef __nv_bfloat16 bf16_t;
+
+constexpr int ATT_BR = 16;     /* rows per CTA */
+constexpr int ATT_KT = 32;     /* keys per shared-memory tile = lanes of a warp */
+constexpr int ATT_WARPS = 8;   /* ATT_BR / ATT_WARPS = 2 rows per warp */
+constexpr int ATT_ROWS_PER_WARP = ATT_BR / ATT_WARPS;
+constexpr int ATT_SPLIT_MIN = 256; /* fewest keys a split-KV chunk takes */
+
+/* One CTA's work: rows [row0, row0 + ATT_BR) of request req over keys [kv_lo, kv_hi). */
+struct attn_tile {
+  int32_t q0, q_len;   /* first query token and query rows of the request */
+  int32_t kv_len;      /* the request's keys; query t sits at kv position t + kv_len - q_len */
+  int32_t kv_base;     /* contiguous K/V: first kv row of the request */
+  int32_t req;         /* paged: block-table row */
+  int32_t row0;        /* first (token, group head) row, token-major */
+  int32_t kv_lo, kv_hi;
+  int32_t part;        /* -1: writes out/lse; else its partial-output slot */
+};
+
+/* Merge of one split tile: its parts are [first_part, first_part + nsplit). */
+struct attn_group {
+  int32_t q0, q_len, row0, first_part, nsplit;
+};
+
+struct attn_args {
+  const void *q;       /* (Tq, Hq, D) */
+  int64_t q_s0, q_s1;
+  const void *k, *v;   /* contiguous (Tkv, Hkv, D): s0 row, s1 head; paged (pages, P, Hkv, D): s0, s1, s2 */
+  int64_t k_s0, k_s1, k_s2, v_s0, v_s1, v_s2;
+  void *out;           /* (Tq, Hq, D) */
+  int64_t o_s0, o_s1;
+  float *lse;          /* (Tq, Hq) or NULL */
+  const int32_t *block_table; /* (B, max_blocks) */
+  int32_t max_blocks, page_size;
+  const attn_tile *tiles;
+  const attn_group *groups;
+  float *part_o;       /* (parts, Hkv, ATT_BR, D) */
+  float *part_lse;     /* (parts, Hkv, ATT_BR) */
+  int hq, hkv, group, d;
+  float scale, softcap;
+  int window;
+};
+
+__device__ __forceinline__ float to_f(float x) { return x; }
+__device__ __forceinline__ float to_f(bf16_t x) { return __bfloat162float(x); }
+template <typename T> __device__ __forceinline__ T from_f(float x);
+template <> __device__ __forceinline__ float from_f<float>(float x) { return x; }
+template <> __device__ __forceinline__ bf16_t from_f<bf16_t>(float x) { return __float2bfloat16_rn(x); }
+
+__device__ __forceinline__ float warp_max(float x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1)
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+  return x;
+}
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1)
+    x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+
+/* Element offsets of kv head hk of the tile's logical key kj in k and v. */
+template <bool PAGED>
+__device__ __forceinline__ void kv_offsets(const attn_args &a, const attn_tile &t, int kj, int hk, int64_t *ko,
+                                           int64_t *vo) {
+  if (PAGED) {
+    const int64_t page = a.block_table[(int64_t)t.req * a.max_blocks + kj / a.page_size];
+    const int64_t slot = kj % a.page_size;
+    *ko = page * a.k_s0 + slot * a.k_s1 + (int64_t)hk * a.k_s2;
+    *vo = page * a.v_s0 + slot * a.v_s1 + (int64_t)hk * a.v_s2;
+  } else {
+    const int64_t row = (int64_t)t.kv_base + kj;
+    *ko = row * a.k_s0 + (int64_t)hk * a.k_s1;
+    *vo = row * a.v_s0 + (int64_t)hk * a.v_s1;
+  }
+}
+
+template <typename T, int DPL, bool PAGED>
+__global__ void __launch_bounds__(ATT_WARPS * 32) attn_ffma_kernel(const __grid_constant__ attn_args a) {
+  extern __shared__ float smem[];
+  const int d = a.d, ds = d + 1;
+  float *qs = smem;             /* [ATT_BR][d] */
+  float *ks = qs + ATT_BR * d;  /* [ATT_KT][d + 1] */
+  float *vs = ks + ATT_KT * ds; /* [ATT_KT][d + 1] */
+  const attn_tile tile = a.tiles[blockIdx.x];
+  const int hk = blockIdx.y;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int pos_off = tile.kv_len - tile.q_len;
+  const T *Q = (const T *)a.q, *K = (const T *)a.k, *V = (const T *)a.v;
+
+  for (int i = threadIdx.x; i < ATT_BR * d; i += blockDim.x) {
+    const int r = i / d, e = i - r * d, ridx = tile.row0 + r;
+    const int t = ridx / a.group, g = ridx - t * a.group;
+    float x = 0.0f;
+    if (t < tile.q_len)
+      x = to_f(Q[(int64_t)(tile.q0 + t) * a.q_s0 + (int64_t)(hk * a.group + g) * a.q_s1 + e]);
+    qs[i] = x;
+  }
+
+  float m[ATT_ROWS_PER_WARP], l[ATT_ROWS_PER_WARP], o[ATT_ROWS_PER_WARP][DPL];
+  int pos[ATT_ROWS_PER_WARP], lo[ATT_ROWS_PER_WARP];
+  bool valid[ATT_ROWS_PER_WARP];
+#pragma unroll
+  for (int rr = 0; rr < ATT_ROWS_PER_WARP; rr++) {
+    const int t = (tile.row0 + warp * ATT_ROWS_PER_WARP + rr) / a.group;
+    valid[rr] = t < tile.q_len;
+    pos[rr] = t + pos_off;
+    lo[rr] = a.window > 0 ? pos[rr] - a.window + 1 : 0; /* may be negative: every key >= 0 passes */
+    m[rr] = -INFINITY, l[rr] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < DPL; i++)
+      o[rr][i] = 0.0f;
+  }
+
+  for (int kv0 = tile.kv_lo; kv0 < tile.kv_hi; kv0 += ATT_KT) {
+    __syncthreads(); /* the previous tile is consumed (first pass: q is staged) */
+    for (int i = threadIdx.x; i < ATT_KT * d; i += blockDim.x) {
+      const int j = i / d, e = i - j * d, kj = kv0 + j;
+      float kx = 0.0f, vx = 0.0f;
+      if (kj < tile.kv_hi) {
+        int64_t ko, vo;
+        kv_offsets<PAGED>(a, tile, kj, hk, &ko, &vo);
+        kx = to_f(K[ko + e]), vx = to_f(V[vo + e]);
+      }
+      ks[j * ds + e] = kx;
+      vs[j * ds + e] = vx;
+    }
+    __syncthreads();
+    const int kj = kv0 + lane;
+#pragma unroll
+    for (int rr = 0; rr < ATT_ROWS_PER_WARP; rr++) {
+      if (!valid[rr]) /* warp-uniform */
+        continue;
+      const float *qr = qs + (warp * ATT_ROWS_PER_WARP + rr) * d, *kr = ks + lane * ds;
+      float dot = 0.0f;
+#pragma unroll 8
+      for (int e = 0; e < d; e++)
+        dot = fmaf(qr[e], kr[e], dot);
+      float s = dot * a.scale;
+      if (a.softcap > 0.0f)
+        s = a.softcap * tanhf(s / a.softcap);
+      const bool vis = kj < tile.kv_hi && kj <= pos[rr] && kj >= lo[rr];
+      s = vis ? s : -INFINITY;
+      const float mn = fmaxf(m[rr], warp_max(s));
+      if (mn == -INFINITY) /* warp-uniform: nothing visible yet to this row */
+        continue;
+      const float p = vis ? expf(s - mn) : 0.0f;
+      const float alpha = expf(m[rr] - mn); /* 0 on the first visible tile (m = -inf) */
+      l[rr] = l[rr] * alpha + warp_sum(p);
+#pragma unroll
+      for (int i = 0; i < DPL; i++)
+        o[rr][i] *= alpha;
+      for (int j = 0; j < ATT_KT; j++) {
+        const float pj = __shfl_sync(0xffffffffu, p, j);
+        if (pj == 0.0f) /* warp-uniform: masked or underflowed keys add nothing */
+          continue;
+        const float *vr = vs + j * ds;
+#pragma unroll
+        for (int i = 0; i < DPL; i++) {
+          const int e = lane + 32 * i;
+          if (e < d)
+            o[rr][i] = fmaf(pj, vr[e], o[rr][i]);
+        }
+      }
+      m[rr] = mn;
+    }
+  }
+
+#pragma unroll
+  for (int rr = 0; rr < ATT_ROWS_PER_WARP; rr++) {
+    if (!valid[rr])
+      continue;
+    const int r = warp * ATT_ROWS_PER_WARP + rr, ridx = tile.row0 + r;
+    const int t = ridx / a.group, hq = hk * a.group + (ridx - t * a.group);
+    const int64_t tok = (int64_t)tile.q0 + t;
+    if (tile.part < 0) { /* every row sees at least its own key: l > 0 */
+      const float inv = 1.0f / l[rr];
+      T *orow = (T *)a.out + tok * a.o_s0 + (int64_t)hq * a.o_s1;
+#pragma unroll
+      for (int i = 0; i < DPL; i++) {
+        const int e = lane + 32 * i;
+        if (e < d)
+          orow[e] = from_f<T>(o[rr][i] * inv);
+      }
+      if (a.lse && lane == 0)
+        a.lse[tok * a.hq + hq] = m[rr] + logf(l[rr]);
+    } else { /* a chunk may hold none of this row's keys: l = 0, lse = -inf, weight 0 in the merge */
+      const int64_t slot = ((int64_t)tile.part * a.hkv + hk) * ATT_BR + r;
+      const float inv = l[rr] > 0.0f ? 1.0f / l[rr] : 0.0f;
+#pragma unroll
+      for (int i = 0; i < DPL; i++) {
+        const int e = lane + 32 * i;
+        if (e < d)
+          a.part_o[slot * d + e] = o[rr][i] * inv;
+      }
+      if (lane == 0)
+        a.part_lse[slot] = l[rr] > 0.0f ? m[rr] + logf(l[rr]) : -INFINITY;
+    }
+  }
+}
+
+/* ---- The bf16 tensor-core path (FlashAttention-2 forward) ----
+ * attn_mma_kernel<D, BN, PAGED>: a CTA of 4 warps owns 64 query rows of one request and one q head;
+ * warp w owns rows [16w, 16w + 16). Per KV tile of BN keys: S (16 x BN per warp) = Q K^T by
+ * mma.sync m16n8k16 (bf16 in, fp32 accumulate), scale, soft-cap and masks in registers, the online
+ * softmax on the accumulator layout (a row's 4 owner lanes reduce by xor 1, 2), then P (rounded to
+ * bf16, as FlashAttention does) times V by mma into O (16 x D per warp, fp32). The S accumulator
+ * layout is exactly the A-operand layout of the P.V mma, so P never leaves registers. Q, K, V tiles
+ * sit in shared memory with rows padded by 16 bytes: a fragment load's 32 lanes hit 32 banks.
+ * Fragment layouts (PTX ISA, mma.m16n8k16 .bf16): g = lane / 4, t = lane % 4;
+ *   A regs {row g, cols 2t..2t+1}, {row g+8, same}, {row g, cols 2t+8..}, {row g+8, cols 2t+8..};
+ *   B regs {k 2t..2t+1, col g}, {k 2t+8.., col g};  C {row g, cols 2t, 2t+1}, {row g+8, same}.
+ * V's B fragments come from ldmatrix.x4.trans (two n-tiles per instruction). Global loads are
+ * synchronous 16-byte vectors: a cp.async double buffer of K/V is the next performance step. */
+constexpr int MMA_BM = 64;
+constexpr int MMA_THREADS = 128;
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t *>(&h);
+}
+__device__ __forceinline__ uint32_t lds32(const bf16_t *p) { return *reinterpret_cast<const uint32_t *>(p); }
+
+/* ldmatrix .x4 .trans: lanes 8i..8i+7 give the 16-byte rows of 8x8 matrix i; lane l receives (row 2(l%4),
+ * col l/4) and (row 2(l%4)+1, col l/4) of matrix i in register i - with rows = keys and cols = dims,
+ * exactly the B fragment {k 2t..2t+1, col g} of the P.V mma. */
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t &d0, uint32_t &d1, uint32_t &d2, uint32_t &d3,
+                                              const bf16_t *row) {
+  const uint32_t addr = (uint32_t)__cvta_generic_to_shared(row);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(d0), "=r"(d1), "=r"(d2), "=r"(d3)
+               : "r"(addr));
+}
+
+__device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+               "{%0,%1,%2,%3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+template <int D, int BN, bool PAGED>
+__global__ void __launch_bounds__(MMA_THREADS) attn_mma_kernel(const __grid_constant__ attn_args a) {
+  constexpr int LD = D + 8, NT = BN / 8, DT = D / 8, KS = D / 16, CH = D / 8;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  bf16_t *Qs = reinterpret_cast<bf16_t *>(smem_raw); /* [MMA_BM][LD] */
+  bf16_t *Ks = Qs + MMA_BM * LD;                     /* [BN][LD] */
+  bf16_t *Vs = Ks + BN * LD;                         /* [BN][LD] */
+  const attn_tile tile = a.tiles[blockIdx.x];
+  const int hq = blockIdx.y, hk = hq / a.group;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t4 = lane & 3;
+  const int off = tile.kv_len - tile.q_len;
+  const bf16_t *Q = (const bf16_t *)a.q, *K = (const bf16_t *)a.k, *V = (const bf16_t *)a.v;
+
+  for (int c = threadIdx.x; c < MMA_BM * CH; c += MMA_THREADS) {
+    const int r = c / CH, e = (c - r * CH) * 8, qt = tile.row0 + r;
+    uint4 x = make_uint4(0, 0, 0, 0);
+    if (qt < tile.q_len)
+      x = *reinterpret_cast<const uint4 *>(Q + (int64_t)(tile.q0 + qt) * a.q_s0 + (int64_t)hq * a.q_s1 + e);
+    *reinterpret_cast<uint4 *>(Qs + r * LD + e) = x;
+  }
+
+  /* This lane's two rows (g and g + 8 of its warp); rows past the request borrow the last row's
+   * position so their masks stay sane (they are never written). */
+  int pos[2], lo[2];
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int i = 0; i < 2; i++) {
+    int qt = tile.row0 + warp * 16 + g + 8 * i;
+    qt = qt < tile.q_len ? qt : tile.q_len - 1;
+    pos[i] = qt + off;
+    lo[i] = a.window > 0 ? pos[i] - a.window + 1 : 0;
+  }
+  float o[DT][4];
+#pragma unroll
+  for (int n = 0; n < DT; n++)
+    o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  const bf16_t *q_row0 = Qs + (warp * 16 + g) * LD, *q_row8 = q_row0 + 8 * LD;
+
+  for (int kv0 = tile.kv_lo; kv0 < tile.kv_hi; kv0 += BN) {
+    __syncthreads(); /* the previous tile is consumed (first pass: Q is staged) */
+    for (int c = threadIdx.x; c < BN * CH; c += MMA_THREADS) {
+      const int r = c / CH, e = (c - r * CH) * 8, kj = kv0 + r;
+      uint4 kx = make_uint4(0, 0, 0, 0), vx = make_uint4(0, 0, 0, 0);
+      if (kj < tile.kv_hi) {
+        int64_t ko, vo;
+        kv_offsets<PAGED>(a, tile, kj, hk, &ko, &vo);
+        kx = *reinterpret_cast<const uint4 *>(K + ko + e);
+        vx = *reinterpret_cast<const uint4 *>(V + vo + e);
+      }
+      *reinterpret_cast<uint4 *>(Ks + r * LD + e) = kx;
+      *reinterpret_cast<uint4 *>(Vs + r * LD + e) = vx;
+    }
+    __syncthreads();
+
+    float s[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+      s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++) {
+      const int col = ks * 16 + t4 * 2;
+      const uint32_t a0 = lds32(q_row0 + col), a1 = lds32(q_row8 + col);
+      const uint32_t a2 = lds32(q_row0 + col + 8), a3 = lds32(q_row8 + col + 8);
+#pragma unroll
+      for (int j = 0; j < NT; j++) {
+        const bf16_t *kr = Ks + (j * 8 + g) * LD + col;
+        mma_bf16(s[j], a0, a1, a2, a3, lds32(kr), lds32(kr + 8));
+      }
+    }
+
+    float mt[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+      for (int c = 0; c < 4; c++) {
+        const int i = c >> 1, kj = kv0 + j * 8 + t4 * 2 + (c & 1);
+        float x = s[j][c] * a.scale;
+        if (a.softcap > 0.0f)
+          x = a.softcap * tanhf(x / a.softcap);
+        const bool vis = kj < tile.kv_hi && kj <= pos[i] && kj >= lo[i];
+        x = vis ? x : -INFINITY;
+        s[j][c] = x;
+        mt[i] = fmaxf(mt[i], x);
+      }
+    float mref[2], alpha[2], rs[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+      mt[i] = fmaxf(mt[i], __shfl_xor_sync(0xffffffffu, mt[i], 1));
+      mt[i] = fmaxf(mt[i], __shfl_xor_sync(0xffffffffu, mt[i], 2));
+      const float mn = fmaxf(m[i], mt[i]);
+      mref[i] = mn == -INFINITY ? 0.0f : mn; /* a row with nothing visible yet: exp(-inf - 0) = 0 */
+      alpha[i] = expf(m[i] - mref[i]);
+      m[i] = mn;
+    }
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+      for (int c = 0; c < 4; c++) {
+        const float p = expf(s[j][c] - mref[c >> 1]);
+        s[j][c] = p;
+        rs[c >> 1] += p;
+      }
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+      l[i] = l[i] * alpha[i] + rs[i]; /* this lane's part of the row sum; the 4 parts meet at the end */
+#pragma unroll
+    for (int n = 0; n < DT; n++) {
+      o[n][0] *= alpha[0], o[n][1] *= alpha[0];
+      o[n][2] *= alpha[1], o[n][3] *= alpha[1];
+    }
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; kk++) {
+      const uint32_t a0 = pack_bf16(s[2 * kk][0], s[2 * kk][1]), a1 = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
+      const uint32_t a2 = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      const uint32_t a3 = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      /* lane's row address: matrix mi = lane / 8 is keys +8 (mi odd) of dims +8 (mi >= 2) */
+      const bf16_t *v0 = Vs + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * LD + (lane >> 4) * 8;
+#pragma unroll
+      for (int n = 0; n < DT; n += 2) {
+        uint32_t b0, b1, b2, b3;
+        ldsm_x4_trans(b0, b1, b2, b3, v0 + n * 8);
+        mma_bf16(o[n], a0, a1, a2, a3, b0, b1);
+        mma_bf16(o[n + 1], a0, a1, a2, a3, b2, b3);
+      }
+    }
+  }
+
+#pragma unroll
+  for (int i = 0; i < 2; i++) {
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+    const int qt = tile.row0 + warp * 16 + g + 8 * i;
+    if (qt >= tile.q_len)
+      continue;
+    const int64_t tok = (int64_t)tile.q0 + qt;
+    const float inv = 1.0f / l[i]; /* every row sees at least its own key */
+    bf16_t *orow = (bf16_t *)a.out + tok * a.o_s0 + (int64_t)hq * a.o_s1;
+#pragma unroll
+    for (int n = 0; n < DT; n++)
+      *reinterpret_cast<__nv_bfloat162 *>(orow + n * 8 + t4 * 2) =
+          __floats2bfloat162_rn(o[n][2 * i] * inv, o[n][2 * i + 1] * inv);
+    if (a.lse && t4 == 0)
+      a.lse[tok * a.hq + hq] = m[i] + logf(l[i]);
+  }
+}
+
+/* Merges the split chunks of one tile in chunk order: weights exp(lse_s - max lse). */
+template <typename T> __global__ void __launch_bounds__(256) attn_combine_kernel(const __grid_constant__ attn_args a) {
+  const attn_group gr = a.groups[blockIdx.x];
+  const int hk = blockIdx.y, d = a.d;
+  for (int r = 0; r < ATT_BR; r++) {
+    const int ridx = gr.row0 + r, t = ridx / a.group;
+    if (t >= gr.q_len)
+      break; /* rows are token-major: the rest are past the request too */
+    const int hq = hk * a.group + (ridx - t * a.group);
+    const int64_t tok = (int64_t)gr.q0 + t;
+    float mx = -INFINITY;
+    for (int s = 0; s < gr.nsplit; s++)
+      mx = fmaxf(mx, a.part_lse[((int64_t)(gr.first_part + s) * a.hkv + hk) * ATT_BR + r]);
+    float sum = 0.0f;
+    for (int s = 0; s < gr.nsplit; s++)
+      sum += expf(a.part_lse[((int64_t)(gr.first_part + s) * a.hkv + hk) * ATT_BR + r] - mx);
+    const float inv = 1.0f / sum;
+    T *orow = (T *)a.out + tok * a.o_s0 + (int64_t)hq * a.o_s1;
+    for (int e = threadIdx.x; e < d; e += blockDim.x) {
+      float acc = 0.0f;
+      for (int s = 0; s < gr.nsplit; s++) {
+        const int64_t slot = ((int64_t)(gr.first_part + s) * a.hkv + hk) * ATT_BR + r;
+        acc = fmaf(expf(a.part_lse[slot] - mx), a.part_o[slot * d + e], acc);
+      }
+      orow[e] = from_f<T>(acc * inv);
+    }
+    if (a.lse && threadIdx.x == 0)
+      a.lse[tok * a.hq + hq] = mx + logf(sum);
+  }
+}
+
+template <typename T> __global__ void kv_cache_write_kernel(const T *k, int64_t k_s0, int64_t k_s1, const T *v,
+                                                            int64_t v_s0, int64_t v_s1, const int32_t *slots,
+                                                            T *kc, int64_t kc_s0, int64_t kc_s1, int64_t kc_s2,
+                                                            T *vc, int64_t vc_s0, int64_t vc_s1, int64_t vc_s2,
+                                                            int hkv, int d, int page_size) {
+  const int64_t t = blockIdx.x;
+  const int s = slots[t];
+  if (s < 0)
+    return;
+  const int64_t page = s / page_size, off = s % page_size;
+  for (int i = threadIdx.x; i < hkv * d; i += blockDim.x) {
+    const int h = i / d, e = i - h * d;
+    kc[page * kc_s0 + off * kc_s1 + (int64_t)h * kc_s2 + e] = k[t * k_s0 + (int64_t)h * k_s1 + e];
+    vc[page * vc_s0 + off * vc_s1 + (int64_t)h * vc_s2 + e] = v[t * v_s0 + (int64_t)h * v_s1 + e];
+  }
+}
+
+/* Per-request facts the planner needs. */
+struct req_info {
+  int32_t q0, q_len, kv_len, kv_base;
+  int32_t req; /* block-table row (paged) */
+};
+
+size_t align256(size_t n) { return (n + 255) / 256 * 256; }
+
+template <typename T, int DPL, bool PAGED> upf_status launch_attn(attn_args &a, int ntiles, int ngroups) {
+  const size_t smem = (size_t)(ATT_BR * a.d + 2 * ATT_KT * (a.d + 1)) * sizeof(float);
+  if (smem > upf_cuda_smem_optin())
+    return upf_fail(UPF_ERR_UNSUPPORTED, "attn (cuda): D=%d needs %zu bytes of shared memory, the device has %zu",
+                    a.d, smem, upf_cuda_smem_optin());
+  UPF_CUDA_TRY(cudaFuncSetAttribute(attn_ffma_kernel<T, DPL, PAGED>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)smem));
+  cudaStream_t stream = upf_cuda_stream();
+  attn_ffma_kernel<T, DPL, PAGED><<<dim3((unsigned)ntiles, (unsigned)a.hkv), ATT_WARPS * 32, smem, stream>>>(a);
+  UPF_CUDA_LAUNCH_TRY("attn_ffma_kernel");
+  if (ngroups > 0) {
+    attn_combine_kernel<T><<<dim3((unsigned)ngroups, (unsigned)a.hkv), 128, 0, stream>>>(a);
+    UPF_CUDA_LAUNCH_TRY("attn_combine_kernel");
+  }
+  return UPF_OK;
+}
+
+template <typename T, bool PAGED> upf_status launch_d(attn_args &a, int ntiles, int ngroups) {
+  if (a.d <= 64)
+    return launch_attn<T, 2, PAGED>(a, ntiles, ngroups);
+  if (a.d <= 128)
+    return launch_attn<T, 4, PAGED>(a, ntiles, ngroups);
+  return launch_attn<T, 8, PAGED>(a, ntiles, ngroups);
+}
+
+/* Tiles every request's (token, group head) rows in ATT_BR blocks, splits long KV ranges when the
+ * tiles alone would leave the GPU idle, uploads the plan and launches. `a` has everything but the
+ * plan pointers. */
+upf_status attn_plan_and_run(attn_args &a, const req_info *reqs, int32_t num_reqs, upf_dtype dtype, bool paged) {
+  const int G = a.group;
+  int64_t nbase = 0;
+  for (int32_t r = 0; r < num_reqs; r++)
+    nbase += ((int64_t)reqs[r].q_len * G + ATT_BR - 1) / ATT_BR;
+  if (nbase == 0)
+    return UPF_OK;
+  /* Split only when fewer than two waves of CTAs would run; a chunk keeps at least ATT_SPLIT_MIN keys. */
+  const int64_t target = 2 * (int64_t)upf_cuda_num_sms();
+  const int64_t want_split = nbase * a.hkv < target ? (target + nbase * a.hkv - 1) / (nbase * a.hkv) : 1;
+  /* Pass 1 counts, pass 2 fills. */
+  attn_tile *tiles = NULL;
+  attn_group *groups = NULL;
+  int64_t ntiles = 0, ngroups = 0, nparts = 0;
+  for (int pass = 0; pass < 2; pass++) {
+    ntiles = ngroups = nparts = 0;
+    for (int32_t r = 0; r < num_reqs; r++) {
+      const req_info &q = reqs[r];
+      const int32_t rows = q.q_len * G, off = q.kv_len - q.q_len;
+      for (int32_t row0 = 0; row0 < rows; row0 += ATT_BR) {
+        const int32_t row_last = (row0 + ATT_BR < rows ? row0 + ATT_BR : rows) - 1;
+        const int32_t hi = row_last / G + off + 1;
+        int32_t lo = a.window > 0 ? row0 / G + off - a.window + 1 : 0;
+        lo = lo < 0 ? 0 : lo;
+        const int32_t span = hi - lo;
+        int64_t nsplit = 1;
+        if (want_split > 1 && span >= 2 * ATT_SPLIT_MIN) {
+          nsplit = want_split < span / ATT_SPLIT_MIN ? want_split : span / ATT_SPLIT_MIN;
+          nsplit = nsplit > 64 ? 64 : nsplit;
+        }
+        int32_t chunk = (int32_t)((span + nsplit - 1) / nsplit);
+        chunk = (chunk + ATT_KT - 1) / ATT_KT * ATT_KT;
+        nsplit = (span + chunk - 1) / chunk;
+        attn_tile base = {q.q0, q.q_len, q.kv_len, q.kv_base, q.req, row0, lo, hi, -1};
+        if (nsplit <= 1) {
+          if (pass)
+            tiles[ntiles] = base;
+          ntiles++;
+          continue;
+        }
+        if (pass)
+          groups[ngroups] = attn_group{q.q0, q.q_len, row0, (int32_t)nparts, (int32_t)nsplit};
+        ngroups++;
+        for (int64_t s = 0; s < nsplit; s++) {
+          if (pass) {
+            attn_tile t = base;
+            t.kv_lo = lo + (int32_t)s * chunk;
+            t.kv_hi = t.kv_lo + chunk < hi ? t.kv_lo + chunk : hi;
+            t.part = (int32_t)(nparts + s);
+            tiles[ntiles] = t;
+          }
+          ntiles++;
+        }
+        nparts += nsplit;
+      }
+    }
+    if (pass == 0) {
+      if (ntiles > INT32_MAX)
+        return upf_fail(UPF_ERR_SHAPE, "attn (cuda): %lld tiles exceed the grid", (long long)ntiles);
+      tiles = (attn_tile *)malloc((size_t)ntiles * sizeof *tiles);
+      groups = (attn_group *)malloc((size_t)(ngroups ? ngroups : 1) * sizeof *groups);
+      if (!tiles || !groups) {
+        free(tiles), free(groups);
+        return upf_fail(UPF_ERR_NOMEM, "attn (cuda): plan of %lld tiles", (long long)ntiles);
+      }
+    }
+  }
+  const size_t tiles_bytes = align256((size_t)ntiles * sizeof(attn_tile));
+  const size_t groups_bytes = align256((size_t)ngroups * sizeof(attn_group));
+  const size_t part_rows = (size_t)nparts * a.hkv * ATT_BR;
+  const size_t part_o_bytes = align256(part_rows * a.d * sizeof(float));
+  const size_t part_lse_bytes = align256(part_rows * sizeof(float));
+  void *ws = NULL;
+  upf_status st = upf_cuda_workspace(tiles_bytes + groups_bytes + part_o_bytes + part_lse_bytes, &ws);
+  if (st == UPF_OK) {
+    char *p = (char *)ws;
+    a.tiles = (const attn_tile *)p;
+    a.groups = (const attn_group *)(p + tiles_bytes);
+    a.part_o = (float *)(p + tiles_bytes + groups_bytes);
+    a.part_lse = (float *)(p + tiles_bytes + groups_bytes + part_o_bytes);
+    st = upf_cuda_upload_async(p, tiles, (size_t)ntiles * sizeof(attn_tile));
+    if (st == UPF_OK && ngroups)
+      st = upf_cuda_upload_async(p + tiles_bytes, groups, (size_t)ngroups * sizeof(attn_group));
+  }
+  free(tiles), free(groups);
+  UPF_TRY(st);
+  if (dtype == UPF_DTYPE_BF16)
+    return paged ? launch_d<bf16_t, true>(a, (int)ntiles, (int)ngroups)
+                 : launch_d<bf16_t, false>(a, (int)ntiles, (int)ngroups);
+  return paged ? launch_d<float, true>(a, (int)ntiles, (int)ngroups)
+               : launch_d<float, false>(a, (int)ntiles, (int)ngroups);
+}
+
+/* The tensor-core path: tiles of MMA_BM query rows per (request, q head), no split (a prefill has rows
+ * enough to fill the GPU). */
+template <int D, int BN, bool PAGED>
+upf_status launch_mma(attn_args &a, int ntiles) {
+  constexpr size_t smem = (size_t)(MMA_BM + 2 * BN) * (D + 8) * sizeof(bf16_t);
+  if (smem > upf_cuda_smem_optin())
+    return upf_fail(UPF_ERR_UNSUPPORTED, "attn (cuda): D=%d mma tiles need %zu bytes of shared memory, the device "
+                    "has %zu", D, smem, upf_cuda_smem_optin());
+  UPF_CUDA_TRY(cudaFuncSetAttribute(attn_mma_kernel<D, BN, PAGED>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)smem));
+  attn_mma_kernel<D, BN, PAGED>
+      <<<dim3((unsigned)ntiles, (unsigned)a.hq), MMA_THREADS, smem, upf_cuda_stream()>>>(a);
+  UPF_CUDA_LAUNCH_TRY("attn_mma_kernel");
+  return UPF_OK;
+}
+
+template <bool PAGED> upf_status mma_plan_and_run(attn_args &a, const req_info *reqs, int32_t num_reqs) {
+  int64_t ntiles = 0;
+  for (int32_t r = 0; r < num_reqs; r++)
+    ntiles += (reqs[r].q_len + MMA_BM - 1) / MMA_BM;
+  if (ntiles == 0)
+    return UPF_OK;
+  if (ntiles > INT32_MAX)
+    return upf_fail(UPF_ERR_SHAPE, "attn (cuda): %lld tiles exceed the grid", (long long)ntiles);
+  attn_tile *tiles = (attn_tile *)malloc((size_t)ntiles * sizeof *tiles);
+  if (!tiles)
+    return upf_fail(UPF_ERR_NOMEM, "attn (cuda): plan of %lld tiles", (long long)ntiles);
+  int64_t n = 0;
+  for (int32_t r = 0; r < num_reqs; r++) {
+    const req_info &q = reqs[r];
+    const int32_t off = q.kv_len - q.q_len;
+    for (int32_t row0 = 0; row0 < q.q_len; row0 += MMA_BM) {
+      const int32_t last = (row0 + MMA_BM < q.q_len ? row0 + MMA_BM : q.q_len) - 1;
+      int32_t lo = a.window > 0 ? row0 + off - a.window + 1 : 0;
+      lo = lo < 0 ? 0 : lo;
+      tiles[n++] = attn_tile{q.q0, q.q_len, q.kv_len, q.kv_base, q.req, row0, lo, last + off + 1, -1};
+    }
+  }
+  void *ws = NULL;
+  upf_status st = upf_cuda_workspace((size_t)ntiles * sizeof(attn_tile), &ws);
+  if (st == UPF_OK)
+    st = upf_cuda_upload_async(ws, tiles, (size_t)ntiles * sizeof(attn_tile));
+  free(tiles);
+  UPF_TRY(st);
+  a.tiles = (const attn_tile *)ws;
+  if (a.d == 64)
+    return launch_mma<64, 64, PAGED>(a, (int)ntiles);
+  if (a.d == 128)
+    return launch_mma<128, 64, PAGED>(a, (int)ntiles);
+  return launch_mma<256, 32, PAGED>(a, (int)ntiles);
+}
+
+/* The mma path takes bf16 with D = 64/128/256 and 16-byte rows: every base pointer 16-byte aligned,
+ * every stride a multiple of 8 elements. */
+bool mma_ok(const upf_tensor *q, const upf_tensor *k, const upf_tensor *v, const upf_tensor *out) {
+  if (q->dtype != UPF_DTYPE_BF16 || (q->shape[2] != 64 && q->shape[2] != 128 && q->shape[2] != 256))
+    return false;
+  if (q->shape[1] > 65535)
+    return false;
+  const upf_tensor *ts[4] = {q, k, v, out};
+  for (int i = 0; i < 4; i++) {
+    if ((uintptr_t)ts[i]->data % 16 != 0)
+      return false;
+    for (int j = 0; j < ts[i]->ndim - 1; j++) /* every outer stride: the paged caches have three */
+      if (ts[i]->stride[j] % 8 != 0)
+        return false;
+  }
+  return true;
+}
+
+/* Paged requests with at least this many query rows (prefill against the cache) take the mma path
+ * when it applies; decode rows and short chunks stay on the FFMA kernel's GQA-packed tiles. */
+constexpr int MMA_MIN_Q_ROWS = 16;
+
+void args_common(attn_args &a, const upf_tensor *q, const upf_attn_params *p, const upf_tensor *out,
+                 const upf_tensor *lse, int64_t hkv) {
+  a.q = q->data, a.q_s0 = q->stride[0], a.q_s1 = q->stride[1];
+  a.out = out->data, a.o_s0 = out->stride[0], a.o_s1 = out->stride[1];
+  a.lse = lse ? (float *)lse->data : nullptr;
+  a.hq = (int)q->shape[1], a.hkv = (int)hkv, a.group = (int)(q->shape[1] / hkv), a.d = (int)q->shape[2];
+  a.scale = (float)upf_attn_scale(p, q->shape[2]);
+  a.softcap = p->softcap;
+  a.window = p->window;
+}
+
+upf_status check_dims(const char *op, const upf_tensor *q, int64_t hkv) {
+  if (q->shape[2] > UPF_CUDA_ATTN_MAX_D)
+    return upf_fail(UPF_ERR_UNSUPPORTED, "%s (cuda): head dim D=%lld above the kernel's %d", op,
+                    (long long)q->shape[2], UPF_CUDA_ATTN_MAX_D);
+  if (hkv > 65535)
+    return upf_fail(UPF_ERR_UNSUPPORTED, "%s (cuda): Hkv=%lld exceeds the grid", op, (long long)hkv);
+  return UPF_OK;
+}
+
+} // namespace
+
+extern "C" upf_status upf_cuda_attn_prefill(const upf_attn_varlen *b, const upf_tensor *q, const upf_tensor *k,
+                                            const upf_tensor *v, const upf_attn_params *p, const upf_tensor *out,
+                                            const upf_tensor *lse) {
+  UPF_TRY(upf_cuda_init());
+  UPF_TRY(upf_attn_prefill_check(b, q, k, v, p, out, lse));
+  UPF_TRY(check_dims("attn.prefill", q, k->shape[1]));
+  if (q->shape[0] == 0)
+    return UPF_OK;
+  req_info *reqs = (req_info *)malloc((size_t)b->num_reqs * sizeof *reqs);
+  if (!reqs)
+    return upf_fail(UPF_ERR_NOMEM, "attn.prefill (cuda): %d requests", b->num_reqs);
+  for (int32_t r = 0; r < b->num_reqs; r++) {
+    const int32_t *cq = b->cu_seqlens_q_host, *ck = b->cu_seqlens_kv_host;
+    reqs[r] = req_info{cq[r], cq[r + 1] - cq[r], ck[r + 1] - ck[r], ck[r], r};
+  }
+  attn_args a = {};
+  args_common(a, q, p, out, lse, k->shape[1]);
+  a.k = k->data, a.k_s0 = k->stride[0], a.k_s1 = k->stride[1];
+  a.v = v->data, a.v_s0 = v->stride[0], a.v_s1 = v->stride[1];
+  upf_status st = mma_ok(q, k, v, out) ? mma_plan_and_run<false>(a, reqs, b->num_reqs)
+                                       : attn_plan_and_run(a, reqs, b->num_reqs, q->dtype, false);
+  free(reqs);
+  return st;
+}
+
+extern "C" upf_status upf_cuda_attn_paged(const upf_attn_paged *b, const upf_tensor *q, const upf_tensor *k_cache,
+                                          const upf_tensor *v_cache, const upf_attn_params *p,
+                                          const upf_tensor *out, const upf_tensor *lse) {
+  UPF_TRY(upf_cuda_init());
+  UPF_TRY(upf_attn_paged_check(b, q, k_cache, v_cache, p, out, lse));
+  UPF_TRY(check_dims("attn.paged", q, k_cache->shape[2]));
+  if (q->shape[0] == 0)
+    return UPF_OK;
+  req_info *reqs = (req_info *)malloc((size_t)b->num_reqs * sizeof *reqs);
+  if (!reqs)
+    return upf_fail(UPF_ERR_NOMEM, "attn.paged (cuda): %d requests", b->num_reqs);
+  /* Long query runs first (mma path when it applies), then the rest (FFMA): the two launches write
+   * disjoint rows. Both plans share the workspace; the stream orders the second upload after the
+   * first kernel. */
+  const bool mma = mma_ok(q, k_cache, v_cache, out);
+  const int32_t *cq = b->cu_seqlens_q_host;
+  int32_t n_long = 0, n = 0;
+  for (int pass = 0; pass < 2; pass++)
+    for (int32_t r = 0; r < b->num_reqs; r++) {
+      const bool is_long = mma && cq[r + 1] - cq[r] >= MMA_MIN_Q_ROWS;
+      if (is_long == (pass == 0))
+        reqs[n++] = req_info{cq[r], cq[r + 1] - cq[r], b->kv_lens_host[r], 0, r};
+      n_long += is_long && pass == 0;
+    }
+  attn_args a = {};
+  args_common(a, q, p, out, lse, k_cache->shape[2]);
+  a.k = k_cache->data, a.k_s0 = k_cache->stride[0], a.k_s1 = k_cache->stride[1], a.k_s2 = k_cache->stride[2];
+  a.v = v_cache->data, a.v_s0 = v_cache->stride[0], a.v_s1 = v_cache->stride[1], a.v_s2 = v_cache->stride[2];
+  a.block_table = b->block_table, a.max_blocks = b->max_blocks, a.page_size = b->page_size;
+  upf_status st = n_long ? mma_plan_and_run<true>(a, reqs, n_long) : UPF_OK;
+  if (st == UPF_OK && n_long < b->num_reqs)
+    st = attn_plan_and_run(a, reqs + n_long, b->num_reqs - n_long, q->dtype, true);
+  free(reqs);
+  return st;
+}
+
+extern "C" upf_status upf_cuda_kv_cache_write(const upf_tensor *k, const upf_tensor *v, const int32_t *slot_mapping,
+                                              const int32_t *slot_mapping_host, const upf_tensor *k_cache,
+                                              const upf_tensor *v_cache) {
+  UPF_TRY(upf_cuda_init());
+  UPF_TRY(upf_kv_cache_write_check(k, v, slot_mapping_host, k_cache, v_cache));
+  const int64_t T = k->shape[0];
+  if (T == 0)
+    return UPF_OK;
+  if (T > INT32_MAX)
+    return upf_fail(UPF_ERR_SHAPE, "kv_cache.write (cuda): T=%lld exceeds the grid", (long long)T);
+  cudaStream_t stream = upf_cuda_stream();
+  const int hkv = (int)k->shape[1], d = (int)k->shape[2], P = (int)k_cache->shape[1];
+  const int threads = hkv * d >= 256 ? 256 : hkv * d <= 32 ? 32 : (hkv * d + 31) / 32 * 32;
+  if (k->dtype == UPF_DTYPE_BF16)
+    kv_cache_write_kernel<bf16_t><<<(unsigned)T, threads, 0, stream>>>(
+        (const bf16_t *)k->data, k->stride[0], k->stride[1], (const bf16_t *)v->data, v->stride[0], v->stride[1],
+        slot_mapping, (bf16_t *)k_cache->data, k_cache->stride[0], k_cache->stride[1], k_cache->stride[2],
+        (bf16_t *)v_cache->data, v_cache->stride[0], v_cache->stride[1], v_cache->stride[2], hkv, d, P);
+  else
+    kv_cache_write_kernel<float><<<(unsigned)T, threads, 0, stream>>>(
+        (const float *)k->data, k->stride[0], k->stride[1], (const float *)v->data, v->stride[0], v->stride[1],
+        slot_mapping, (float *)k_cache->data, k_cache->stride[0], k_cache->stride[1], k_cache->stride[2],
+        (float *)v_cache->data, v_cache->stride[0], v_cache->stride[1], v_cache->stride[2], hkv, d, P);
+  UPF_CUDA_LAUNCH_TRY("kv_cache_write_kernel");
+  return UPF_OK;
+}

@@ -1,0 +1,255 @@
+/* Benchmarks of the Gated DeltaNet scan (backend->gdn_scan) at Qwen3-Next shapes (16 key heads, 32
+ * value heads, Dk = Dv = 128): a long prefill (one request of 4K and 32K tokens), a ragged batch, and
+ * a decode step of 256 one-token requests with carried states. TFLOP/s counts the recurrence's own
+ * work, 7 Dk Dv per token and value head (decay 1, S^T k 2, the rank-1 update 2, S^T q 2: the exact
+ * count of the recurrent form; the chunked form will be reported against the same count), and TB/s the
+ * bytes of q, k, v, a, b, o and the states in and out, each counted once. CUDA cases verify gdn.scan
+ * against the CPU reference (its quick verify set) before any timing; without a device they are
+ * skipped by name. The CPU case is a small shape, wall clock. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "perf/bench.h"
+#include "uniprefill/backend.h"
+#include "uniprefill/bf16.h"
+#include "uniprefill/model_config.h"
+#include "uniprefill/rng.h"
+#include "verify/verify.h"
+
+#ifdef UPF_HAVE_CUDA
+#include "cuda/perf_support.cuh"
+#endif
+
+#define GDN_CUDA_REPETITIONS 5
+#define GDN_CUDA_MIN_TIME_S 0.1
+#define GDN_WARMUP 2
+#define GDN_MAX_REQS 256
+
+typedef struct {
+  const char *name;
+  int on_cuda;
+  int64_t num_reqs, tokens_per_req; /* ragged: the last request takes the remainder of T */
+  int64_t T, hk, hv, dk, dv;
+  int with_state;
+  int64_t iterations; /* CPU: fixed */
+  /* prepared on first use, kept across repetitions */
+  int ready;
+  const upf_backend *be;
+  void *qkv, *ab, *a_log, *dt_bias, *state, *o, *cu;
+  int32_t cu_host[GDN_MAX_REQS + 1];
+} gdn_bench_case;
+
+#define QK UPF_QWEN3N_80B_LINEAR_KEY_HEADS
+#define QV UPF_QWEN3N_80B_LINEAR_VALUE_HEADS
+#define QD UPF_QWEN3N_80B_LINEAR_KEY_DIM
+#define QDV UPF_QWEN3N_80B_LINEAR_VALUE_DIM
+
+static gdn_bench_case cases[] = {
+    {"gdn.scan/cuda/bf16/qwen3next_prefill", 1, 1, 4096, 4096, QK, QV, QD, QDV, 1, 0},
+    {"gdn.scan/cuda/bf16/qwen3next_prefill", 1, 1, 32768, 32768, QK, QV, QD, QDV, 1, 0},
+    {"gdn.scan/cuda/bf16/qwen3next_ragged8", 1, 8, 2048, 16384, QK, QV, QD, QDV, 1, 0},
+    {"gdn.scan/cuda/bf16/qwen3next_decode", 1, 256, 1, 256, QK, QV, QD, QDV, 1, 0},
+    {"gdn.scan/cpu/bf16/small", 0, 2, 32, 64, 2, 4, QD, QDV, 1, 3},
+};
+#define NUM_CASES ((int)(sizeof cases / sizeof cases[0]))
+
+static int64_t conv_dim(const gdn_bench_case *c) { return 2 * c->hk * c->dk + c->hv * c->dv; }
+
+static double case_flops(const gdn_bench_case *c) { return 7.0 * (double)c->T * (double)c->hv * c->dk * c->dv; }
+
+static double case_bytes(const gdn_bench_case *c) {
+  double es = 2.0; /* bf16 */
+  double tok = (double)c->T * (2.0 * c->hk * c->dk + 2.0 * c->hv * c->dv + 2.0 * c->hv) * es;
+  double states = (c->with_state ? 2.0 : 1.0) * (double)c->num_reqs * c->hv * c->dk * c->dv * 4.0;
+  return tok + states;
+}
+
+static void case_release(void *ctx) {
+  gdn_bench_case *c = ctx;
+  if (!c->ready)
+    return;
+  void *bufs[7] = {c->qkv, c->ab, c->a_log, c->dt_bias, c->state, c->o, c->cu};
+  for (int i = 0; i < 7; i++)
+    c->be->release(bufs[i]);
+  c->ready = 0;
+}
+
+/* A backend buffer of n values uniform in [lo, hi), bf16 or f32. */
+static upf_status put_random(const upf_backend *be, upf_rng *rng, int64_t n, int bf16, float lo, float hi, void **dev) {
+  size_t bytes = (size_t)n * (bf16 ? 2 : 4);
+  float *host = malloc((size_t)n * sizeof *host);
+  uint16_t *half = bf16 ? malloc((size_t)n * sizeof *half) : NULL;
+  if (!host || (bf16 && !half)) {
+    free(host), free(half);
+    return upf_fail(UPF_ERR_NOMEM, "bench gdn: %lld values", (long long)n);
+  }
+  upf_rng_fill_uniform(rng, host, n, lo, hi);
+  if (bf16)
+    upf_bf16_from_f32_array(half, host, n);
+  upf_status st = be->alloc(dev, bytes);
+  if (st == UPF_OK)
+    st = be->upload(*dev, bf16 ? (const void *)half : (const void *)host, bytes);
+  free(host), free(half);
+  return st;
+}
+
+static upf_status case_prepare(gdn_bench_case *c, const upf_backend *be) {
+  if (c->ready)
+    return UPF_OK;
+  upf_rng rng;
+  upf_rng_seed(&rng, 777);
+  c->be = be;
+  c->cu_host[0] = 0;
+  for (int64_t r = 0; r < c->num_reqs; r++)
+    c->cu_host[r + 1] = r + 1 == c->num_reqs ? (int32_t)c->T : (int32_t)((r + 1) * c->tokens_per_req);
+  int64_t ns = c->num_reqs * c->hv * c->dk * c->dv;
+  upf_status st = put_random(be, &rng, c->T * conv_dim(c), 1, -2.0f, 2.0f, &c->qkv);
+  if (st == UPF_OK) /* a + dt_bias in [-5, 3] and b in [-3, 3]: decays and write strengths of real use */
+    st = put_random(be, &rng, c->T * 2 * c->hv, 1, -4.0f, 3.0f, &c->ab);
+  if (st == UPF_OK)
+    st = put_random(be, &rng, c->hv, 0, 0.0f, 2.0f, &c->a_log);
+  if (st == UPF_OK)
+    st = put_random(be, &rng, c->hv, 0, -1.0f, 0.0f, &c->dt_bias);
+  if (st == UPF_OK)
+    st = put_random(be, &rng, ns, 0, -0.5f, 0.5f, &c->state);
+  if (st == UPF_OK)
+    st = be->alloc(&c->o, (size_t)(c->T * c->hv * c->dv) * 2);
+  if (st == UPF_OK)
+    st = be->alloc(&c->cu, sizeof(int32_t) * (size_t)(c->num_reqs + 1));
+  if (st == UPF_OK)
+    st = be->upload(c->cu, c->cu_host, sizeof(int32_t) * (size_t)(c->num_reqs + 1));
+  c->ready = 1; /* release frees what was allocated (NULL entries are fine) */
+  return st;
+}
+
+/* One scan over the case: q, k, v views into the (T, C) conv output; the state updates in place, as
+ * in serving (repeated calls keep feeding it: the values stay bounded, the decay and beta <= 1). */
+static upf_status case_call(gdn_bench_case *c) {
+  upf_tensor q, k, v, a, b, al, dt, s, o;
+  int64_t C = conv_dim(c);
+  const int64_t sq[3] = {c->T, c->hk, c->dk}, sv[3] = {c->T, c->hv, c->dv}, sab[2] = {c->T, c->hv};
+  const int64_t sh[1] = {c->hv}, ss[4] = {c->num_reqs, c->hv, c->dk, c->dv};
+  uint16_t *qkv = c->qkv, *ab = c->ab;
+  upf_tensor_init(&q, qkv, UPF_DTYPE_BF16, 3, sq), upf_tensor_init(&k, qkv + c->hk * c->dk, UPF_DTYPE_BF16, 3, sq);
+  upf_tensor_init(&v, qkv + 2 * c->hk * c->dk, UPF_DTYPE_BF16, 3, sv);
+  q.stride[0] = k.stride[0] = v.stride[0] = C;
+  upf_tensor_init(&a, ab, UPF_DTYPE_BF16, 2, sab), upf_tensor_init(&b, ab + c->hv, UPF_DTYPE_BF16, 2, sab);
+  a.stride[0] = b.stride[0] = 2 * c->hv;
+  upf_tensor_init(&al, c->a_log, UPF_DTYPE_F32, 1, sh), upf_tensor_init(&dt, c->dt_bias, UPF_DTYPE_F32, 1, sh);
+  upf_tensor_init(&s, c->state, UPF_DTYPE_F32, 4, ss);
+  upf_tensor_init(&o, c->o, UPF_DTYPE_BF16, 3, sv);
+  upf_gdn_batch batch = {c->cu, c->cu_host, (int32_t)c->num_reqs};
+  upf_gdn_scan_inputs in = {&q, &k, &v, &a, &b, &al, &dt, c->with_state ? &s : NULL, 1.0f / sqrtf((float)c->dk)};
+  return c->be->gdn_scan(&batch, &in, &o, &s);
+}
+
+static void set_work_counters(upf_bench_state *st, const gdn_bench_case *c) {
+  upf_bench_set_counter(st, UPF_BENCH_FLOPS, case_flops(c), UPF_BENCH_COUNTER_RATE);
+  upf_bench_set_counter(st, UPF_BENCH_BYTES, case_bytes(c), UPF_BENCH_COUNTER_RATE);
+  char label[96];
+  snprintf(label, sizeof label, "B=%lld T=%lld Hk=%lld Hv=%lld Dk=%lld Dv=%lld", (long long)c->num_reqs,
+           (long long)c->T, (long long)c->hk, (long long)c->hv, (long long)c->dk, (long long)c->dv);
+  upf_bench_set_label(st, label);
+}
+
+static void bench_cpu(upf_bench_state *st, void *ctx) {
+  gdn_bench_case *c = ctx;
+  if (case_prepare(c, upf_backend_cpu()) != UPF_OK) {
+    upf_bench_skip_with_error(st, "preparing inputs: %s", upf_last_error());
+    return;
+  }
+  while (upf_bench_keep_running(st))
+    if (case_call(c) != UPF_OK) {
+      upf_bench_skip_with_error(st, "gdn.scan: %s", upf_last_error());
+      return;
+    }
+  set_work_counters(st, c);
+}
+
+static void bench_cuda(upf_bench_state *st, void *ctx) {
+#ifndef UPF_HAVE_CUDA
+  (void)ctx;
+  upf_bench_skip_no_device(st, "cuda backend unavailable (built with CUDA=0)");
+#else
+  gdn_bench_case *c = ctx;
+  const upf_backend *be = upf_backend_cuda();
+  if (be->probe() != UPF_OK) {
+    upf_bench_skip_no_device(st, upf_last_error());
+    return;
+  }
+  static int verified; /* 0 not yet, 1 passed, -1 failed */
+  static char why[160];
+  if (!verified) {
+    upf_verify_ctx vctx = {.backend = be, .log = NULL, .quick = 1};
+    upf_verify_fn_for(UPF_OP_GDN_SCAN)(&vctx);
+    verified = vctx.failed == 0 && vctx.passed > 0 ? 1 : -1;
+    snprintf(why, sizeof why, "%d of %d checks failed (run `upf verify gdn.scan --quick`)", vctx.failed,
+             vctx.passed + vctx.failed);
+  }
+  if (verified < 0) {
+    upf_bench_skip_with_error(st, "not timed, verification against the CPU reference failed: %s", why);
+    return;
+  }
+  if (case_prepare(c, be) != UPF_OK) {
+    upf_bench_skip_with_error(st, "preparing inputs: %s", upf_last_error());
+    return;
+  }
+  upf_cuda_timer *timer = NULL;
+  upf_cuda_l2_flush *flush = NULL;
+  int64_t l2 = 0;
+  upf_status s = upf_cuda_timer_create(&timer);
+  if (s == UPF_OK)
+    s = upf_cuda_l2_bytes(&l2);
+  if (s == UPF_OK && case_bytes(c) < 3.0 * (double)l2)
+    s = upf_cuda_l2_flush_create(&flush);
+  for (int i = 0; s == UPF_OK && i < GDN_WARMUP; i++)
+    s = case_call(c);
+  while (s == UPF_OK && upf_bench_keep_running(st)) {
+    double seconds = 0.0;
+    if (flush)
+      s = upf_cuda_l2_flush_run(flush); /* enqueued before the start event: not timed */
+    if (s == UPF_OK)
+      s = upf_cuda_timer_start(timer);
+    if (s == UPF_OK)
+      s = case_call(c);
+    if (s == UPF_OK)
+      s = upf_cuda_timer_stop(timer, &seconds);
+    if (s == UPF_OK)
+      upf_bench_set_iteration_time(st, seconds);
+  }
+  upf_cuda_timer_destroy(timer);
+  upf_cuda_l2_flush_destroy(flush);
+  if (s != UPF_OK) {
+    upf_bench_skip_with_error(st, "gdn.scan: %s", upf_last_error());
+    return;
+  }
+  set_work_counters(st, c);
+#endif
+}
+
+void upf_register_gdn_benchmarks(void) {
+  int cuda_ok = upf_backend_cuda()->probe() == UPF_OK;
+  for (int i = 0; i < NUM_CASES; i++) {
+    gdn_bench_case *c = &cases[i];
+    upf_bench_spec spec = {.name = c->name, .ctx = c, .teardown = case_release, .num_args = 1};
+    spec.args[0] = c->T;
+    spec.arg_names[0] = "T";
+    if (c->on_cuda) {
+      spec.fn = bench_cuda;
+      spec.flags = UPF_BENCH_MANUAL_TIME;
+      spec.unit = UPF_BENCH_US;
+      spec.min_time_s = GDN_CUDA_MIN_TIME_S;
+      spec.repetitions = cuda_ok ? GDN_CUDA_REPETITIONS : 1;
+    } else {
+      spec.fn = bench_cpu;
+      spec.flags = UPF_BENCH_REAL_TIME;
+      spec.unit = UPF_BENCH_MS;
+      spec.iterations = c->iterations;
+      spec.repetitions = 3;
+    }
+    if (upf_bench_register(&spec) != UPF_OK)
+      fprintf(stderr, "bench gdn: %s\n", upf_last_error());
+  }
+}
