@@ -255,45 +255,52 @@ upf_status cuda_synchronize(void) {
   return UPF_OK;
 }
 
-const upf_backend cuda_backend = {
-    /* name */ "cuda",
-    /* probe */ cuda_probe,
-    /* describe */ cuda_describe,
-    /* alloc */ cuda_alloc,
-    /* release */ cuda_release,
-    /* upload */ cuda_upload,
-    /* download */ cuda_download,
-    /* fill */ cuda_fill,
-    /* synchronize */ cuda_synchronize,
-    /* select_part_gemm */ upf_cuda_select_part_gemm,
-    /* select_block_softmax */ upf_cuda_select_block_softmax,
-    /* select_block_reduce */ upf_cuda_select_block_reduce,
-    /* select_topp */ upf_cuda_select_topp,
-    /* select_expand */ upf_cuda_select_expand,
-    /* select_run */ upf_cuda_select_run,
-    /* compact_rows */ upf_cuda_compact_rows,
-    /* gemm */ upf_cuda_gemm,
-    /* ffn_act_mul */ upf_cuda_ffn_act_mul,
-    /* ffn_gated */ upf_cuda_ffn_gated,
-    /* rmsnorm */ upf_cuda_rmsnorm,
-    /* rmsnorm_add */ upf_cuda_rmsnorm_add,
-    /* qk_norm */ upf_cuda_qk_norm,
-    /* rope */ upf_cuda_rope,
-    /* gated_output */ upf_cuda_gated_output,
-    /* embed */ upf_cuda_embed,
-    /* logits_last */ upf_cuda_logits_last,
-    /* moe_route */ upf_cuda_moe_route,
-    /* moe_permute */ upf_cuda_moe_permute,
-    /* moe_ffn */ upf_cuda_moe_ffn,
-    /* gdn_conv */ upf_cuda_gdn_conv,
-    /* gdn_conv_step */ upf_cuda_gdn_conv_step,
-    /* gdn_scan */ upf_cuda_gdn_scan,
-    /* gdn_gated_norm */ upf_cuda_gdn_gated_norm,
-    /* attn_prefill */ upf_cuda_attn_prefill,
-    /* attn_paged */ upf_cuda_attn_paged,
-    /* kv_cache_write */ upf_cuda_kv_cache_write,
-};
+/* Filled by field name, not position: several entries share a signature, so a positional table
+ * could swap two of them without a compile error. */
+upf_backend make_cuda_table(void) {
+  upf_backend b = {};
+  b.name = "cuda";
+  b.probe = cuda_probe;
+  b.describe = cuda_describe;
+  b.alloc = cuda_alloc;
+  b.release = cuda_release;
+  b.upload = cuda_upload;
+  b.download = cuda_download;
+  b.fill = cuda_fill;
+  b.synchronize = cuda_synchronize;
+  b.select_part_gemm = upf_cuda_select_part_gemm;
+  b.select_block_softmax = upf_cuda_select_block_softmax;
+  b.select_block_reduce = upf_cuda_select_block_reduce;
+  b.select_topp = upf_cuda_select_topp;
+  b.select_expand = upf_cuda_select_expand;
+  b.select_run = upf_cuda_select_run;
+  b.compact_rows = upf_cuda_compact_rows;
+  b.gemm = upf_cuda_gemm;
+  b.ffn_act_mul = upf_cuda_ffn_act_mul;
+  b.ffn_gated = upf_cuda_ffn_gated;
+  b.rmsnorm = upf_cuda_rmsnorm;
+  b.rmsnorm_add = upf_cuda_rmsnorm_add;
+  b.qk_norm = upf_cuda_qk_norm;
+  b.rope = upf_cuda_rope;
+  b.gated_output = upf_cuda_gated_output;
+  b.embed = upf_cuda_embed;
+  b.logits_last = upf_cuda_logits_last;
+  b.moe_route = upf_cuda_moe_route;
+  b.moe_permute = upf_cuda_moe_permute;
+  b.moe_ffn = upf_cuda_moe_ffn;
+  b.gdn_conv = upf_cuda_gdn_conv;
+  b.gdn_conv_step = upf_cuda_gdn_conv_step;
+  b.gdn_scan = upf_cuda_gdn_scan;
+  b.gdn_gated_norm = upf_cuda_gdn_gated_norm;
+  b.attn_prefill = upf_cuda_attn_prefill;
+  b.attn_paged = upf_cuda_attn_paged;
+  b.kv_cache_write = upf_cuda_kv_cache_write;
+  return b;
+}
 
 } // namespace
 
-extern "C" const upf_backend *upf_backend_cuda(void) { return &cuda_backend; }
+extern "C" const upf_backend *upf_backend_cuda(void) {
+  static const upf_backend table = make_cuda_table();
+  return &table;
+}
