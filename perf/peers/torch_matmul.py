@@ -19,13 +19,12 @@ Usage:
 import argparse
 import json
 import os
-import statistics
-import subprocess
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
+
+from peer_common import context, rand, summary, time_it
 
 LLAMA_H, LLAMA_I = 4096, 14336          # hidden_size, intermediate_size (Llama-3.1-8B config.json)
 GEMMA_H, GEMMA_I = 3840, 15360          # Gemma-3-12B text_config
@@ -36,41 +35,6 @@ PROJECTIONS = {                          # name: (in, out)
     "llama_down": (LLAMA_I, LLAMA_H),
 }
 CEILING_N = 8192
-
-
-def time_it(fn, iters, warmup):
-    """Seconds of each of `iters` calls of fn, each between its own pair of CUDA events."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop) * 1e-3)
-    return times
-
-
-def summary(times, flops):
-    med = statistics.median(times)
-    mean = statistics.fmean(times)
-    sd = statistics.pstdev(times) if len(times) > 1 else 0.0
-    return {
-        "median_s": med,
-        "min_s": min(times),
-        "mean_s": mean,
-        "cv": sd / mean if mean > 0 else 0.0,
-        "iterations": len(times),
-        "flops": flops,
-        "tflop_per_second": flops / med / 1e12,
-    }
-
-
-def rand(shape, std=1.0):
-    return (torch.randn(shape, device="cuda", dtype=torch.float32) * std).to(torch.bfloat16)
 
 
 def bench_ceiling(args):
@@ -119,22 +83,8 @@ def main():
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False  # fp32 accumulation, as ours
     torch.manual_seed(0)
-    dev = torch.cuda.get_device_properties(0)
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    except OSError:
-        commit = ""
     report = {
-        "context": {
-            "gpu": dev.name,
-            "sms": dev.multi_processor_count,
-            "torch": torch.__version__,
-            "cuda": torch.version.cuda,
-            "cublas_bf16_reduced_precision_reduction": False,
-            "commit": commit or os.environ.get("UPF_COMMIT", "unknown"),
-            "command": " ".join([sys.executable] + sys.argv),
-            "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        },
+        "context": context({"cublas_bf16_reduced_precision_reduction": False}),
         "results": [],
     }
     ceiling = bench_ceiling(args)
