@@ -46,6 +46,20 @@ void upf_verify_record(upf_verify_ctx *ctx, const upf_check *check) {
   }
 }
 
+void upf_verify_expect_status(upf_verify_ctx *ctx, const char *op, const char *what, upf_status got,
+                              upf_status want) {
+  upf_check check;
+  memset(&check, 0, sizeof check);
+  snprintf(check.op, sizeof check.op, "%s", op);
+  snprintf(check.variant, sizeof check.variant, "error: %s", what);
+  snprintf(check.dtype, sizeof check.dtype, "f32");
+  snprintf(check.shape, sizeof check.shape, "-");
+  check.passed = got == want;
+  snprintf(check.detail, sizeof check.detail, "%s (want %s): %.160s", upf_status_name(got), upf_status_name(want),
+           got == UPF_OK ? "" : upf_last_error());
+  upf_verify_record(ctx, &check);
+}
+
 int upf_verify_run(upf_verify_ctx *ctx, const char *filter) {
   int all = !filter || !strcmp(filter, "all");
   for (int op = 0; op < UPF_OP_COUNT; op++) {

@@ -24,6 +24,10 @@ typedef struct {
 /* Records and prints one check. */
 void upf_verify_record(upf_verify_ctx *ctx, const upf_check *check);
 
+/* Records one bad-input check: passes iff the call returned `want` (variant "error: <what>"). */
+void upf_verify_expect_status(upf_verify_ctx *ctx, const char *op, const char *what, upf_status got,
+                              upf_status want);
+
 /* Per-op verify entry: runs all of the op's cases. */
 typedef void (*upf_verify_fn)(upf_verify_ctx *ctx);
 

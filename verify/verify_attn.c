@@ -225,17 +225,6 @@ static void golden_cache_write(upf_verify_ctx *ctx, upf_dtype dt) {
 /* ================================================================================================ */
 /* Bad inputs: each must come back as its status on the backend under test.                         */
 
-static void expect_status(upf_verify_ctx *ctx, const char *op, const char *what, upf_status got, upf_status want) {
-  upf_check check;
-  char variant[64];
-  snprintf(variant, sizeof variant, "error: %s", what);
-  upf_dense_check_init(&check, op, variant, UPF_DTYPE_F32, "-");
-  check.passed = got == want;
-  snprintf(check.detail, sizeof check.detail, "%s (want %s): %.160s", upf_status_name(got), upf_status_name(want),
-           got == UPF_OK ? "" : upf_last_error());
-  upf_verify_record(ctx, &check);
-}
-
 static void errors_for(upf_verify_ctx *ctx, upf_op op) {
   const upf_backend *be = ctx->backend;
   void *buf = NULL;
@@ -258,58 +247,58 @@ static void errors_for(upf_verify_ctx *ctx, upf_op op) {
     upf_attn_varlen b = {2, dev, cu, dev, cu};
     upf_tensor k3;
     upf_tensor_init(&k3, buf, UPF_DTYPE_F32, 3, sk3);
-    expect_status(ctx, name, "Hq=4 not a multiple of Hkv=3", be->attn_prefill(&b, &q, &k3, &k3, &p, &o, NULL),
+    upf_verify_expect_status(ctx, name, "Hq=4 not a multiple of Hkv=3", be->attn_prefill(&b, &q, &k3, &k3, &p, &o, NULL),
                   UPF_ERR_SHAPE);
     b.cu_seqlens_q_host = cu_bad;
-    expect_status(ctx, name, "cu_seqlens_q not monotone", be->attn_prefill(&b, &q, &k, &v, &p, &o, NULL),
+    upf_verify_expect_status(ctx, name, "cu_seqlens_q not monotone", be->attn_prefill(&b, &q, &k, &v, &p, &o, NULL),
                   UPF_ERR_CU_SEQLENS);
     b.cu_seqlens_q_host = cu, b.cu_seqlens_kv_host = cu_long;
-    expect_status(ctx, name, "kv_len 1 < q_len 2", be->attn_prefill(&b, &q, &k, &v, &p, &o, NULL),
+    upf_verify_expect_status(ctx, name, "kv_len 1 < q_len 2", be->attn_prefill(&b, &q, &k, &v, &p, &o, NULL),
                   UPF_ERR_CU_SEQLENS);
     b.cu_seqlens_kv_host = cu;
     p.window = -1;
-    expect_status(ctx, name, "window -1", be->attn_prefill(&b, &q, &k, &v, &p, &o, NULL), UPF_ERR_INVALID_ARG);
+    upf_verify_expect_status(ctx, name, "window -1", be->attn_prefill(&b, &q, &k, &v, &p, &o, NULL), UPF_ERR_INVALID_ARG);
     p.window = 0, p.softcap = NAN;
-    expect_status(ctx, name, "softcap NaN", be->attn_prefill(&b, &q, &k, &v, &p, &o, NULL), UPF_ERR_INVALID_ARG);
+    upf_verify_expect_status(ctx, name, "softcap NaN", be->attn_prefill(&b, &q, &k, &v, &p, &o, NULL), UPF_ERR_INVALID_ARG);
     p.softcap = 0.0f, p.scale = INFINITY;
-    expect_status(ctx, name, "scale Inf", be->attn_prefill(&b, &q, &k, &v, &p, &o, NULL), UPF_ERR_INVALID_ARG);
+    upf_verify_expect_status(ctx, name, "scale Inf", be->attn_prefill(&b, &q, &k, &v, &p, &o, NULL), UPF_ERR_INVALID_ARG);
     p.scale = 0.0f;
     upf_tensor_init(&v, buf, UPF_DTYPE_BF16, 3, skv);
-    expect_status(ctx, name, "v bf16, k f32", be->attn_prefill(&b, &q, &k, &v, &p, &o, NULL), UPF_ERR_DTYPE);
+    upf_verify_expect_status(ctx, name, "v bf16, k f32", be->attn_prefill(&b, &q, &k, &v, &p, &o, NULL), UPF_ERR_DTYPE);
     upf_tensor lse;
     upf_tensor_init(&lse, buf, UPF_DTYPE_F32, 2, (const int64_t[2]){4, 2});
-    expect_status(ctx, name, "lse (Tq, 2) with Hq=4", be->attn_prefill(&b, &q, &k, &k, &p, &o, &lse), UPF_ERR_SHAPE);
+    upf_verify_expect_status(ctx, name, "lse (Tq, 2) with Hq=4", be->attn_prefill(&b, &q, &k, &k, &p, &o, &lse), UPF_ERR_SHAPE);
     break;
   }
   case UPF_OP_ATTN_PAGED: {
     const int32_t kv_lens[2] = {2, 4}, bt[4] = {0, 1, 3, 4}, kv_short[2] = {1, 4};
     upf_attn_paged b = {2, dev, cu, dev, kv_lens, dev, bt, 2, 2};
-    expect_status(ctx, name, "block_table[1][1]=4 outside 4 pages", be->attn_paged(&b, &q, &kc, &vc, &p, &o, NULL),
+    upf_verify_expect_status(ctx, name, "block_table[1][1]=4 outside 4 pages", be->attn_paged(&b, &q, &kc, &vc, &p, &o, NULL),
                   UPF_ERR_INVALID_ARG);
     const int32_t bt_ok[4] = {0, 1, 3, 2};
     b.block_table_host = bt_ok, b.kv_lens_host = kv_short;
-    expect_status(ctx, name, "kv_len 1 < q_len 2", be->attn_paged(&b, &q, &kc, &vc, &p, &o, NULL),
+    upf_verify_expect_status(ctx, name, "kv_len 1 < q_len 2", be->attn_paged(&b, &q, &kc, &vc, &p, &o, NULL),
                   UPF_ERR_CU_SEQLENS);
     b.kv_lens_host = kv_lens, b.page_size = 16;
-    expect_status(ctx, name, "page_size 16, cache pages of 2", be->attn_paged(&b, &q, &kc, &vc, &p, &o, NULL),
+    upf_verify_expect_status(ctx, name, "page_size 16, cache pages of 2", be->attn_paged(&b, &q, &kc, &vc, &p, &o, NULL),
                   UPF_ERR_SHAPE);
     b.page_size = 2;
     const int32_t kv_big[2] = {2, 6};
     b.kv_lens_host = kv_big;
-    expect_status(ctx, name, "kv_len 6 needs 3 pages, max_blocks 2", be->attn_paged(&b, &q, &kc, &vc, &p, &o, NULL),
+    upf_verify_expect_status(ctx, name, "kv_len 6 needs 3 pages, max_blocks 2", be->attn_paged(&b, &q, &kc, &vc, &p, &o, NULL),
                   UPF_ERR_INVALID_ARG);
     break;
   }
   case UPF_OP_KV_CACHE_WRITE: {
     const int32_t slots_bad[4] = {0, 1, 8, 2}, slots_dup[4] = {0, 5, 5, -1};
-    expect_status(ctx, name, "slot 8 outside 4 pages of 2", be->kv_cache_write(&k, &v, dev, slots_bad, &kc, &vc),
+    upf_verify_expect_status(ctx, name, "slot 8 outside 4 pages of 2", be->kv_cache_write(&k, &v, dev, slots_bad, &kc, &vc),
                   UPF_ERR_INVALID_ARG);
     if (strstr(upf_last_error(), "slot_mapping[2]=8") == NULL)
-      expect_status(ctx, name, "message names slot_mapping[2]=8", UPF_ERR_INVALID_ARG, UPF_OK);
-    expect_status(ctx, name, "two rows into slot 5", be->kv_cache_write(&k, &v, dev, slots_dup, &kc, &vc),
+      upf_verify_expect_status(ctx, name, "message names slot_mapping[2]=8", UPF_ERR_INVALID_ARG, UPF_OK);
+    upf_verify_expect_status(ctx, name, "two rows into slot 5", be->kv_cache_write(&k, &v, dev, slots_dup, &kc, &vc),
                   UPF_ERR_INVALID_ARG);
     upf_tensor_init(&k, buf, UPF_DTYPE_F32, 3, (const int64_t[3]){4, 2, 6});
-    expect_status(ctx, name, "k head dim 6, cache 8", be->kv_cache_write(&k, &k, dev, slots_dup, &kc, &vc),
+    upf_verify_expect_status(ctx, name, "k head dim 6, cache 8", be->kv_cache_write(&k, &k, dev, slots_dup, &kc, &vc),
                   UPF_ERR_SHAPE);
     break;
   }

@@ -368,17 +368,6 @@ static void golden_logits(upf_verify_ctx *ctx, upf_dtype dt) {
 /* ================================================================================================ */
 /* Bad inputs: each must come back as its status on the backend under test.                         */
 
-static void expect_status(upf_verify_ctx *ctx, const char *op, const char *what, upf_status got, upf_status want) {
-  upf_check check;
-  char variant[64];
-  snprintf(variant, sizeof variant, "error: %s", what);
-  upf_dense_check_init(&check, op, variant, UPF_DTYPE_F32, "-");
-  check.passed = got == want;
-  snprintf(check.detail, sizeof check.detail, "%s (want %s): %.160s", upf_status_name(got), upf_status_name(want),
-           got == UPF_OK ? "" : upf_last_error());
-  upf_verify_record(ctx, &check);
-}
-
 /* A small f32 backend buffer to hang descriptors on (contents irrelevant: checks fail first). */
 static void errors_for(upf_verify_ctx *ctx, upf_op op) {
   const upf_backend *be = ctx->backend;
@@ -398,67 +387,67 @@ static void errors_for(upf_verify_ctx *ctx, upf_op op) {
   case UPF_OP_GEMM:
     upf_tensor_init(&a, buf, UPF_DTYPE_F32, 2, s4x8), upf_tensor_init(&b, buf, UPF_DTYPE_F32, 2, s7x6);
     upf_tensor_init(&c, buf, UPF_DTYPE_F32, 2, s4x6);
-    expect_status(ctx, name, "K of a != rows of b", be->gemm(&a, &b, &c), UPF_ERR_SHAPE);
+    upf_verify_expect_status(ctx, name, "K of a != rows of b", be->gemm(&a, &b, &c), UPF_ERR_SHAPE);
     upf_tensor_init(&b, buf, UPF_DTYPE_BF16, 2, s8x6);
-    expect_status(ctx, name, "a f32, b bf16", be->gemm(&a, &b, &c), UPF_ERR_DTYPE);
+    upf_verify_expect_status(ctx, name, "a f32, b bf16", be->gemm(&a, &b, &c), UPF_ERR_DTYPE);
     upf_tensor_init(&b, buf, UPF_DTYPE_F32, 2, s8x6), upf_tensor_init(&c, buf, UPF_DTYPE_BF16, 2, s4x6);
-    expect_status(ctx, name, "f32 inputs, bf16 output", be->gemm(&a, &b, &c), UPF_ERR_DTYPE);
+    upf_verify_expect_status(ctx, name, "f32 inputs, bf16 output", be->gemm(&a, &b, &c), UPF_ERR_DTYPE);
     upf_tensor_init(&c, buf, UPF_DTYPE_F32, 2, s4x6), a.stride[1] = 2;
-    expect_status(ctx, name, "a last dim strided", be->gemm(&a, &b, &c), UPF_ERR_SHAPE);
+    upf_verify_expect_status(ctx, name, "a last dim strided", be->gemm(&a, &b, &c), UPF_ERR_SHAPE);
     break;
   case UPF_OP_FFN_ACT_MUL:
     upf_tensor_init(&a, buf, UPF_DTYPE_F32, 2, s4x8), upf_tensor_init(&b, buf, UPF_DTYPE_F32, 2, s4x6);
-    expect_status(ctx, name, "h not (T, I)", be->ffn_act_mul(&a, UPF_ACT_SILU, &b), UPF_ERR_SHAPE);
-    expect_status(ctx, name, "unknown activation", be->ffn_act_mul(&a, UPF_ACT_COUNT, &b), UPF_ERR_INVALID_ARG);
+    upf_verify_expect_status(ctx, name, "h not (T, I)", be->ffn_act_mul(&a, UPF_ACT_SILU, &b), UPF_ERR_SHAPE);
+    upf_verify_expect_status(ctx, name, "unknown activation", be->ffn_act_mul(&a, UPF_ACT_COUNT, &b), UPF_ERR_INVALID_ARG);
     break;
   case UPF_OP_FFN_GATED:
     upf_tensor_init(&a, buf, UPF_DTYPE_F32, 2, s4x8), upf_tensor_init(&b, buf, UPF_DTYPE_F32, 2, s8x12);
     upf_tensor_init(&c, buf, UPF_DTYPE_F32, 2, s12x8), upf_tensor_init(&d, buf, UPF_DTYPE_F32, 2, s4x8);
-    expect_status(ctx, name, "w_down (2I, H) instead of (I, H)", be->ffn_gated(&a, &b, &c, UPF_ACT_SILU, &d),
+    upf_verify_expect_status(ctx, name, "w_down (2I, H) instead of (I, H)", be->ffn_gated(&a, &b, &c, UPF_ACT_SILU, &d),
                   UPF_ERR_SHAPE);
     upf_tensor_init(&c, buf, UPF_DTYPE_BF16, 2, (const int64_t[2]){6, 8});
-    expect_status(ctx, name, "w_down bf16, x f32", be->ffn_gated(&a, &b, &c, UPF_ACT_SILU, &d), UPF_ERR_DTYPE);
+    upf_verify_expect_status(ctx, name, "w_down bf16, x f32", be->ffn_gated(&a, &b, &c, UPF_ACT_SILU, &d), UPF_ERR_DTYPE);
     break;
   case UPF_OP_RMSNORM:
     upf_tensor_init(&a, buf, UPF_DTYPE_F32, 2, s4x8), upf_tensor_init(&b, buf, UPF_DTYPE_F32, 1, s8);
     upf_tensor_init(&c, buf, UPF_DTYPE_F32, 2, s4x6);
-    expect_status(ctx, name, "y shape differs from x", be->rmsnorm(&a, &b, &np, &c), UPF_ERR_SHAPE);
+    upf_verify_expect_status(ctx, name, "y shape differs from x", be->rmsnorm(&a, &b, &np, &c), UPF_ERR_SHAPE);
     np.eps = 0.0f;
-    expect_status(ctx, name, "eps = 0", be->rmsnorm(&a, &b, &np, &a), UPF_ERR_INVALID_ARG);
+    upf_verify_expect_status(ctx, name, "eps = 0", be->rmsnorm(&a, &b, &np, &a), UPF_ERR_INVALID_ARG);
     break;
   case UPF_OP_RMSNORM_ADD:
     upf_tensor_init(&a, buf, UPF_DTYPE_F32, 2, s4x8), upf_tensor_init(&b, buf, UPF_DTYPE_F32, 1, s8);
     upf_tensor_init(&c, buf, UPF_DTYPE_BF16, 2, s4x8);
-    expect_status(ctx, name, "residual bf16, x f32", be->rmsnorm_add(&a, &c, &b, &np, &a), UPF_ERR_DTYPE);
+    upf_verify_expect_status(ctx, name, "residual bf16, x f32", be->rmsnorm_add(&a, &c, &b, &np, &a), UPF_ERR_DTYPE);
     upf_tensor_init(&c, buf, UPF_DTYPE_F32, 2, s4x12);
-    expect_status(ctx, name, "residual (T, N') N' != N", be->rmsnorm_add(&a, &c, &b, &np, &a), UPF_ERR_SHAPE);
+    upf_verify_expect_status(ctx, name, "residual (T, N') N' != N", be->rmsnorm_add(&a, &c, &b, &np, &a), UPF_ERR_SHAPE);
     break;
   case UPF_OP_QK_NORM:
     upf_tensor_init(&a, buf, UPF_DTYPE_F32, 3, s3), upf_tensor_init(&b, buf, UPF_DTYPE_F32, 1, (const int64_t[1]){6});
-    expect_status(ctx, name, "w (D') D' != D", be->qk_norm(&a, &b, &np, &a), UPF_ERR_SHAPE);
+    upf_verify_expect_status(ctx, name, "w (D') D' != D", be->qk_norm(&a, &b, &np, &a), UPF_ERR_SHAPE);
     break;
   case UPF_OP_ROPE:
     upf_tensor_init(&a, buf, UPF_DTYPE_F32, 3, s3);
     upf_tensor_init(&b, buf, UPF_DTYPE_F32, 3, (const int64_t[3]){4, 1, 6});
-    expect_status(ctx, name, "k head dim != q head dim", be->rope(&a, &b, (const int32_t *)buf, &rp), UPF_ERR_SHAPE);
+    upf_verify_expect_status(ctx, name, "k head dim != q head dim", be->rope(&a, &b, (const int32_t *)buf, &rp), UPF_ERR_SHAPE);
     rp.rotary_dim = 7;
-    expect_status(ctx, name, "rotary_dim odd", be->rope(&a, NULL, (const int32_t *)buf, &rp), UPF_ERR_INVALID_ARG);
+    upf_verify_expect_status(ctx, name, "rotary_dim odd", be->rope(&a, NULL, (const int32_t *)buf, &rp), UPF_ERR_INVALID_ARG);
     rp.rotary_dim = 0, rp.low_freq_factor = 5.0;
-    expect_status(ctx, name, "llama3 low >= high freq factor", be->rope(&a, NULL, (const int32_t *)buf, &rp),
+    upf_verify_expect_status(ctx, name, "llama3 low >= high freq factor", be->rope(&a, NULL, (const int32_t *)buf, &rp),
                   UPF_ERR_INVALID_ARG);
     break;
   case UPF_OP_GATED_OUTPUT:
     upf_tensor_init(&a, buf, UPF_DTYPE_F32, 3, s3), upf_tensor_init(&b, buf, UPF_DTYPE_BF16, 3, s3);
-    expect_status(ctx, name, "gate bf16, o f32", be->gated_output(&a, &b, &a), UPF_ERR_DTYPE);
+    upf_verify_expect_status(ctx, name, "gate bf16, o f32", be->gated_output(&a, &b, &a), UPF_ERR_DTYPE);
     break;
   case UPF_OP_EMBED: {
     int32_t ids[3] = {0, 5, 1}, *dids = (int32_t *)((float *)buf + 2048);
     be->upload(dids, ids, sizeof ids);
     upf_tensor_init(&a, buf, UPF_DTYPE_F32, 2, (const int64_t[2]){5, 8});
     upf_tensor_init(&b, (float *)buf + 64, UPF_DTYPE_F32, 2, (const int64_t[2]){3, 8});
-    expect_status(ctx, name, "id 5 outside [0, 5)", be->embed(dids, 3, &a, 1.0f, &b), UPF_ERR_INVALID_ARG);
+    upf_verify_expect_status(ctx, name, "id 5 outside [0, 5)", be->embed(dids, 3, &a, 1.0f, &b), UPF_ERR_INVALID_ARG);
     if (strstr(upf_last_error(), "ids[1]=5") == NULL)
-      expect_status(ctx, name, "message names ids[1]=5", UPF_ERR_INVALID_ARG, UPF_OK);
+      upf_verify_expect_status(ctx, name, "message names ids[1]=5", UPF_ERR_INVALID_ARG, UPF_OK);
     break;
   }
   case UPF_OP_LOGITS_LAST: {
@@ -466,9 +455,9 @@ static void errors_for(upf_verify_ctx *ctx, upf_op op) {
     upf_tensor_init(&a, buf, UPF_DTYPE_F32, 2, s4x8), upf_tensor_init(&b, buf, UPF_DTYPE_F32, 1, s8);
     upf_tensor_init(&c, buf, UPF_DTYPE_F32, 2, s8x6);
     upf_tensor_init(&d, buf, UPF_DTYPE_F32, 2, (const int64_t[2]){2, 6});
-    expect_status(ctx, name, "request with no tokens", be->logits_last(&a, cu_empty, 2, &b, &np, &c, &d),
+    upf_verify_expect_status(ctx, name, "request with no tokens", be->logits_last(&a, cu_empty, 2, &b, &np, &c, &d),
                   UPF_ERR_CU_SEQLENS);
-    expect_status(ctx, name, "cu_seqlens not monotone", be->logits_last(&a, cu_bad, 2, &b, &np, &c, &d),
+    upf_verify_expect_status(ctx, name, "cu_seqlens not monotone", be->logits_last(&a, cu_bad, 2, &b, &np, &c, &d),
                   UPF_ERR_CU_SEQLENS);
     break;
   }

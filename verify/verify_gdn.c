@@ -232,17 +232,6 @@ static void golden_gated_norm(upf_verify_ctx *ctx) {
 /* ================================================================================================ */
 /* Bad inputs.                                                                                      */
 
-static void expect_status(upf_verify_ctx *ctx, const char *op, const char *what, upf_status got, upf_status want) {
-  upf_check check;
-  char variant[64];
-  snprintf(variant, sizeof variant, "error: %s", what);
-  upf_dense_check_init(&check, op, variant, UPF_DTYPE_F32, "-");
-  check.passed = got == want;
-  snprintf(check.detail, sizeof check.detail, "%s (want %s): %.160s", upf_status_name(got), upf_status_name(want),
-           got == UPF_OK ? "" : upf_last_error());
-  upf_verify_record(ctx, &check);
-}
-
 static void errors_for(upf_verify_ctx *ctx, upf_op op) {
   const upf_backend *be = ctx->backend;
   void *buf = NULL;
@@ -261,21 +250,21 @@ static void errors_for(upf_verify_ctx *ctx, upf_op op) {
     upf_tensor_init(&x, buf, UPF_DTYPE_F32, 2, sx), upf_tensor_init(&w, buf, UPF_DTYPE_F32, 2, sw);
     upf_tensor_init(&s, buf, UPF_DTYPE_F32, 3, ss), upf_tensor_init(&y, (float *)buf + 64, UPF_DTYPE_F32, 2, sx);
     upf_tensor_init(&s2, (float *)buf + 128, UPF_DTYPE_F32, 3, ss);
-    expect_status(ctx, name, "cu_seqlens not monotone", be->gdn_conv(&bad_batch, &x, &w, &s, &s2, &y),
+    upf_verify_expect_status(ctx, name, "cu_seqlens not monotone", be->gdn_conv(&bad_batch, &x, &w, &s, &s2, &y),
                   UPF_ERR_CU_SEQLENS);
-    expect_status(ctx, name, "state_out is state_in", be->gdn_conv(&batch, &x, &w, &s, &s, &y), UPF_ERR_INVALID_ARG);
-    expect_status(ctx, name, "y is x", be->gdn_conv(&batch, &x, &w, NULL, NULL, &x), UPF_ERR_INVALID_ARG);
+    upf_verify_expect_status(ctx, name, "state_out is state_in", be->gdn_conv(&batch, &x, &w, &s, &s, &y), UPF_ERR_INVALID_ARG);
+    upf_verify_expect_status(ctx, name, "y is x", be->gdn_conv(&batch, &x, &w, NULL, NULL, &x), UPF_ERR_INVALID_ARG);
     upf_tensor_init(&s2, buf, UPF_DTYPE_BF16, 3, ss);
-    expect_status(ctx, name, "bf16 state", be->gdn_conv(&batch, &x, &w, &s2, NULL, &y), UPF_ERR_DTYPE);
+    upf_verify_expect_status(ctx, name, "bf16 state", be->gdn_conv(&batch, &x, &w, &s2, NULL, &y), UPF_ERR_DTYPE);
     upf_tensor_init(&w, buf, UPF_DTYPE_F32, 2, sw1);
-    expect_status(ctx, name, "K=1", be->gdn_conv(&batch, &x, &w, NULL, NULL, &y), UPF_ERR_SHAPE);
+    upf_verify_expect_status(ctx, name, "K=1", be->gdn_conv(&batch, &x, &w, NULL, NULL, &y), UPF_ERR_SHAPE);
     break;
   case UPF_OP_GDN_CONV_STEP:
     upf_tensor_init(&x, buf, UPF_DTYPE_F32, 2, sxb), upf_tensor_init(&w, buf, UPF_DTYPE_F32, 2, sw);
     upf_tensor_init(&y, (float *)buf + 64, UPF_DTYPE_F32, 2, sxb);
-    expect_status(ctx, name, "no state", be->gdn_conv_step(&x, &w, NULL, &y), UPF_ERR_INVALID_ARG);
+    upf_verify_expect_status(ctx, name, "no state", be->gdn_conv_step(&x, &w, NULL, &y), UPF_ERR_INVALID_ARG);
     upf_tensor_init(&s, buf, UPF_DTYPE_F32, 3, (const int64_t[3]){2, 2, 8});
-    expect_status(ctx, name, "state (B, K-2, C)", be->gdn_conv_step(&x, &w, &s, &y), UPF_ERR_SHAPE);
+    upf_verify_expect_status(ctx, name, "state (B, K-2, C)", be->gdn_conv_step(&x, &w, &s, &y), UPF_ERR_SHAPE);
     break;
   case UPF_OP_GDN_SCAN: {
     upf_tensor q, k, v, a, b, al, dt, o;
@@ -285,24 +274,24 @@ static void errors_for(upf_verify_ctx *ctx, upf_op op) {
     upf_tensor_init(&b, buf, UPF_DTYPE_F32, 2, sab), upf_tensor_init(&al, buf, UPF_DTYPE_F32, 1, sh);
     upf_tensor_init(&dt, buf, UPF_DTYPE_F32, 1, sh), upf_tensor_init(&o, buf, UPF_DTYPE_F32, 3, sv);
     upf_gdn_scan_inputs in = {&q, &k, &v, &a, &b, &al, &dt, NULL, 0.25f};
-    expect_status(ctx, name, "Hv=3 not a multiple of Hk=2", be->gdn_scan(&batch, &in, &o, NULL), UPF_ERR_SHAPE);
+    upf_verify_expect_status(ctx, name, "Hv=3 not a multiple of Hk=2", be->gdn_scan(&batch, &in, &o, NULL), UPF_ERR_SHAPE);
     const int64_t sv4[3] = {4, 4, 8}, sab4[2] = {4, 4}, sh4[1] = {4};
     upf_tensor_init(&v, buf, UPF_DTYPE_F32, 3, sv4), upf_tensor_init(&a, buf, UPF_DTYPE_F32, 2, sab4);
     upf_tensor_init(&b, buf, UPF_DTYPE_F32, 2, sab4), upf_tensor_init(&al, buf, UPF_DTYPE_F32, 1, sh4);
     upf_tensor_init(&dt, buf, UPF_DTYPE_F32, 1, sh4), upf_tensor_init(&o, buf, UPF_DTYPE_F32, 3, sv4);
-    expect_status(ctx, name, "valid shapes but cu_seqlens ends at 2, T=4", be->gdn_scan(&bad_batch, &in, &o, NULL),
+    upf_verify_expect_status(ctx, name, "valid shapes but cu_seqlens ends at 2, T=4", be->gdn_scan(&bad_batch, &in, &o, NULL),
                   UPF_ERR_CU_SEQLENS);
     in.scale = 0.0f;
-    expect_status(ctx, name, "scale 0", be->gdn_scan(&batch, &in, &o, NULL), UPF_ERR_INVALID_ARG);
+    upf_verify_expect_status(ctx, name, "scale 0", be->gdn_scan(&batch, &in, &o, NULL), UPF_ERR_INVALID_ARG);
     in.scale = 0.25f;
     upf_tensor_init(&s, buf, UPF_DTYPE_F32, 4, (const int64_t[4]){2, 4, 8, 4});
     in.state_in = &s;
-    expect_status(ctx, name, "state (B, Hv, Dk, Dk/2)", be->gdn_scan(&batch, &in, &o, NULL), UPF_ERR_SHAPE);
+    upf_verify_expect_status(ctx, name, "state (B, Hv, Dk, Dk/2)", be->gdn_scan(&batch, &in, &o, NULL), UPF_ERR_SHAPE);
     in.state_in = NULL;
     upf_tensor_init(&al, buf, UPF_DTYPE_BF16, 1, sh4);
-    expect_status(ctx, name, "a_log bf16", be->gdn_scan(&batch, &in, &o, NULL), UPF_ERR_DTYPE);
+    upf_verify_expect_status(ctx, name, "a_log bf16", be->gdn_scan(&batch, &in, &o, NULL), UPF_ERR_DTYPE);
     upf_tensor_init(&al, buf, UPF_DTYPE_F32, 1, sh4), upf_tensor_init(&k, buf, UPF_DTYPE_BF16, 3, sq);
-    expect_status(ctx, name, "k bf16, q f32", be->gdn_scan(&batch, &in, &o, NULL), UPF_ERR_DTYPE);
+    upf_verify_expect_status(ctx, name, "k bf16, q f32", be->gdn_scan(&batch, &in, &o, NULL), UPF_ERR_DTYPE);
     break;
   }
   case UPF_OP_GDN_GATED_NORM: {
@@ -310,10 +299,10 @@ static void errors_for(upf_verify_ctx *ctx, upf_op op) {
     const int64_t s3[3] = {4, 2, 8}, s1[1] = {4};
     upf_tensor_init(&x, buf, UPF_DTYPE_F32, 3, s3), upf_tensor_init(&y, buf, UPF_DTYPE_F32, 3, s3);
     upf_tensor_init(&w, buf, UPF_DTYPE_F32, 1, s1);
-    expect_status(ctx, name, "w (D/2)", be->gdn_gated_norm(&x, &y, &w, &p, &y), UPF_ERR_SHAPE);
+    upf_verify_expect_status(ctx, name, "w (D/2)", be->gdn_gated_norm(&x, &y, &w, &p, &y), UPF_ERR_SHAPE);
     upf_tensor_init(&w, buf, UPF_DTYPE_F32, 1, (const int64_t[1]){8});
     p.eps = 0.0f;
-    expect_status(ctx, name, "eps 0", be->gdn_gated_norm(&x, &y, &w, &p, &y), UPF_ERR_INVALID_ARG);
+    upf_verify_expect_status(ctx, name, "eps 0", be->gdn_gated_norm(&x, &y, &w, &p, &y), UPF_ERR_INVALID_ARG);
     break;
   }
   default:
