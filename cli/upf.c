@@ -23,7 +23,7 @@ static void usage(FILE *out) {
           "           [--topk K] [--backend cpu|cuda]\n"
           "           Q (T, Hq, D) and K (T, Hkv, D) as <f4 (fp32) or <u2 (bf16 bits); CU <i4 (B+1).\n"
           "           MASK is |u1 (T,); B is <f4 block scores; KEPT is <i4 kept token indices.\n"
-          "  verify   [select|all|<op name>] [--backend cpu|cuda] [--quick] [--log FILE]\n"
+          "  verify   [all|<op or op-name prefix>] [--backend cpu|cuda] [--quick] [--log FILE]\n"
           "           Checks every op of the backend (default: cuda if usable, else cpu) against the\n"
           "           CPU reference; on the cpu, the reference against golden cases and invariants.\n"
           "  report   [--out DIR] [--quick] [--no-bench]\n"
