@@ -88,6 +88,27 @@ typedef enum {
 void upf_bench_set_counter(upf_bench_state *st, const char *name, double value, upf_bench_counter_kind kind);
 void upf_bench_set_label(upf_bench_state *st, const char *label);
 
+/* ---- Shared timing of the benchmark families ---- */
+
+/* Fills the timing fields of a spec. Device-timed (on_cuda): manual time in us, min_time_s per run,
+ * cuda_repetitions runs where a CUDA device is usable and one elsewhere (so the skip prints once).
+ * CPU: wall clock in ms, exactly cpu_iterations iterations, 3 runs. */
+void upf_bench_spec_timing(upf_bench_spec *spec, int on_cuda, double min_time_s, int cuda_repetitions,
+                           int64_t cpu_iterations);
+
+typedef struct {
+  double total_s;     /* device time of the timed iterations */
+  int64_t iterations; /* timed iterations */
+} upf_bench_timing;
+
+/* Times call(arg) once per benchmark iteration on the CUDA backend's stream: `warmup` untimed calls,
+ * then each call between two device events. When working_bytes is under three L2 sizes, an untimed
+ * L2 flush is enqueued before each start event, so memory-bound cases read from HBM. Returns the
+ * first failing status (the caller skips the benchmark with its message); UPF_ERR_UNSUPPORTED in a
+ * CUDA=0 build. */
+upf_status upf_bench_time_cuda(upf_bench_state *st, upf_status (*call)(void *arg), void *arg, int warmup,
+                               double working_bytes, upf_bench_timing *timing);
+
 /* ---- Running ---- */
 
 typedef struct {

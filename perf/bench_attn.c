@@ -265,6 +265,10 @@ static upf_status copy_ceiling(double *bytes_per_second) {
 }
 #endif
 
+#ifdef UPF_HAVE_CUDA
+static upf_status call_cuda(void *arg) { return case_call(arg, upf_backend_cuda()); }
+#endif
+
 static void bench_cuda(upf_bench_state *st, void *ctx) {
 #ifndef UPF_HAVE_CUDA
   upf_bench_skip_no_device(st, "cuda backend unavailable (built with CUDA=0)");
@@ -291,49 +295,20 @@ static void bench_cuda(upf_bench_state *st, void *ctx) {
     case_release(c);
     return;
   }
-  upf_cuda_l2_flush *flush = NULL;
-  upf_cuda_timer *timer = NULL;
-  int64_t l2 = 0;
-  upf_status s = upf_cuda_timer_create(&timer);
-  if (s == UPF_OK)
-    s = upf_cuda_l2_bytes(&l2);
-  if (s == UPF_OK && case_bytes(c) < 3.0 * (double)l2) /* cold L2 for the memory-bound cases */
-    s = upf_cuda_l2_flush_create(&flush);
-  for (int i = 0; s == UPF_OK && i < ATTN_WARMUP; i++)
-    s = case_call(c, be);
-  double total_s = 0.0;
-  int64_t iters = 0;
-  while (s == UPF_OK && upf_bench_keep_running(st)) {
-    double seconds = 0.0;
-    if (flush)
-      s = upf_cuda_l2_flush_run(flush);
-    if (s == UPF_OK)
-      s = upf_cuda_timer_start(timer);
-    if (s == UPF_OK)
-      s = case_call(c, be);
-    if (s == UPF_OK)
-      s = upf_cuda_timer_stop(timer, &seconds);
-    if (s != UPF_OK)
-      break;
-    upf_bench_set_iteration_time(st, seconds);
-    total_s += seconds;
-    iters++;
-  }
-  upf_cuda_timer_destroy(timer);
-  upf_cuda_l2_flush_destroy(flush);
+  upf_bench_timing t;
+  upf_status s = upf_bench_time_cuda(st, call_cuda, c, ATTN_WARMUP, case_bytes(c), &t);
   if (s != UPF_OK) {
     upf_bench_skip_with_error(st, "%s: %s", upf_op_name(op), upf_last_error());
     return;
   }
   set_work_counters(st, c);
-  if (total_s > 0.0)
-    upf_bench_set_counter(st, UPF_BENCH_COPY_SHARE, case_bytes(c) * (double)iters / total_s / copy_bw,
+  if (t.total_s > 0.0)
+    upf_bench_set_counter(st, UPF_BENCH_COPY_SHARE, case_bytes(c) * (double)t.iterations / t.total_s / copy_bw,
                           UPF_BENCH_COUNTER_VALUE);
 #endif
 }
 
 void upf_register_attn_benchmarks(void) {
-  int cuda_ok = upf_backend_cuda()->probe() == UPF_OK;
   for (int i = 0; i < NUM_CASES; i++) {
     attn_bench_case *c = &cases[i];
     upf_bench_spec spec = {.name = c->name, .ctx = c, .teardown = case_release, .num_args = 2};
@@ -341,19 +316,8 @@ void upf_register_attn_benchmarks(void) {
     spec.arg_names[0] = c->kind == A_WRITE ? "T" : "B";
     spec.args[1] = c->kind == A_WRITE ? c->hkv * c->d : c->kv_len;
     spec.arg_names[1] = c->kind == A_WRITE ? "row" : "kv";
-    if (c->on_cuda) {
-      spec.fn = bench_cuda;
-      spec.flags = UPF_BENCH_MANUAL_TIME;
-      spec.unit = UPF_BENCH_US;
-      spec.min_time_s = ATTN_CUDA_MIN_TIME_S;
-      spec.repetitions = cuda_ok ? ATTN_CUDA_REPETITIONS : 1;
-    } else {
-      spec.fn = bench_cpu;
-      spec.flags = UPF_BENCH_REAL_TIME;
-      spec.unit = UPF_BENCH_MS;
-      spec.iterations = c->iterations;
-      spec.repetitions = 3;
-    }
+    spec.fn = c->on_cuda ? bench_cuda : bench_cpu;
+    upf_bench_spec_timing(&spec, c->on_cuda, ATTN_CUDA_MIN_TIME_S, ATTN_CUDA_REPETITIONS, c->iterations);
     if (upf_bench_register(&spec) != UPF_OK)
       fprintf(stderr, "bench attn: %s\n", upf_last_error());
   }

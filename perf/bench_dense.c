@@ -559,6 +559,10 @@ static int verify_cached(upf_op op, char *why, size_t cap) {
 }
 #endif
 
+#ifdef UPF_HAVE_CUDA
+static upf_status call_cuda(void *arg) { return case_call(arg, upf_backend_cuda()); }
+#endif
+
 static void bench_cuda(upf_bench_state *st, void *ctx) {
 #ifndef UPF_HAVE_CUDA
   upf_bench_skip_no_device(st, "cuda backend unavailable (built with CUDA=0)");
@@ -589,54 +593,18 @@ static void bench_cuda(upf_bench_state *st, void *ctx) {
     upf_bench_skip_with_error(st, "preparing inputs: %s", upf_last_error());
     return;
   }
-  upf_cuda_l2_flush *flush = NULL;
-  upf_cuda_timer *timer = NULL;
-  int64_t l2 = 0;
-  upf_status s = upf_cuda_timer_create(&timer);
-  if (s == UPF_OK)
-    s = upf_cuda_l2_bytes(&l2);
-  if (s == UPF_OK && !compute_bound && case_work(c).bytes < 3.0 * (double)l2)
-    s = upf_cuda_l2_flush_create(&flush);
-  for (int i = 0; s == UPF_OK && i < DENSE_WARMUP; i++)
-    s = case_call(c, be);
-  if (s != UPF_OK) {
-    upf_bench_skip_with_error(st, "warm-up: %s", upf_last_error());
-    upf_cuda_timer_destroy(timer);
-    upf_cuda_l2_flush_destroy(flush);
-    return;
-  }
-  double total_s = 0.0;
-  int64_t iters = 0;
-  while (upf_bench_keep_running(st)) {
-    double seconds = 0.0;
-    if (flush)
-      s = upf_cuda_l2_flush_run(flush); /* enqueued before the start event: not timed */
-    if (s == UPF_OK)
-      s = upf_cuda_timer_start(timer);
-    if (s == UPF_OK)
-      s = case_call(c, be);
-    if (s == UPF_OK)
-      s = upf_cuda_timer_stop(timer, &seconds);
-    if (s != UPF_OK) {
-      upf_bench_skip_with_error(st, "%s: %s", upf_op_name(op), upf_last_error());
-      break;
-    }
-    upf_bench_set_iteration_time(st, seconds);
-    total_s += seconds;
-    iters++;
-  }
-  upf_cuda_timer_destroy(timer);
-  upf_cuda_l2_flush_destroy(flush);
-  if (s != UPF_OK)
-    return;
-  set_work_counters(st, c);
   dense_work w = case_work(c);
-  if (total_s > 0.0 && compute_bound && c->kind != K_CEILING)
-    upf_bench_set_counter(st, UPF_BENCH_CUBLAS_SHARE, w.flops * (double)iters / total_s / gemm_peak,
-                          UPF_BENCH_COUNTER_VALUE);
-  if (total_s > 0.0 && !compute_bound)
-    upf_bench_set_counter(st, UPF_BENCH_COPY_SHARE, w.bytes * (double)iters / total_s / copy_bw,
-                          UPF_BENCH_COUNTER_VALUE);
+  upf_bench_timing t;
+  if (upf_bench_time_cuda(st, call_cuda, c, DENSE_WARMUP, compute_bound ? 0.0 : w.bytes, &t) != UPF_OK) {
+    upf_bench_skip_with_error(st, "%s: %s", upf_op_name(op), upf_last_error());
+    return;
+  }
+  set_work_counters(st, c);
+  double per_second = t.total_s > 0.0 ? (double)t.iterations / t.total_s : 0.0;
+  if (per_second > 0.0 && compute_bound && c->kind != K_CEILING)
+    upf_bench_set_counter(st, UPF_BENCH_CUBLAS_SHARE, w.flops * per_second / gemm_peak, UPF_BENCH_COUNTER_VALUE);
+  if (per_second > 0.0 && !compute_bound)
+    upf_bench_set_counter(st, UPF_BENCH_COPY_SHARE, w.bytes * per_second / copy_bw, UPF_BENCH_COUNTER_VALUE);
 #endif
 }
 
@@ -646,25 +614,13 @@ static void register_or_report(const upf_bench_spec *spec) {
 }
 
 void upf_register_dense_benchmarks(void) {
-  int cuda_ok = upf_backend_cuda()->probe() == UPF_OK;
   for (int i = 0; i < NUM_CASES; i++) {
     dense_case *c = &cases[i];
     upf_bench_spec spec = {.name = c->name, .ctx = c, .teardown = case_release, .num_args = 1};
     spec.args[0] = c->T;
     spec.arg_names[0] = c->kind == K_LOGITS ? "B" : c->kind == K_CEILING ? "n" : "T";
-    if (c->on_cuda) {
-      spec.fn = bench_cuda;
-      spec.flags = UPF_BENCH_MANUAL_TIME;
-      spec.unit = UPF_BENCH_US;
-      spec.min_time_s = DENSE_CUDA_MIN_TIME_S;
-      spec.repetitions = cuda_ok ? DENSE_CUDA_REPETITIONS : 1;
-    } else {
-      spec.fn = bench_cpu;
-      spec.flags = UPF_BENCH_REAL_TIME;
-      spec.unit = UPF_BENCH_MS;
-      spec.iterations = c->iterations;
-      spec.repetitions = 3;
-    }
+    spec.fn = c->on_cuda ? bench_cuda : bench_cpu;
+    upf_bench_spec_timing(&spec, c->on_cuda, DENSE_CUDA_MIN_TIME_S, DENSE_CUDA_REPETITIONS, c->iterations);
     register_or_report(&spec);
   }
 }

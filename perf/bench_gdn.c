@@ -168,6 +168,10 @@ static void bench_cpu(upf_bench_state *st, void *ctx) {
   set_work_counters(st, c);
 }
 
+#ifdef UPF_HAVE_CUDA
+static upf_status call_cuda(void *arg) { return case_call(arg); }
+#endif
+
 static void bench_cuda(upf_bench_state *st, void *ctx) {
 #ifndef UPF_HAVE_CUDA
   (void)ctx;
@@ -196,32 +200,8 @@ static void bench_cuda(upf_bench_state *st, void *ctx) {
     upf_bench_skip_with_error(st, "preparing inputs: %s", upf_last_error());
     return;
   }
-  upf_cuda_timer *timer = NULL;
-  upf_cuda_l2_flush *flush = NULL;
-  int64_t l2 = 0;
-  upf_status s = upf_cuda_timer_create(&timer);
-  if (s == UPF_OK)
-    s = upf_cuda_l2_bytes(&l2);
-  if (s == UPF_OK && case_bytes(c) < 3.0 * (double)l2)
-    s = upf_cuda_l2_flush_create(&flush);
-  for (int i = 0; s == UPF_OK && i < GDN_WARMUP; i++)
-    s = case_call(c);
-  while (s == UPF_OK && upf_bench_keep_running(st)) {
-    double seconds = 0.0;
-    if (flush)
-      s = upf_cuda_l2_flush_run(flush); /* enqueued before the start event: not timed */
-    if (s == UPF_OK)
-      s = upf_cuda_timer_start(timer);
-    if (s == UPF_OK)
-      s = case_call(c);
-    if (s == UPF_OK)
-      s = upf_cuda_timer_stop(timer, &seconds);
-    if (s == UPF_OK)
-      upf_bench_set_iteration_time(st, seconds);
-  }
-  upf_cuda_timer_destroy(timer);
-  upf_cuda_l2_flush_destroy(flush);
-  if (s != UPF_OK) {
+  upf_bench_timing t;
+  if (upf_bench_time_cuda(st, call_cuda, c, GDN_WARMUP, case_bytes(c), &t) != UPF_OK) {
     upf_bench_skip_with_error(st, "gdn.scan: %s", upf_last_error());
     return;
   }
@@ -230,25 +210,13 @@ static void bench_cuda(upf_bench_state *st, void *ctx) {
 }
 
 void upf_register_gdn_benchmarks(void) {
-  int cuda_ok = upf_backend_cuda()->probe() == UPF_OK;
   for (int i = 0; i < NUM_CASES; i++) {
     gdn_bench_case *c = &cases[i];
     upf_bench_spec spec = {.name = c->name, .ctx = c, .teardown = case_release, .num_args = 1};
     spec.args[0] = c->T;
     spec.arg_names[0] = "T";
-    if (c->on_cuda) {
-      spec.fn = bench_cuda;
-      spec.flags = UPF_BENCH_MANUAL_TIME;
-      spec.unit = UPF_BENCH_US;
-      spec.min_time_s = GDN_CUDA_MIN_TIME_S;
-      spec.repetitions = cuda_ok ? GDN_CUDA_REPETITIONS : 1;
-    } else {
-      spec.fn = bench_cpu;
-      spec.flags = UPF_BENCH_REAL_TIME;
-      spec.unit = UPF_BENCH_MS;
-      spec.iterations = c->iterations;
-      spec.repetitions = 3;
-    }
+    spec.fn = c->on_cuda ? bench_cuda : bench_cpu;
+    upf_bench_spec_timing(&spec, c->on_cuda, GDN_CUDA_MIN_TIME_S, GDN_CUDA_REPETITIONS, c->iterations);
     if (upf_bench_register(&spec) != UPF_OK)
       fprintf(stderr, "bench gdn: %s\n", upf_last_error());
   }

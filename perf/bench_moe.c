@@ -395,26 +395,15 @@ static void moe_teardown(void *ctx) {
 }
 
 void upf_register_moe_benchmarks(void) {
-  int cuda_ok = upf_backend_cuda()->probe() == UPF_OK;
   for (int i = 0; i < NUM_CASES; i++) {
     moe_bench_case *c = &cases[i];
     upf_bench_spec spec = {.name = c->name, .ctx = c, .num_args = 1};
     spec.args[0] = c->T, spec.arg_names[0] = "T";
-    if (c->on_cuda) {
-      spec.fn = bench_moe_cuda_entry;
-      spec.flags = UPF_BENCH_MANUAL_TIME;
-      spec.unit = UPF_BENCH_US;
-      spec.min_time_s = MOE_CUDA_MIN_TIME_S;
-      spec.repetitions = cuda_ok ? MOE_CUDA_REPETITIONS : 1;
-      /* The shared Qwen3-Next data goes after the last CUDA case. */
-      spec.teardown = i == NUM_CASES - 2 ? moe_teardown : NULL;
-    } else {
-      spec.fn = bench_moe_cpu;
-      spec.flags = UPF_BENCH_REAL_TIME;
-      spec.unit = UPF_BENCH_MS;
-      spec.iterations = 2;
-      spec.repetitions = 3;
-    }
+    spec.fn = c->on_cuda ? bench_moe_cuda_entry : bench_moe_cpu;
+    upf_bench_spec_timing(&spec, c->on_cuda, MOE_CUDA_MIN_TIME_S, MOE_CUDA_REPETITIONS, 2);
+    /* The shared Qwen3-Next data goes after the last CUDA case. */
+    if (c->on_cuda && i == NUM_CASES - 2)
+      spec.teardown = moe_teardown;
     if (upf_bench_register(&spec) != UPF_OK)
       fprintf(stderr, "bench moe: %s\n", upf_last_error());
   }

@@ -1,0 +1,64 @@
+/* Timing shared by the benchmark families: the spec fields of a device-timed or CPU benchmark, and
+ * the event-timed loop with warm-up and optional L2 flush (one loop, so every family measures the
+ * same way). */
+#include "perf/bench.h"
+#include "uniprefill/backend.h"
+
+#ifdef UPF_HAVE_CUDA
+#include "cuda/perf_support.cuh"
+#endif
+
+void upf_bench_spec_timing(upf_bench_spec *spec, int on_cuda, double min_time_s, int cuda_repetitions,
+                           int64_t cpu_iterations) {
+  if (on_cuda) {
+    spec->flags = UPF_BENCH_MANUAL_TIME;
+    spec->unit = UPF_BENCH_US;
+    spec->min_time_s = min_time_s;
+    spec->repetitions = upf_backend_cuda()->probe() == UPF_OK ? cuda_repetitions : 1;
+  } else {
+    spec->flags = UPF_BENCH_REAL_TIME;
+    spec->unit = UPF_BENCH_MS;
+    spec->iterations = cpu_iterations;
+    spec->repetitions = 3;
+  }
+}
+
+upf_status upf_bench_time_cuda(upf_bench_state *st, upf_status (*call)(void *arg), void *arg, int warmup,
+                               double working_bytes, upf_bench_timing *timing) {
+  timing->total_s = 0.0;
+  timing->iterations = 0;
+#ifndef UPF_HAVE_CUDA
+  (void)st, (void)call, (void)arg, (void)warmup, (void)working_bytes;
+  return upf_fail(UPF_ERR_UNSUPPORTED, "cuda backend unavailable (built with CUDA=0)");
+#else
+  upf_cuda_l2_flush *flush = NULL;
+  upf_cuda_timer *timer = NULL;
+  int64_t l2 = 0;
+  upf_status s = upf_cuda_timer_create(&timer);
+  if (s == UPF_OK)
+    s = upf_cuda_l2_bytes(&l2);
+  if (s == UPF_OK && working_bytes > 0.0 && working_bytes < 3.0 * (double)l2)
+    s = upf_cuda_l2_flush_create(&flush);
+  for (int i = 0; s == UPF_OK && i < warmup; i++)
+    s = call(arg);
+  while (s == UPF_OK && upf_bench_keep_running(st)) {
+    double seconds = 0.0;
+    if (flush)
+      s = upf_cuda_l2_flush_run(flush); /* enqueued before the start event: not timed */
+    if (s == UPF_OK)
+      s = upf_cuda_timer_start(timer);
+    if (s == UPF_OK)
+      s = call(arg);
+    if (s == UPF_OK)
+      s = upf_cuda_timer_stop(timer, &seconds);
+    if (s != UPF_OK)
+      break;
+    upf_bench_set_iteration_time(st, seconds);
+    timing->total_s += seconds;
+    timing->iterations++;
+  }
+  upf_cuda_timer_destroy(timer);
+  upf_cuda_l2_flush_destroy(flush);
+  return s;
+#endif
+}
