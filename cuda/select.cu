@@ -2291,6 +2291,27 @@ extern "C" upf_status upf_cuda_select_run(const upf_select_inputs *in, const upf
   return UPF_OK;
 }
 
+/* Start of every stage-alone entry: the device, the layout checks and the host plan. */
+static upf_status stage_begin(const upf_select_inputs *in, const upf_select_params *params, sel_plan &p,
+                              cudaStream_t *stream) {
+  UPF_TRY(upf_cuda_init());
+  UPF_TRY(check_layout(in, params));
+  *stream = upf_cuda_stream();
+  plan_build(in, params, p);
+  return UPF_OK;
+}
+
+/* Takes the carved workspace (the carver's first take must be the plan blob, at offset 0) and
+ * uploads the plan into it. */
+static upf_status stage_workspace(const sel_plan &p, const ws_carver &wc, uint8_t **base, sel_dev_plan *dp) {
+  void *ws;
+  UPF_TRY(upf_cuda_workspace(wc.at, &ws));
+  *base = (uint8_t *)ws;
+  UPF_TRY(upload_plan(p, *base));
+  *dp = plan_device(p, *base);
+  return UPF_OK;
+}
+
 extern "C" upf_status upf_cuda_select_part_gemm(const upf_select_inputs *in, const upf_select_params *params,
                                                 float *scores) {
   UPF_TRY(upf_cuda_init());
@@ -2323,22 +2344,18 @@ extern "C" upf_status upf_cuda_select_part_gemm(const upf_select_inputs *in, con
 
 extern "C" upf_status upf_cuda_select_block_softmax(const upf_select_inputs *in, const upf_select_params *params,
                                                     const float *scores, float *token_mass) {
-  UPF_TRY(upf_cuda_init());
-  UPF_TRY(check_layout(in, params));
-  cudaStream_t stream = upf_cuda_stream();
   sel_plan p;
-  plan_build(in, params, p);
+  cudaStream_t stream;
+  UPF_TRY(stage_begin(in, params, p, &stream));
   if (p.T == 0)
     return UPF_OK;
   ws_carver wc;
-  size_t o_blob = wc.take(p.blob_bytes);
+  wc.take(p.blob_bytes);
   size_t o_m = wc.take(sizeof(float) * (size_t)p.S * (size_t)p.Rn);
   size_t o_l = wc.take(sizeof(float) * (size_t)p.S * (size_t)p.Rn);
-  void *ws;
-  UPF_TRY(upf_cuda_workspace(wc.at, &ws));
-  uint8_t *base = (uint8_t *)ws;
-  UPF_TRY(upload_plan(p, base + o_blob));
-  sel_dev_plan dp = plan_device(p, base + o_blob);
+  uint8_t *base;
+  sel_dev_plan dp;
+  UPF_TRY(stage_workspace(p, wc, &base, &dp));
   float *row_m = (float *)(base + o_m), *row_l = (float *)(base + o_l);
   int64_t rows = (int64_t)p.S * p.Rn;
   if (rows > 0) {
@@ -2356,17 +2373,16 @@ extern "C" upf_status upf_cuda_select_block_softmax(const upf_select_inputs *in,
 
 extern "C" upf_status upf_cuda_select_block_reduce(const upf_select_inputs *in, const upf_select_params *params,
                                                    const float *token_mass, float *block_score) {
-  UPF_TRY(upf_cuda_init());
-  UPF_TRY(check_layout(in, params));
-  cudaStream_t stream = upf_cuda_stream();
   sel_plan p;
-  plan_build(in, params, p);
+  cudaStream_t stream;
+  UPF_TRY(stage_begin(in, params, p, &stream));
   if (p.num_blocks == 0)
     return UPF_OK;
-  void *ws;
-  UPF_TRY(upf_cuda_workspace(p.blob_bytes, &ws));
-  UPF_TRY(upload_plan(p, (uint8_t *)ws));
-  sel_dev_plan dp = plan_device(p, (const uint8_t *)ws);
+  ws_carver wc;
+  wc.take(p.blob_bytes);
+  uint8_t *base;
+  sel_dev_plan dp;
+  UPF_TRY(stage_workspace(p, wc, &base, &dp));
   sel_block_reduce_kernel<<<grid_for(p.num_blocks, 256), 256, 0, stream>>>(dp, p.B, p.num_blocks, p.G, token_mass,
                                                                            block_score);
   UPF_CUDA_LAUNCH_TRY("sel_block_reduce_kernel");
@@ -2375,23 +2391,19 @@ extern "C" upf_status upf_cuda_select_block_reduce(const upf_select_inputs *in, 
 
 extern "C" upf_status upf_cuda_select_topp(const upf_select_inputs *in, const upf_select_params *params,
                                            const float *block_score, uint8_t *block_mask) {
-  UPF_TRY(upf_cuda_init());
-  UPF_TRY(check_layout(in, params));
-  cudaStream_t stream = upf_cuda_stream();
   sel_plan p;
-  plan_build(in, params, p);
+  cudaStream_t stream;
+  UPF_TRY(stage_begin(in, params, p, &stream));
   if (p.num_blocks == 0)
     return UPF_OK;
   ws_carver wc;
-  size_t o_blob = wc.take(p.blob_bytes);
+  wc.take(p.blob_bytes);
   size_t o_res = wc.take(sizeof(sel_result));
   size_t o_tp = wc.take(topp_ws_bytes(p));
-  void *ws;
-  UPF_TRY(upf_cuda_workspace(wc.at, &ws));
-  uint8_t *base = (uint8_t *)ws;
+  uint8_t *base;
+  sel_dev_plan dp;
+  UPF_TRY(stage_workspace(p, wc, &base, &dp));
   sel_result *d_res = (sel_result *)(base + o_res);
-  UPF_TRY(upload_plan(p, base + o_blob));
-  sel_dev_plan dp = plan_device(p, base + o_blob);
   UPF_CUDA_TRY(cudaMemsetAsync(d_res, 0xFF, sizeof(sel_result), stream));
   UPF_TRY(run_topp(p, dp, params, block_score, block_mask, &d_res->bad_score, base + o_tp, stream));
   sel_result res;
@@ -2403,21 +2415,17 @@ extern "C" upf_status upf_cuda_select_topp(const upf_select_inputs *in, const up
 
 extern "C" upf_status upf_cuda_select_expand(const upf_select_inputs *in, const upf_select_params *params,
                                              const uint8_t *block_mask, upf_select_outputs *out) {
-  UPF_TRY(upf_cuda_init());
-  UPF_TRY(check_layout(in, params));
-  cudaStream_t stream = upf_cuda_stream();
   sel_plan p;
-  plan_build(in, params, p);
+  cudaStream_t stream;
+  UPF_TRY(stage_begin(in, params, p, &stream));
   ws_carver wc;
-  size_t o_blob = wc.take(p.blob_bytes);
+  wc.take(p.blob_bytes);
   size_t o_res = wc.take(sizeof(sel_result));
   size_t o_ex = wc.take(expand_ws_bytes(p));
-  void *ws;
-  UPF_TRY(upf_cuda_workspace(wc.at, &ws));
-  uint8_t *base = (uint8_t *)ws;
+  uint8_t *base;
+  sel_dev_plan dp;
+  UPF_TRY(stage_workspace(p, wc, &base, &dp));
   sel_result *d_res = (sel_result *)(base + o_res);
-  UPF_TRY(upload_plan(p, base + o_blob));
-  sel_dev_plan dp = plan_device(p, base + o_blob);
   UPF_TRY(run_expand(in, p, dp, params, block_mask, out, base + o_ex, &d_res->kept_total, stream));
   sel_result res;
   UPF_TRY(upf_cuda_download_small(&res, d_res, sizeof res));
