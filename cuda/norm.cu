@@ -1,19 +1,23 @@
 /* CUDA RMSNorm family.
  *
- * One kernel, rms_rows_kernel<T, VEC, ADD, CACHE>: a group of TPR threads (a power of two, 1..1024,
- * the smallest covering the row's N/VEC vectors at two vectors a thread) owns one row; a CTA holds
- * 256/TPR rows (or one row of 512/1024 threads). Rows are (token, head) pairs with explicit
- * strides, so the same kernel serves (T, N) norms, (T, H, D) per-head norms inside a fused qkv
- * buffer and gathered rows (row_index).
- *   pass 1: each thread loads its 16-byte vectors (8 bf16 / 4 f32) into registers (CACHE = 2
- *           vectors a thread, two loads in flight; 4 for rows over 16K bf16), in ADD mode adds the
- *           residual, rounds the sum to T and stores it back as the new residual; sums squares in fp32.
- *   reduce: xor-shuffle tree inside the warp, then (TPR > 32) the row's warp sums in order through
- *           shared memory: a fixed order, so results are bitwise reproducible.
- *   pass 2: multiplies the registers by 1/sqrt(mean + eps) and by w or 1 + w, rounds once to T
- *           (vectors beyond the register cache are read again: L1/L2 hits).
+ * One kernel, rms_rows_kernel<T, VEC, ADD, CACHE>: a group of TPR threads (a power of two) owns one
+ * row; a CTA of 256 threads holds 256/TPR rows (wide rows: one row). Rows are
+ * (token, head) pairs with explicit strides, so the same kernel serves (T, N) norms, (T, H, D)
+ * per-head norms inside a fused qkv buffer and gathered rows (row_index).
+ *   pass 1: each thread issues the loads of all its (up to CACHE) 16-byte vectors (8 bf16 / 4 f32)
+ *           before it uses the first, and keeps them in registers as stored (packed: 4 registers a
+ *           vector whatever T is); in ADD mode adds the residual, rounds the sum to T and stores it
+ *           back as the new residual; sums squares in fp32.
+ *   reduce: xor-shuffle tree inside the group (TPR <= 32: no shared memory, no barrier), else the
+ *           row's warp sums in order through shared memory: a fixed order, so results are bitwise
+ *           reproducible.
+ *   pass 2: multiplies by 1/sqrt(mean + eps) and by w or 1 + w, rounds once to T (vectors beyond the
+ *           register cache, in rows over 2048 vectors, are read again: L2 hits).
+ * Group size: rows up to 32 x 16 vectors (bf16 N <= 4096, f32 N <= 2048; ADD: 32 x 8) take a
+ * group of at most one warp with about 8 vectors a thread (at least 4 threads, so a group reads 64
+ * contiguous bytes per access): 128-256 bytes of loads in flight per thread and no barrier.
  * Memory-bound: x read once, y written once (ADD: residual read and written too); the floor at
- * T = 8K, N = 4096 bf16 is 134 MB / 4.8 TB/s = 28 us. */
+ * T = 8K, N = 4096 bf16 is 134 MB / 4.2 TB/s (measured copy) = 32 us. */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -39,9 +43,8 @@ struct norm_args {
   int tpr;                /* threads per row */
 };
 
-/* CACHE: vectors of the row each thread keeps in registers between the passes (and loads in flight
- * at once in pass 1). */
-template <typename T, int VEC, bool ADD, int CACHE> __global__ void rms_rows_kernel(const norm_args a) {
+/* CACHE: vectors of the row each thread loads at once in pass 1 and keeps in registers for pass 2. */
+template <typename T, int VEC, bool ADD, int CACHE> __global__ void __launch_bounds__(256) rms_rows_kernel(const norm_args a) {
   __shared__ float warp_sums[32];
   const int tpr = a.tpr;
   const int rows_per_cta = blockDim.x / tpr;
@@ -60,24 +63,47 @@ template <typename T, int VEC, bool ADD, int CACHE> __global__ void rms_rows_ker
   const int64_t nvec = a.n / VEC;
 
   float ss = 0.0f;
-  float cache[CACHE][VEC];
+  packed_vec<T, VEC> cache[CACHE];
   if (active) {
 #pragma unroll
-    for (int it = 0; it < CACHE; it++) { /* first CACHE vectors: kept in registers */
+    for (int it = 0; it < CACHE; it++) { /* every load in flight before the first use */
       const int64_t v = lane + (int64_t)it * tpr;
-      if (v < nvec) {
-        load_vec<VEC>(x + v * VEC, cache[it]);
-        if constexpr (ADD) {
-          float rv[VEC];
-          load_vec<VEC>(r + v * VEC, rv);
+      if (v < nvec)
+        cache[it] = load_packed<T, VEC>(x + v * VEC);
+    }
+    if constexpr (ADD) {
+      packed_vec<T, VEC> res[CACHE];
+#pragma unroll
+      for (int it = 0; it < CACHE; it++) {
+        const int64_t v = lane + (int64_t)it * tpr;
+        if (v < nvec)
+          res[it] = load_packed<T, VEC>(r + v * VEC);
+      }
+#pragma unroll
+      for (int it = 0; it < CACHE; it++) {
+        const int64_t v = lane + (int64_t)it * tpr;
+        if (v < nvec) {
+          float xv[VEC], rv[VEC];
+          unpack(cache[it], xv);
+          unpack(res[it], rv);
 #pragma unroll
           for (int i = 0; i < VEC; i++)
-            cache[it][i] = round_as(cache[it][i] + rv[i], (const T *)nullptr);
-          store_vec<VEC>(r + v * VEC, cache[it]);
+            xv[i] += rv[i];
+          pack(xv, cache[it]); /* the sum rounded to T: the new residual */
+          store_packed(r + v * VEC, cache[it]);
         }
+      }
+    }
+#pragma unroll
+    for (int it = 0; it < CACHE; it++) {
+      const int64_t v = lane + (int64_t)it * tpr;
+      if (v < nvec) {
+        float xv[VEC];
+        unpack(cache[it], xv);
 #pragma unroll
         for (int i = 0; i < VEC; i++)
-          ss += cache[it][i] * cache[it][i];
+          ss += xv[i] * xv[i];
+        opaque(cache[it]); /* keep it packed until pass 2 */
       }
     }
     for (int64_t v = lane + (int64_t)CACHE * tpr; v < nvec; v += tpr) { /* longer rows: streamed */
@@ -116,11 +142,12 @@ template <typename T, int VEC, bool ADD, int CACHE> __global__ void rms_rows_ker
   for (int it = 0; it < CACHE; it++) {
     const int64_t v = lane + (int64_t)it * tpr;
     if (v < nvec) {
-      float wv[VEC], o[VEC];
+      float xv[VEC], wv[VEC], o[VEC];
+      unpack(cache[it], xv);
       load_vec<VEC>(w + v * VEC, wv);
 #pragma unroll
       for (int i = 0; i < VEC; i++)
-        o[i] = cache[it][i] * inv * (a.zero_centred ? 1.0f + wv[i] : wv[i]);
+        o[i] = xv[i] * inv * (a.zero_centred ? 1.0f + wv[i] : wv[i]);
       store_vec<VEC>(y + v * VEC, o);
     }
   }
@@ -135,25 +162,39 @@ template <typename T, int VEC, bool ADD, int CACHE> __global__ void rms_rows_ker
   }
 }
 
-template <typename T, int VEC> upf_status launch_rows(norm_args a, bool add, cudaStream_t stream) {
-  int64_t nvec = a.n / VEC;
-  a.tpr = pow2_at_least((nvec + 1) / 2, 1024);
-  bool wide = nvec > 2 * (int64_t)a.tpr; /* only rows of more than 2048 vectors */
-  int block = a.tpr > 256 ? a.tpr : 256;
-  int rows_per_cta = block / a.tpr;
-  int64_t grid = (a.rows + rows_per_cta - 1) / rows_per_cta;
-  if (grid > INT32_MAX)
-    return upf_fail(UPF_ERR_SHAPE, "norm (cuda): %lld rows exceed the grid", (long long)a.rows);
-  if (add && wide)
-    rms_rows_kernel<T, VEC, true, 4><<<(unsigned)grid, block, 0, stream>>>(a);
-  else if (add)
-    rms_rows_kernel<T, VEC, true, 2><<<(unsigned)grid, block, 0, stream>>>(a);
-  else if (wide)
-    rms_rows_kernel<T, VEC, false, 4><<<(unsigned)grid, block, 0, stream>>>(a);
-  else
-    rms_rows_kernel<T, VEC, false, 2><<<(unsigned)grid, block, 0, stream>>>(a);
+template <typename T, int VEC, bool ADD, int CACHE>
+upf_status launch_cached(const norm_args &a, unsigned grid, int block, cudaStream_t stream) {
+  rms_rows_kernel<T, VEC, ADD, CACHE><<<grid, block, 0, stream>>>(a);
   UPF_CUDA_LAUNCH_TRY("rms_rows_kernel");
   return UPF_OK;
+}
+
+template <typename T, int VEC> upf_status launch_rows(norm_args a, bool add, cudaStream_t stream) {
+  const int64_t nvec = a.n / VEC;
+  const int most = add ? 8 : 16; /* vectors a thread of a one-warp group may hold (ADD: x and residual) */
+  int per_thread;
+  if (nvec <= 32 * (int64_t)most) { /* a group of at most one warp: shuffles only */
+    a.tpr = pow2_at_least((nvec + 7) / 8, 32);
+    if (a.tpr < 4)
+      a.tpr = pow2_at_least(nvec, 4);
+    per_thread = (int)((nvec + a.tpr - 1) / a.tpr);
+  } else { /* wide rows: up to 256 threads of 8 cached vectors, the rest streamed */
+    a.tpr = pow2_at_least((nvec + 7) / 8, 256);
+    per_thread = 8;
+  }
+  const int block = 256;
+  const int rows_per_cta = block / a.tpr;
+  const int64_t grid = (a.rows + rows_per_cta - 1) / rows_per_cta;
+  if (grid > INT32_MAX)
+    return upf_fail(UPF_ERR_SHAPE, "norm (cuda): %lld rows exceed the grid", (long long)a.rows);
+  if (add)
+    return per_thread <= 4 ? launch_cached<T, VEC, true, 4>(a, (unsigned)grid, block, stream)
+                           : launch_cached<T, VEC, true, 8>(a, (unsigned)grid, block, stream);
+  if (per_thread <= 4)
+    return launch_cached<T, VEC, false, 4>(a, (unsigned)grid, block, stream);
+  if (per_thread <= 8)
+    return launch_cached<T, VEC, false, 8>(a, (unsigned)grid, block, stream);
+  return launch_cached<T, VEC, false, 16>(a, (unsigned)grid, block, stream);
 }
 
 upf_status run_rows(norm_args a, upf_dtype dt, bool add) {
