@@ -26,7 +26,8 @@
  *        LOOP     one cublasGemmEx per expert that has tokens;
  *        BUCKETED experts sorted by count, cut into a few buckets (plan_buckets), one
  *                 cublasGemmBatchedEx a bucket over slabs of the bucket's largest count;
- *        AUTO     PADDED while E*cap <= 1.5 T*K (uniform routing at T >= 4K), else GROUPED.
+ *        AUTO     BUCKETED: the fastest on the H200 at 8K and 32K (1.81 / 5.92 ms against PADDED's
+ *                 1.87 / 6.41 and GROUPED's 2.89 / 10.6, perf/NOTES.md).
  *   6. Shared expert: two cublasGemmEx over all T tokens with the same SwiGLU kernel between, on a
  *      side stream (its own cuBLAS handle) forked after the sort is queued and joined before the
  *      combine: it depends on x alone, so it fills the GPU while the host reads the counts.
@@ -86,10 +87,6 @@ constexpr uint32_t MOE_NONE = 0xFFFFFFFFu;
  * whose expert index is out of range (MOE_NONE: none), [2..3] unused, then the E counts. */
 constexpr int INFO_HEAD = 4;
 constexpr int TOPK_WARPS = 8;
-/* AUTO runs PADDED while its slabs hold at most this many times the real rows: one uniform batched
- * GEMM (cuBLAS's best-tuned path) against a grouped call of exact size. Not yet tuned on a device:
- * set from the moe.ffn/cuda/bf16/{grouped,padded} benchmarks. */
-constexpr double PADDED_MAX_WASTE = 1.5;
 
 /* ---------------------------------------------------------------------------------------------- */
 /* Element helpers                                                                                  */
@@ -106,19 +103,14 @@ template <> struct raw_vec<4> { using type = unsigned int; };
 template <> struct raw_vec<8> { using type = uint2; };
 template <> struct raw_vec<16> { using type = uint4; };
 
-/* V consecutive elements of T as stored, one access wide. */
-template <typename T, int V> using raw_of = typename raw_vec<V * (int)sizeof(T)>::type;
-
-template <typename T, int V> __device__ __forceinline__ void raw_to_f(const raw_of<T, V> &r, float (&o)[V]) {
+/* V consecutive elements at p (aligned to V * sizeof(T)) as floats, in one access. */
+template <typename T, int V> __device__ __forceinline__ void load_f(const T *p, float (&o)[V]) {
+  using R = typename raw_vec<V * (int)sizeof(T)>::type;
+  R r = *reinterpret_cast<const R *>(p);
   const T *e = reinterpret_cast<const T *>(&r);
 #pragma unroll
   for (int i = 0; i < V; i++)
     o[i] = to_f(e[i]);
-}
-
-/* V consecutive elements at p (aligned to V * sizeof(T)) as floats, in one access. */
-template <typename T, int V> __device__ __forceinline__ void load_f(const T *p, float (&o)[V]) {
-  raw_to_f<T, V>(*reinterpret_cast<const raw_of<T, V> *>(p), o);
 }
 
 template <typename T, int V> __device__ __forceinline__ void store_f(T *p, const float (&v)[V]) {
@@ -436,23 +428,13 @@ __global__ void moe_combine_kernel(const T *__restrict__ x, int64_t x_ld, // (T,
 #pragma unroll
     for (int j = 0; j < V; j++)
       acc[j] = 0.0f;
-    constexpr int KB = 8; /* rows of y loaded at once; summed after, in ascending k as before */
-    for (int k0 = 0; k0 < K; k0 += KB) {
-      raw_of<T, V> yr[KB]; /* as stored: half the registers of floats for bf16 */
+    for (int k = 0; k < K; k++) {
+      float yv[V];
+      load_f<T, V>(y + (int64_t)rows[k] * H + h0, yv);
+      const float wk = wts[k];
 #pragma unroll
-      for (int u = 0; u < KB; u++)
-        if (k0 + u < K)
-          yr[u] = *reinterpret_cast<const raw_of<T, V> *>(y + (int64_t)rows[k0 + u] * H + h0);
-#pragma unroll
-      for (int u = 0; u < KB; u++)
-        if (k0 + u < K) {
-          float yv[V];
-          raw_to_f<T, V>(yr[u], yv);
-          const float wk = wts[k0 + u];
-#pragma unroll
-          for (int j = 0; j < V; j++)
-            acc[j] += wk * yv[j];
-        }
+      for (int j = 0; j < V; j++)
+        acc[j] += wk * yv[j];
     }
     if (ys) {
       float sv[V];
@@ -719,8 +701,8 @@ void plan_gemms(const upf_moe_config *cfg, int64_t T, const uint32_t *counts, ge
   p.cap = (int32_t)align_up((size_t)max_count, 8);
   double padded_rows = (double)E * p.cap;
   upf_cuda_moe_gemm_variant v = ms.variant;
-  if (v == UPF_CUDA_MOE_GEMM_AUTO)
-    v = padded_rows <= PADDED_MAX_WASTE * (double)n ? UPF_CUDA_MOE_GEMM_PADDED : UPF_CUDA_MOE_GEMM_GROUPED;
+  if (v == UPF_CUDA_MOE_GEMM_AUTO) /* measured on the H200 (perf/NOTES.md): BUCKETED is the fastest at 8K and 32K */
+    v = UPF_CUDA_MOE_GEMM_BUCKETED;
   if (v == UPF_CUDA_MOE_GEMM_PADDED && padded_rows > (double)(INT_MAX / 2))
     v = UPF_CUDA_MOE_GEMM_GROUPED;
   p.variant = v;
@@ -1174,11 +1156,14 @@ extern "C" upf_status upf_cuda_moe_permute(const upf_moe_config *cfg, int64_t nu
   UPF_CUDA_TRY(cudaMemsetAsync(flags, 0xFF, INFO_HEAD * sizeof(uint32_t), s));
   UPF_TRY(launch_sort(cfg, n, topk_index, reinterpret_cast<uint32_t *>(perm->expert_count), perm->expert_offset,
                       perm->sorted_pair, flags, sc));
-  moe_inverse_kernel<<<grid_for(n, 256), 256, 0, s>>>(perm->sorted_pair, n, perm->pair_row);
-  UPF_CUDA_LAUNCH_TRY("moe_inverse_kernel");
+  /* The flags first: the sort skips out-of-range pairs, so then sorted_pair has unwritten slots
+   * that the inverse must not follow. */
   uint32_t host_flags[INFO_HEAD];
   UPF_TRY(download(host_flags, flags, sizeof host_flags));
-  if (host_flags[1] != MOE_NONE) {
+  if (host_flags[1] == MOE_NONE) {
+    moe_inverse_kernel<<<grid_for(n, 256), 256, 0, s>>>(perm->sorted_pair, n, perm->pair_row);
+    UPF_CUDA_LAUNCH_TRY("moe_inverse_kernel");
+  } else {
     int32_t value = 0;
     UPF_TRY(download(&value, topk_index + host_flags[1], sizeof value));
     return upf_fail(UPF_ERR_INVALID_ARG, "moe.permute: topk_index[%u] (token %u, rank %u) = %d outside [0, E=%d)",
