@@ -13,12 +13,14 @@
  *           reproducible.
  *   pass 2: multiplies by 1/sqrt(mean + eps) and by w or 1 + w, rounds once to T (vectors beyond the
  *           register cache, in rows over 2048 vectors, are read again: L2 hits).
- * Shapes (launch_rows): every thread holds about 8 vectors in flight (16 for rows of 257-512
- * vectors; ADD: 4 of x and 4 of the residual), and every warp access covers whole rows or 512
- * contiguous bytes of one (a group of 4 threads reading 64 bytes of 8 rows ran qk_norm at half the
- * bandwidth on the H200):
- *   rows <= 32 vectors (per-head norms): TPR = the row's vectors, 1 each, 8 rows a group (ADD: 4);
- *   rows of 33-512 vectors (bf16 N <= 4096): one warp, CACHE = 2..16, ROWS = 8 / CACHE (at least 1);
+ * Shapes (launch_rows):
+ *   rows <= 32 vectors (per-head norms): TPR = half the row's vectors, 2 each, one row a group (the
+ *     f898f0f shape: 0.69 / 0.80 of copy bandwidth for Gemma q/k at 8K / 32K; groups of 4 threads
+ *     with 8 vectors each, and warps of 8 rows with 1 vector each, ran at 0.47-0.53 on the H200,
+ *     see perf/NOTES.md);
+ *   rows of 33-512 vectors (bf16 N <= 4096): one warp, CACHE = 2..16 vectors a thread (ADD: <= 8),
+ *     ROWS = 8 / CACHE rows (at least 1): 128-256 bytes of loads in flight per thread, every warp
+ *     access 512 contiguous bytes;
  *   wider rows: up to 256 threads of 8 cached vectors, the rest streamed.
  * Groups of at most a warp run in 64-thread CTAs: nothing waits on a whole CTA, so a slow warp
  * holds few others' slots.
@@ -68,7 +70,9 @@ __global__ void __launch_bounds__(256, 2) rms_rows_kernel(const norm_args a) {
     active[q] = row < a.rows;
     int64_t tok = 0, head = 0, src_tok = 0;
     if (active[q]) {
-      tok = row / a.heads;
+      /* 32-bit division where the rows allow: a 64-bit one is a long subroutine, and short rows pay
+       * it for every 512 bytes */
+      tok = a.rows <= (int64_t)UINT32_MAX ? (int64_t)((uint32_t)row / (uint32_t)a.heads) : row / a.heads;
       head = row - tok * a.heads;
       src_tok = a.row_index ? a.row_index[tok] : tok; /* gathered rows land at their row, not their token */
     }
@@ -194,8 +198,8 @@ __global__ void __launch_bounds__(256, 2) rms_rows_kernel(const norm_args a) {
   }
 }
 
-template <typename T, int VEC, bool ADD, int CACHE> upf_status launch_cached(const norm_args &a, cudaStream_t stream) {
-  constexpr int ROWS = rows_per_group(ADD, CACHE);
+template <typename T, int VEC, bool ADD, int CACHE, int ROWS = rows_per_group(ADD, CACHE)>
+upf_status launch_cached(const norm_args &a, cudaStream_t stream) {
   const int block = a.tpr <= 32 ? 64 : 256;
   const int64_t rows_per_cta = (int64_t)(block / a.tpr) * ROWS;
   const int64_t grid = (a.rows + rows_per_cta - 1) / rows_per_cta;
@@ -210,10 +214,11 @@ template <typename T, int VEC, bool ADD> upf_status launch_mode(norm_args a, cud
   const int64_t nvec = a.n / VEC;
   constexpr int most = ADD ? 8 : 16; /* vectors a thread of a one-warp group may hold of one row */
   int cache;
-  if (nvec <= 32) { /* short rows: a vector a thread, several rows a group */
-    a.tpr = pow2_at_least(nvec, 32);
-    cache = 1;
-  } else if (nvec <= 32 * (int64_t)most) { /* one warp a row */
+  if (nvec <= 32) { /* short rows (per-head norms): half-row groups of 2 vectors a thread, one row each */
+    a.tpr = pow2_at_least((nvec + 1) / 2, 32);
+    return launch_cached<T, VEC, ADD, 2, 1>(a, stream);
+  }
+  if (nvec <= 32 * (int64_t)most) { /* one warp a row */
     a.tpr = 32;
     cache = pow2_at_least((nvec + 31) / 32, most);
   } else { /* wide rows: up to 256 threads of 8 cached vectors, the rest streamed */
@@ -221,8 +226,6 @@ template <typename T, int VEC, bool ADD> upf_status launch_mode(norm_args a, cud
     cache = 8;
   }
   switch (cache) {
-  case 1:
-    return launch_cached<T, VEC, ADD, 1>(a, stream);
   case 2:
     return launch_cached<T, VEC, ADD, 2>(a, stream);
   case 4:
