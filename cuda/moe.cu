@@ -7,10 +7,12 @@
  *      xor tree: every lane ends with the same bits), then K rounds of a warp argmax (ties: lower
  *      index), each winner's probability p = exp(l - max)/sum, renormalised by the sum of the K.
  *      A non-finite logit sets an integer flag (the lowest such token wins an atomicMin).
- *   2. Counting sort: moe_count_kernel (shared-memory histogram, integer atomics: exact),
- *      moe_offsets_kernel (one CTA, cub::BlockScan), then cub::DeviceRadixSort::SortPairs on the
- *      expert index of every pair with the pair index as value: a radix sort is stable, so within an
- *      expert the pairs stay in ascending (token, rank) order, on every run.
+ *   2. Counting sort in 512-pair tiles, a warp a tile: per-tile histograms (moe_tile_count_kernel),
+ *      their per-expert prefix sums and the expert offsets (moe_scan_rows_kernel, cub::BlockScan),
+ *      then moe_scatter_kernel places each pair (__match_any_sync ranks within a step, a running
+ *      per-expert counter in shared memory across steps); stable, so within an expert the pairs
+ *      stay in ascending (token, rank) order, on every run (the order the CUB radix sort it replaces
+ *      gave, so the permutation is the same).
  *   3. One device-to-host read: the flags and the E counts. The host sizes the expert GEMMs from them
  *      (cuBLAS takes the per-GEMM row counts on the host) and picks the GEMM variant.
  *   4. moe_gather_kernel: one warp per sorted pair copies the token's row of x into the permuted
@@ -22,9 +24,12 @@
  *        PADDED   cublasGemmStridedBatchedEx over E slabs of `cap` rows (the largest count rounded up
  *                 to 8); slab e holds expert e's rows first, the rest is never read;
  *        LOOP     one cublasGemmEx per expert that has tokens;
- *        AUTO     PADDED while E*cap <= 1.5 T*K (uniform routing at T >= 4K), else GROUPED.
+ *        BUCKETED experts sorted by count, cut into a few buckets (plan_buckets), one
+ *                 cublasGemmBatchedEx a bucket over slabs of the bucket's largest count;
+ *        AUTO     BUCKETED: the fastest on the H200 at 8K and 32K (1.81 / 5.92 ms against PADDED's
+ *                 1.87 / 6.41 and GROUPED's 2.89 / 10.6, perf/NOTES.md).
  *   6. Shared expert: two cublasGemmEx over all T tokens with the same SwiGLU kernel between, on a
- *      side stream (its own cuBLAS handle) forked at the start of the call and joined before the
+ *      side stream (its own cuBLAS handle) forked after the sort is queued and joined before the
  *      combine: it depends on x alone, so it fills the GPU while the host reads the counts.
  *   7. moe_combine_kernel: one CTA per token: g = sigmoid(x . shared_gate) (per-thread partial sums
  *      in a fixed order, then a fixed tree), out = sum over k in rank order of w_k * y[row(t, k)]
@@ -54,7 +59,6 @@
 #include <vector>
 
 #include <cub/block/block_scan.cuh>
-#include <cub/device/device_radix_sort.cuh>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -83,10 +87,6 @@ constexpr uint32_t MOE_NONE = 0xFFFFFFFFu;
  * whose expert index is out of range (MOE_NONE: none), [2..3] unused, then the E counts. */
 constexpr int INFO_HEAD = 4;
 constexpr int TOPK_WARPS = 8;
-/* AUTO runs PADDED while its slabs hold at most this many times the real rows: one uniform batched
- * GEMM (cuBLAS's best-tuned path) against a grouped call of exact size. Not yet tuned on a device:
- * set from the moe.ffn/cuda/bf16/{grouped,padded} benchmarks. */
-constexpr double PADDED_MAX_WASTE = 1.5;
 
 /* ---------------------------------------------------------------------------------------------- */
 /* Element helpers                                                                                  */
@@ -206,55 +206,114 @@ __global__ void moe_topk_kernel(const float *__restrict__ logits, // (T, E)
       wt[k] = wt[k] / chosen;
 }
 
-/* counts[e] += pairs routed to e (shared-memory histogram, E ints of shared memory); the first
- * pair with an index outside [0, E) lands in flags[1]. */
-__global__ void moe_count_kernel(const int32_t *__restrict__ topk_index, // (n)
-                                 int64_t n, int E,
-                                 uint32_t *__restrict__ counts, // (E) zeroed
-                                 uint32_t *__restrict__ flags) {
+/* The counting sort of the n = T*K (token, rank) pairs by expert, in SORT_TILE-pair tiles, one warp
+ * a tile; every step has a fixed order and no atomics decide a slot, so it is stable (within an
+ * expert the pairs keep ascending (token, rank) order) and gives the same permutation on every run. */
+constexpr int SORT_STEPS = 16;              /* 32-pair steps of a tile, loaded into registers up front */
+constexpr int SORT_TILE = 32 * SORT_STEPS; /* pairs a warp */
+
+/* The tile's expert indices, lane + 32 k, all loads in flight at once (-1 past n). */
+__device__ __forceinline__ void load_tile(const int32_t *__restrict__ topk_index, int64_t n, int tile, int lane,
+                                          int32_t (&ex)[SORT_STEPS]) {
+#pragma unroll
+  for (int k = 0; k < SORT_STEPS; k++) {
+    const int64_t i = (int64_t)tile * SORT_TILE + 32 * k + lane;
+    ex[k] = i < n ? topk_index[i] : -1;
+  }
+}
+
+/* Warps a CTA of the tile kernels: each keeps E 32-bit counters in shared memory (48 KB at most). */
+int sort_warps(int E) { return std::max(1, std::min(8, (48 * 1024) / (E * (int)sizeof(uint32_t)))); }
+
+/* tile_count[e * tiles + tile] = pairs of the tile routed to e (a per-warp shared-memory histogram;
+ * integer adds: exact); the first pair with an index outside [0, E) lands in flags[1]. */
+__global__ void moe_tile_count_kernel(const int32_t *__restrict__ topk_index, int64_t n, int E, int tiles,
+                                      uint32_t *__restrict__ tile_count, // (E, tiles)
+                                      uint32_t *__restrict__ flags) {
   extern __shared__ uint32_t hist[];
-  for (int e = threadIdx.x; e < E; e += blockDim.x)
-    hist[e] = 0;
-  __syncthreads();
-  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-    int32_t e = topk_index[i];
-    if (e < 0 || e >= E)
+  const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int tile = blockIdx.x * warps + warp;
+  if (tile >= tiles)
+    return; /* the whole warp; the kernel has no CTA barrier */
+  int32_t ex[SORT_STEPS];
+  load_tile(topk_index, n, tile, lane, ex);
+  uint32_t *h = hist + (size_t)warp * E;
+  for (int e = lane; e < E; e += 32)
+    h[e] = 0;
+  __syncwarp();
+#pragma unroll
+  for (int k = 0; k < SORT_STEPS; k++) {
+    const int64_t i = (int64_t)tile * SORT_TILE + 32 * k + lane;
+    if (i >= n)
+      continue;
+    if (ex[k] < 0 || ex[k] >= E)
       atomicMin(&flags[1], (uint32_t)i);
     else
-      atomicAdd(&hist[e], 1u);
+      atomicAdd(&h[ex[k]], 1u);
   }
-  __syncthreads();
-  for (int e = threadIdx.x; e < E; e += blockDim.x)
-    if (hist[e])
-      atomicAdd(&counts[e], hist[e]);
+  __syncwarp();
+  for (int e = lane; e < E; e += 32)
+    tile_count[(int64_t)e * tiles + tile] = h[e];
 }
 
-/* offsets (E+1) = exclusive prefix sum of counts (E); one CTA of 1024 threads. */
-__global__ void moe_offsets_kernel(const uint32_t *__restrict__ counts, int E, int32_t *__restrict__ offsets) {
-  using scan_t = cub::BlockScan<int32_t, 1024>;
+/* Row blockIdx.x of `in` (len values, rows `len` apart): out = its exclusive prefix sum, total[row]
+ * = its sum; in place allowed. One CTA a row (cub::BlockScan, rounds of 256 with a carry). Serves
+ * the per-expert tile bases (E rows of `tiles`) and the expert offsets (one row of E). */
+__global__ void moe_scan_rows_kernel(const uint32_t *in, int len, uint32_t *out, uint32_t *__restrict__ total) {
+  using scan_t = cub::BlockScan<uint32_t, 256>;
   __shared__ typename scan_t::TempStorage tmp;
-  __shared__ int32_t carry;
-  if (threadIdx.x == 0)
-    carry = 0;
-  __syncthreads();
-  for (int base = 0; base < E; base += 1024) {
-    int e = base + threadIdx.x;
-    int32_t c = e < E ? (int32_t)counts[e] : 0, excl = 0, total = 0;
-    scan_t(tmp).ExclusiveSum(c, excl, total);
-    if (e < E)
-      offsets[e] = carry + excl;
-    __syncthreads();
-    if (threadIdx.x == 0)
-      carry += total;
-    __syncthreads();
+  const int64_t row = (int64_t)blockIdx.x * len;
+  uint32_t carry = 0;
+  for (int base = 0; base < len; base += 256) {
+    const int i = base + threadIdx.x;
+    uint32_t c = i < len ? in[row + i] : 0u, excl = 0, sum = 0;
+    scan_t(tmp).ExclusiveSum(c, excl, sum);
+    if (i < len)
+      out[row + i] = carry + excl;
+    carry += sum;
+    __syncthreads(); /* tmp is reused by the next round */
   }
   if (threadIdx.x == 0)
-    offsets[E] = carry;
+    total[blockIdx.x] = carry;
 }
 
-__global__ void moe_iota_kernel(int32_t *__restrict__ v, int64_t n) {
-  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-    v[i] = (int32_t)i;
+/* One warp a tile, 32 pairs at a time in ascending order: a pair's slot is offsets[e] + the pairs
+ * of e in earlier tiles (tile_base) + those earlier in this tile (a shared-memory counter per
+ * expert, advanced once a step by the lowest lane of each __match_any_sync group) + its rank among
+ * the lanes of its group. Pairs outside [0, E) (flagged by the count) are skipped. */
+__global__ void moe_scatter_kernel(const int32_t *__restrict__ topk_index, int64_t n, int E, int tiles,
+                                   const uint32_t *__restrict__ tile_base, // (E, tiles)
+                                   const int32_t *__restrict__ offsets,    // (E+1)
+                                   int32_t *__restrict__ sorted_pair,      // (n)
+                                   uint32_t *__restrict__ sorted_expert) { // (n)
+  extern __shared__ uint32_t next[];
+  const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int tile = blockIdx.x * warps + warp;
+  if (tile >= tiles)
+    return;
+  int32_t ex[SORT_STEPS];
+  load_tile(topk_index, n, tile, lane, ex);
+  uint32_t *slot = next + (size_t)warp * E;
+  for (int e = lane; e < E; e += 32)
+    slot[e] = (uint32_t)offsets[e] + tile_base[(int64_t)e * tiles + tile];
+  __syncwarp();
+  const unsigned below = (1u << lane) - 1u;
+#pragma unroll
+  for (int k = 0; k < SORT_STEPS; k++) {
+    const int64_t i = (int64_t)tile * SORT_TILE + 32 * k + lane;
+    const int32_t e = i < n && ex[k] < E ? ex[k] : -1;
+    const unsigned peers = __match_any_sync(0xffffffffu, e);
+    const uint32_t base = e >= 0 ? slot[e] : 0u;
+    __syncwarp();
+    if (e >= 0 && (peers & below) == 0)
+      slot[e] = base + (uint32_t)__popc(peers);
+    __syncwarp();
+    if (e >= 0) {
+      const uint32_t at = base + (uint32_t)__popc(peers & below);
+      sorted_pair[at] = (int32_t)i;
+      sorted_expert[at] = (uint32_t)e;
+    }
+  }
 }
 
 /* pair_row[sorted_pair[i]] = i (the standalone permutation's inverse). */
@@ -286,8 +345,18 @@ __global__ void moe_gather_kernel(const R *__restrict__ x, int64_t x_ld, int64_t
     row_of_pair[p] = r, row_of_sorted[i] = r;
   const R *src = x + (int64_t)(p / K) * x_ld;
   R *dst = xp + (int64_t)r * vpr;
-  for (int64_t j = lane; j < vpr; j += 32)
-    dst[j] = src[j];
+  constexpr int UNROLL = 8; /* a 4 KB bf16 row of H = 2048 in one round: every load in flight at once */
+  for (int64_t j0 = lane; j0 < vpr; j0 += 32 * UNROLL) {
+    R v[UNROLL];
+#pragma unroll
+    for (int u = 0; u < UNROLL; u++)
+      if (j0 + 32 * u < vpr)
+        v[u] = src[j0 + 32 * u];
+#pragma unroll
+    for (int u = 0; u < UNROLL; u++)
+      if (j0 + 32 * u < vpr)
+        dst[j0 + 32 * u] = v[u];
+  }
 }
 
 /* act[r] = silu(hg[r, :I]) * hg[r, I:] for the rows r = rows[i] (i < n), or r = i when rows is
@@ -513,13 +582,6 @@ upf_status check_limits(const upf_moe_config *cfg) {
   return UPF_OK;
 }
 
-int sort_bits(int E) {
-  int bits = 1;
-  while ((1 << bits) < E)
-    bits++;
-  return bits;
-}
-
 /* CTAs for a grid-stride loop over `items`: one item per thread, at most per_sm CTAs per SM. */
 int grid_for(int64_t items, int threads, int per_sm = 32) {
   int64_t g = (items + threads - 1) / threads;
@@ -545,38 +607,34 @@ upf_status launch_route(cublasHandle_t h, const upf_moe_config *cfg, const upf_t
   return UPF_OK;
 }
 
+int sort_tiles(int64_t n) { return (int)((n + SORT_TILE - 1) / SORT_TILE); }
+
 /* Scratch of the counting sort of n pairs. */
 struct sort_scratch {
-  int32_t *iota;           /* (n) */
+  uint32_t *tile_count;    /* (E, sort_tiles(n)) */
   uint32_t *sorted_expert; /* (n) */
-  void *cub_temp;
-  size_t cub_bytes;
 };
 
-upf_status sort_temp_bytes(int64_t n, int E, size_t *bytes) {
-  *bytes = 0;
-  UPF_CUDA_TRY(cub::DeviceRadixSort::SortPairs(nullptr, *bytes, (const uint32_t *)nullptr, (uint32_t *)nullptr,
-                                               (const int32_t *)nullptr, (int32_t *)nullptr, (int)n, 0,
-                                               sort_bits(E), upf_cuda_stream()));
-  return UPF_OK;
-}
+size_t tile_count_bytes(int64_t n, int E) { return (size_t)E * (size_t)sort_tiles(n) * sizeof(uint32_t); }
 
-/* counts (E, zeroed here), offsets (E+1) and sorted_pair (n) from topk_index (n); flags[1] gets the
- * first out-of-range pair (flags reset by the caller). */
+/* counts (E), offsets (E+1) and sorted_pair (n) from topk_index (n); flags[1] gets the first
+ * out-of-range pair (flags reset by the caller). Four launches, no host wait. */
 upf_status launch_sort(const upf_moe_config *cfg, int64_t n, const int32_t *topk_index, uint32_t *counts,
                        int32_t *offsets, int32_t *sorted_pair, uint32_t *flags, const sort_scratch &sc) {
   cudaStream_t s = upf_cuda_stream();
-  const int E = cfg->num_experts;
-  UPF_CUDA_TRY(cudaMemsetAsync(counts, 0, (size_t)E * sizeof(uint32_t), s));
-  moe_count_kernel<<<grid_for(n, 256, 2), 256, (size_t)E * sizeof(uint32_t), s>>>(topk_index, n, E, counts, flags);
-  UPF_CUDA_LAUNCH_TRY("moe_count_kernel");
-  moe_offsets_kernel<<<1, 1024, 0, s>>>(counts, E, offsets);
-  UPF_CUDA_LAUNCH_TRY("moe_offsets_kernel");
-  moe_iota_kernel<<<grid_for(n, 256), 256, 0, s>>>(sc.iota, n);
-  UPF_CUDA_LAUNCH_TRY("moe_iota_kernel");
-  size_t bytes = sc.cub_bytes;
-  UPF_CUDA_TRY(cub::DeviceRadixSort::SortPairs(sc.cub_temp, bytes, reinterpret_cast<const uint32_t *>(topk_index),
-                                               sc.sorted_expert, sc.iota, sorted_pair, (int)n, 0, sort_bits(E), s));
+  const int E = cfg->num_experts, tiles = sort_tiles(n), warps = sort_warps(E);
+  const size_t smem = (size_t)warps * E * sizeof(uint32_t);
+  const unsigned grid = (unsigned)((tiles + warps - 1) / warps);
+  moe_tile_count_kernel<<<grid, warps * 32, smem, s>>>(topk_index, n, E, tiles, sc.tile_count, flags);
+  UPF_CUDA_LAUNCH_TRY("moe_tile_count_kernel");
+  moe_scan_rows_kernel<<<(unsigned)E, 256, 0, s>>>(sc.tile_count, tiles, sc.tile_count, counts);
+  UPF_CUDA_LAUNCH_TRY("moe_scan_rows_kernel (tiles)");
+  moe_scan_rows_kernel<<<1, 256, 0, s>>>(counts, E, reinterpret_cast<uint32_t *>(offsets),
+                                         reinterpret_cast<uint32_t *>(offsets) + E);
+  UPF_CUDA_LAUNCH_TRY("moe_scan_rows_kernel (offsets)");
+  moe_scatter_kernel<<<grid, warps * 32, smem, s>>>(topk_index, n, E, tiles, sc.tile_count, offsets, sorted_pair,
+                                                    sc.sorted_expert);
+  UPF_CUDA_LAUNCH_TRY("moe_scatter_kernel");
   return UPF_OK;
 }
 
@@ -590,7 +648,38 @@ struct gemm_plan {
   std::vector<int32_t> count, offset, row_base; /* (E), (E+1), (E) */
   std::vector<int32_t> order;                   /* experts with tokens, by (count, index) */
   std::vector<int> group_n, group_size;         /* GROUPED: per group of equal counts */
+  std::vector<int> bucket_start, bucket_size, bucket_cap; /* BUCKETED: ranges of `order`, slab rows */
 };
+
+/* BUCKETED: the experts with tokens, in ascending count order, cut into B buckets of equal expert
+ * counts (B = 1..MAX_BUCKETS, the one with the fewest slab rows plus BUCKET_COST_ROWS a bucket: a
+ * launch and its tail wave); each bucket's slabs hold its largest count rounded up to 8. */
+constexpr int MAX_BUCKETS = 8;
+constexpr int64_t BUCKET_COST_ROWS = 1024;
+
+void plan_buckets(gemm_plan &p) {
+  const int m = (int)p.order.size();
+  p.bucket_start.clear(), p.bucket_size.clear(), p.bucket_cap.clear();
+  if (m == 0)
+    return;
+  int best_b = 1;
+  int64_t best_cost = INT64_MAX;
+  for (int b = 1; b <= std::min(MAX_BUCKETS, m); b++) {
+    int64_t cost = b * BUCKET_COST_ROWS;
+    for (int i = 0; i < b; i++) {
+      const int lo = (int)((int64_t)m * i / b), hi = (int)((int64_t)m * (i + 1) / b);
+      cost += (int64_t)(hi - lo) * (int64_t)align_up((size_t)p.count[p.order[hi - 1]], 8);
+    }
+    if (cost < best_cost)
+      best_cost = cost, best_b = b;
+  }
+  for (int i = 0; i < best_b; i++) {
+    const int lo = (int)((int64_t)m * i / best_b), hi = (int)((int64_t)m * (i + 1) / best_b);
+    p.bucket_start.push_back(lo);
+    p.bucket_size.push_back(hi - lo);
+    p.bucket_cap.push_back((int)align_up((size_t)p.count[p.order[hi - 1]], 8));
+  }
+}
 
 void plan_gemms(const upf_moe_config *cfg, int64_t T, const uint32_t *counts, gemm_plan &p) {
   const int E = cfg->num_experts;
@@ -612,15 +701,25 @@ void plan_gemms(const upf_moe_config *cfg, int64_t T, const uint32_t *counts, ge
   p.cap = (int32_t)align_up((size_t)max_count, 8);
   double padded_rows = (double)E * p.cap;
   upf_cuda_moe_gemm_variant v = ms.variant;
-  if (v == UPF_CUDA_MOE_GEMM_AUTO)
-    v = padded_rows <= PADDED_MAX_WASTE * (double)n ? UPF_CUDA_MOE_GEMM_PADDED : UPF_CUDA_MOE_GEMM_GROUPED;
+  if (v == UPF_CUDA_MOE_GEMM_AUTO) /* measured on the H200 (perf/NOTES.md): BUCKETED is the fastest at 8K and 32K */
+    v = UPF_CUDA_MOE_GEMM_BUCKETED;
   if (v == UPF_CUDA_MOE_GEMM_PADDED && padded_rows > (double)(INT_MAX / 2))
     v = UPF_CUDA_MOE_GEMM_GROUPED;
   p.variant = v;
+  std::stable_sort(p.order.begin(), p.order.end(), [&](int a, int b) { return p.count[a] < p.count[b]; });
   if (v == UPF_CUDA_MOE_GEMM_PADDED) {
     p.rows = (int64_t)E * p.cap;
     for (int e = 0; e < E; e++)
       p.row_base[e] = e * p.cap;
+  } else if (v == UPF_CUDA_MOE_GEMM_BUCKETED) {
+    plan_buckets(p);
+    int64_t at = 0;
+    for (size_t b = 0; b < p.bucket_start.size(); b++)
+      for (int i = p.bucket_start[b]; i < p.bucket_start[b] + p.bucket_size[b]; i++) {
+        p.row_base[p.order[i]] = (int32_t)std::min<int64_t>(at, INT32_MAX);
+        at += p.bucket_cap[b];
+      }
+    p.rows = at;
   } else {
     /* Each expert's rows start at a multiple of 8 rows, so every matrix pointer the GEMMs get is
      * 16-byte aligned (cuBLAS requires it of grouped bf16 GEMMs whose rows are 16-byte multiples). */
@@ -631,7 +730,6 @@ void plan_gemms(const upf_moe_config *cfg, int64_t T, const uint32_t *counts, ge
     }
     p.rows = at;
   }
-  std::stable_sort(p.order.begin(), p.order.end(), [&](int a, int b) { return p.count[a] < p.count[b]; });
   for (size_t i = 0; i < p.order.size(); i++) {
     int c = p.count[p.order[i]];
     if (p.group_n.empty() || p.group_n.back() != c) {
@@ -668,6 +766,18 @@ upf_status run_expert_gemm(cublasHandle_t h, const gemm_plan &p, const expert_ge
                                               dt, cols, (long long)p.cap * cols, num_experts, CUBLAS_COMPUTE_32F,
                                               CUBLAS_GEMM_DEFAULT));
     *ran = UPF_CUDA_MOE_GEMM_PADDED;
+    return UPF_OK;
+  }
+  if (p.variant == UPF_CUDA_MOE_GEMM_BUCKETED) {
+    const size_t E_used = p.order.size();
+    for (size_t b = 0; b < p.bucket_start.size(); b++) {
+      const size_t at = (size_t)p.bucket_start[b];
+      MOE_CUBLAS_TRY(cublasGemmBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, cols, p.bucket_cap[b], k, &one, g.dev_ptrs + at,
+                                         dt, k, g.dev_ptrs + E_used + at, dt, k, &zero,
+                                         const_cast<void *const *>(g.dev_ptrs + 2 * E_used + at), dt, cols,
+                                         p.bucket_size[b], CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    }
+    *ran = UPF_CUDA_MOE_GEMM_BUCKETED;
     return UPF_OK;
   }
   if (p.variant == UPF_CUDA_MOE_GEMM_GROUPED && !p.group_n.empty()) {
@@ -862,8 +972,8 @@ struct join_guard {
 
 /* Offsets of the route buffer of one moe_ffn call. */
 struct ffn_route_layout {
-  size_t logits, index, weight, info, offsets, iota, sorted_expert, sorted_pair, row_of_pair, row_of_sorted, plan,
-      cub_temp, plan_bytes, cub_bytes;
+  size_t logits, index, weight, info, offsets, tile_count, sorted_expert, sorted_pair, row_of_pair, row_of_sorted,
+      plan, plan_bytes;
 };
 
 template <typename T>
@@ -892,15 +1002,13 @@ upf_status ffn_run(const upf_moe_config *cfg, const upf_tensor *x, const upf_moe
   L.weight = rt.topk_weight ? 0 : c.take((size_t)n * sizeof(float));
   L.info = c.take((size_t)(INFO_HEAD + E) * sizeof(uint32_t));
   L.offsets = c.take((size_t)(E + 1) * sizeof(int32_t));
-  L.iota = c.take((size_t)n * sizeof(int32_t));
+  L.tile_count = c.take(tile_count_bytes(n, E));
   L.sorted_expert = c.take((size_t)n * sizeof(uint32_t));
   L.sorted_pair = c.take((size_t)n * sizeof(int32_t));
   L.row_of_pair = c.take((size_t)n * sizeof(int32_t));
   L.row_of_sorted = c.take((size_t)n * sizeof(int32_t));
   L.plan_bytes = align_up((size_t)E * sizeof(int32_t), 256) + (size_t)6 * E * sizeof(void *);
   L.plan = c.take(L.plan_bytes);
-  UPF_TRY(sort_temp_bytes(n, E, &L.cub_bytes));
-  L.cub_temp = c.take(L.cub_bytes);
   UPF_TRY(reserve(ms.route, c.at, false));
   carve sh; /* shared expert: hs (T, 2Is), as (T, Is), ys (T, H) */
   const size_t o_hs = sh.take((size_t)T_ * 2 * Is * es), o_as = sh.take((size_t)T_ * Is * es);
@@ -918,21 +1026,22 @@ upf_status ffn_run(const upf_moe_config *cfg, const upf_tensor *x, const upf_moe
   int32_t *row_of_sorted = ptr_at<int32_t>(rb, L.row_of_sorted);
   int32_t *row_base = ptr_at<int32_t>(rb, L.plan);
   const void **ptrs = ptr_at<const void *>(rb, L.plan + align_up((size_t)E * sizeof(int32_t), 256));
-  sort_scratch sc = {ptr_at<int32_t>(rb, L.iota), ptr_at<uint32_t>(rb, L.sorted_expert), ptr_at<void>(rb, L.cub_temp),
-                     L.cub_bytes};
+  sort_scratch sc = {ptr_at<uint32_t>(rb, L.tile_count), ptr_at<uint32_t>(rb, L.sorted_expert)};
 
   mark(0);
   T *hs = Is > 0 ? ptr_at<T>(ms.shared, o_hs) : nullptr, *as = Is > 0 ? ptr_at<T>(ms.shared, o_as) : nullptr;
   T *ys = Is > 0 ? ptr_at<T>(ms.shared, o_ys) : nullptr;
+  UPF_CUDA_TRY(cudaMemsetAsync(info, 0xFF, INFO_HEAD * sizeof(uint32_t), s));
+  UPF_TRY(launch_route<T>(cg.h, cfg, x, w, logits, topk_index, topk_weight, info));
+  mark(1);
+  UPF_TRY(launch_sort(cfg, n, topk_index, info + INFO_HEAD, offsets, sorted_pair, info, sc));
+  /* The shared expert forks here, after the routing: it fills the GPU while the host reads the
+   * counts below, instead of slowing the routing kernels it would share the GPU with. */
   join_guard joined;
   if (Is > 0) {
     joined.armed = true;
     UPF_TRY(launch_shared_expert<T>(cfg, x, w, hs, as, ys));
   }
-  UPF_CUDA_TRY(cudaMemsetAsync(info, 0xFF, INFO_HEAD * sizeof(uint32_t), s));
-  UPF_TRY(launch_route<T>(cg.h, cfg, x, w, logits, topk_index, topk_weight, info));
-  mark(1);
-  UPF_TRY(launch_sort(cfg, n, topk_index, info + INFO_HEAD, offsets, sorted_pair, info, sc));
 
   /* The one wait: flags and counts. */
   std::vector<uint32_t> host_info((size_t)INFO_HEAD + E);
@@ -1038,23 +1147,23 @@ extern "C" upf_status upf_cuda_moe_permute(const upf_moe_config *cfg, int64_t nu
     UPF_CUDA_TRY(cudaMemsetAsync(perm->expert_offset, 0, (size_t)(E + 1) * sizeof(int32_t), s));
     return UPF_OK;
   }
-  size_t cub_bytes = 0;
-  UPF_TRY(sort_temp_bytes(n, E, &cub_bytes));
   carve c;
-  size_t o_flags = c.take(INFO_HEAD * sizeof(uint32_t)), o_iota = c.take((size_t)n * sizeof(int32_t));
-  size_t o_sorted = c.take((size_t)n * sizeof(uint32_t)), o_cub = c.take(cub_bytes);
+  size_t o_flags = c.take(INFO_HEAD * sizeof(uint32_t)), o_tiles = c.take(tile_count_bytes(n, E));
+  size_t o_sorted = c.take((size_t)n * sizeof(uint32_t));
   UPF_TRY(reserve(ms.route, c.at, false));
   uint32_t *flags = ptr_at<uint32_t>(ms.route, o_flags);
-  sort_scratch sc = {ptr_at<int32_t>(ms.route, o_iota), ptr_at<uint32_t>(ms.route, o_sorted),
-                     ptr_at<void>(ms.route, o_cub), cub_bytes};
+  sort_scratch sc = {ptr_at<uint32_t>(ms.route, o_tiles), ptr_at<uint32_t>(ms.route, o_sorted)};
   UPF_CUDA_TRY(cudaMemsetAsync(flags, 0xFF, INFO_HEAD * sizeof(uint32_t), s));
   UPF_TRY(launch_sort(cfg, n, topk_index, reinterpret_cast<uint32_t *>(perm->expert_count), perm->expert_offset,
                       perm->sorted_pair, flags, sc));
-  moe_inverse_kernel<<<grid_for(n, 256), 256, 0, s>>>(perm->sorted_pair, n, perm->pair_row);
-  UPF_CUDA_LAUNCH_TRY("moe_inverse_kernel");
+  /* The flags first: the sort skips out-of-range pairs, so then sorted_pair has unwritten slots
+   * that the inverse must not follow. */
   uint32_t host_flags[INFO_HEAD];
   UPF_TRY(download(host_flags, flags, sizeof host_flags));
-  if (host_flags[1] != MOE_NONE) {
+  if (host_flags[1] == MOE_NONE) {
+    moe_inverse_kernel<<<grid_for(n, 256), 256, 0, s>>>(perm->sorted_pair, n, perm->pair_row);
+    UPF_CUDA_LAUNCH_TRY("moe_inverse_kernel");
+  } else {
     int32_t value = 0;
     UPF_TRY(download(&value, topk_index + host_flags[1], sizeof value));
     return upf_fail(UPF_ERR_INVALID_ARG, "moe.permute: topk_index[%u] (token %u, rank %u) = %d outside [0, E=%d)",
@@ -1083,7 +1192,7 @@ extern "C" void upf_cuda_moe_set_gemm_variant(upf_cuda_moe_gemm_variant variant)
 }
 
 extern "C" const char *upf_cuda_moe_gemm_variant_name(upf_cuda_moe_gemm_variant variant) {
-  static const char *const names[UPF_CUDA_MOE_GEMM_COUNT] = {"auto", "grouped", "padded", "loop"};
+  static const char *const names[UPF_CUDA_MOE_GEMM_COUNT] = {"auto", "grouped", "padded", "loop", "bucketed"};
   return (unsigned)variant < UPF_CUDA_MOE_GEMM_COUNT ? names[variant] : "invalid";
 }
 

@@ -23,10 +23,12 @@ upf_status upf_cuda_moe_ffn(const upf_moe_config *cfg, const upf_tensor *x, cons
 /* How moe_ffn runs the routed experts' two GEMMs (llm.c-style variants, for verify and benchmarks).
  * The choice holds for the calls that follow on this process. */
 typedef enum {
-  UPF_CUDA_MOE_GEMM_AUTO = 0, /* PADDED when padding adds at most 50% rows, else GROUPED */
+  UPF_CUDA_MOE_GEMM_AUTO = 0, /* the variant measured fastest for the routing at hand (moe.cu) */
   UPF_CUDA_MOE_GEMM_GROUPED,  /* cublasGemmGroupedBatchedEx: one group per distinct token count */
   UPF_CUDA_MOE_GEMM_PADDED,   /* cublasGemmStridedBatchedEx over E slabs of the largest count */
   UPF_CUDA_MOE_GEMM_LOOP,     /* one cublasGemmEx per expert that received tokens */
+  UPF_CUDA_MOE_GEMM_BUCKETED, /* experts sorted by count in a few buckets, one cublasGemmBatchedEx a
+                                 bucket over slabs of the bucket's largest count */
   UPF_CUDA_MOE_GEMM_COUNT
 } upf_cuda_moe_gemm_variant;
 

@@ -46,8 +46,8 @@ static moe_bench_case cases[] = {
     {"moe.ffn/cuda/bf16/grouped", 1, 0, 1, 32768},
     {"moe.ffn/cuda/bf16/padded", 1, 0, 2, 8192},
     {"moe.ffn/cuda/bf16/padded", 1, 0, 2, 32768},
-    {"moe.ffn/cuda/bf16/loop", 1, 0, 3, 8192},
-    {"moe.ffn/cuda/bf16/loop", 1, 0, 3, 32768},
+    {"moe.ffn/cuda/bf16/bucketed", 1, 0, 4, 8192},
+    {"moe.ffn/cuda/bf16/bucketed", 1, 0, 4, 32768},
     {"moe.ffn/cpu/bf16/small", 0, 0, 0, 256},
 };
 #define NUM_CASES ((int)(sizeof cases / sizeof cases[0]))
@@ -96,8 +96,8 @@ static struct {
   void *dense_c;          /* (MOE_MAX_T, dense_n) bf16 */
   int64_t dense_n;
   double dense_median_s[2]; /* per T of the cases: 8K, 32K; 0 until measured */
-  int verified[4];          /* per variant: 0 not yet, 1 passed, -1 failed */
-  char verify_message[4][512];
+  int verified[UPF_CUDA_MOE_GEMM_COUNT]; /* per variant: 0 not yet, 1 passed, -1 failed */
+  char verify_message[UPF_CUDA_MOE_GEMM_COUNT][512];
 } q;
 
 static void qwen_release(void *ctx) {

@@ -551,12 +551,12 @@ static void ffn_case(upf_verify_ctx *ctx, case_run *cr, const char *op) {
     return;
   }
   /* On CUDA every expert-GEMM variant (AUTO only at 32K); elsewhere the one path. */
-  int variants[4] = {0, -1, -1, -1}, nvar = 1;
+  int variants[5] = {0, -1, -1, -1, -1}, nvar = 1;
   (void)variants;
 #ifdef UPF_HAVE_CUDA
   if (be == upf_backend_cuda() && !(cr->c->flags & CASE_LARGE)) {
     variants[1] = UPF_CUDA_MOE_GEMM_GROUPED, variants[2] = UPF_CUDA_MOE_GEMM_PADDED;
-    variants[3] = UPF_CUDA_MOE_GEMM_LOOP, nvar = 4;
+    variants[3] = UPF_CUDA_MOE_GEMM_LOOP, variants[4] = UPF_CUDA_MOE_GEMM_BUCKETED, nvar = 5;
   }
 #endif
   for (int v = 0; v < nvar; v++) {
