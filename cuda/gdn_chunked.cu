@@ -12,8 +12,9 @@
  * Two launches:
  *   chunk_prep_kernel   one CTA (4 warps) per (chunk, value head), all independent: gates, cumsum, L2
  *                       norms (xor-tree sums), K K^T and Q K^T by mma.sync (bf16 in, fp32 accumulate),
- *                       T by forward substitution in fp32 (one thread per column, every sum in index
- *                       order), W and U by mma with T rounded to bf16. Writes W, U, P (bf16), G (fp32)
+ *                       T in fp32 by 16 x 16 blocks (each diagonal block by forward substitution in one
+ *                       warp, then the block rows in turn; every sum in index order), W and U by mma
+ *                       with T rounded to bf16. Writes W, U, P (bf16), G (fp32)
  *                       and, once per key head, the normalised q (scaled) and k^T (bf16) to the workspace.
  *   chunk_state_kernel  one CTA (4 warps) per (request, value head, block of BV = 32 value columns): the
  *                       state block (128 x 32 fp32) lives in the accumulators of the warps (warp w owns
@@ -74,7 +75,9 @@ struct prep_args {
   chunk_ws ws;
 };
 
-constexpr size_t PREP_SMEM = (size_t)(2 * CH * LDA + 2 * D * LDB) * sizeof(bf16) + (size_t)(2 * CH * LDF + 3 * CH) * sizeof(float);
+constexpr int TB = 16; /* block size of the triangular inverse */
+constexpr size_t PREP_SMEM = (size_t)(2 * CH * LDA + 2 * D * LDB) * sizeof(bf16) +
+                             (size_t)(2 * CH * LDF + 3 * CH + (CH / TB - 1) * TB * TB) * sizeof(float);
 
 /* out (CH x D, bf16, global) = T (fp32 shared, rounded to bf16) times B (given as Bt (D rows, CH
  * contiguous)); warp w writes rows 16w..16w+15. */
@@ -100,6 +103,7 @@ template <typename T> __global__ void __launch_bounds__(THREADS) chunk_prep_kern
   float *Am = reinterpret_cast<float *>(VbT + D * LDB); /* [CH][LDF] A (strictly lower) */
   float *Xm = Am + CH * LDF;                             /* [CH][LDF] T = (I + A)^-1 */
   float *gs = Xm + CH * LDF, *Gs = gs + CH, *bs = Gs + CH;
+  float *Ys = bs + CH; /* [(CH/TB - 1) TB TB] partial sums of one block row of T */
   const int n = blockIdx.x, h = blockIdx.y, ratio = a.hv / a.hk, kh = h / ratio;
   const int2 chunk = a.ws.chunks[n];
   const int64_t tok0 = chunk.x;
@@ -128,38 +132,51 @@ template <typename T> __global__ void __launch_bounds__(THREADS) chunk_prep_kern
   }
   __syncthreads();
 
-  /* Rows: warp w takes rows w, w+4, ...; lane holds dims lane + 32 e. */
-  for (int j = warp; j < CH; j += 4) {
-    const bool valid = j < len;
-    const int64_t t = tok0 + j;
-    const T *qp = (const T *)a.q + t * a.q_s0 + (int64_t)kh * a.q_s1;
-    const T *kp = (const T *)a.k + t * a.k_s0 + (int64_t)kh * a.k_s1;
-    const T *vp = (const T *)a.v + t * a.v_s0 + (int64_t)h * a.v_s1;
-    float qx[4], kx[4], vx[4], qq = 0.0f, kk = 0.0f;
+  /* Rows: warp w takes rows w, w+4, ..., four at a time (all their loads in flight before the first
+   * use); lane holds dims lane + 32 e. */
+  for (int j0 = warp; j0 < CH; j0 += 16) {
+    float qx[4][4], kx[4][4], vx[4][4];
 #pragma unroll
-    for (int e = 0; e < 4; e++) {
-      const int d = lane + 32 * e;
-      qx[e] = valid ? ld(qp + d) : 0.0f;
-      kx[e] = valid ? ld(kp + d) : 0.0f;
-      vx[e] = valid ? ld(vp + d) : 0.0f;
-      qq += qx[e] * qx[e];
-      kk += kx[e] * kx[e];
+    for (int rr = 0; rr < 4; rr++) {
+      const int j = j0 + 4 * rr;
+      const bool valid = j < len;
+      const int64_t t = tok0 + j;
+      const T *qp = (const T *)a.q + t * a.q_s0 + (int64_t)kh * a.q_s1;
+      const T *kp = (const T *)a.k + t * a.k_s0 + (int64_t)kh * a.k_s1;
+      const T *vp = (const T *)a.v + t * a.v_s0 + (int64_t)h * a.v_s1;
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int d = lane + 32 * e;
+        qx[rr][e] = valid ? ld(qp + d) : 0.0f;
+        kx[rr][e] = valid ? ld(kp + d) : 0.0f;
+        vx[rr][e] = valid ? ld(vp + d) : 0.0f;
+      }
     }
 #pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-      qq += __shfl_xor_sync(0xffffffffu, qq, off);
-      kk += __shfl_xor_sync(0xffffffffu, kk, off);
-    }
-    const float rq = a.scale / sqrtf(qq + UPF_GDN_L2_EPS), rk = 1.0f / sqrtf(kk + UPF_GDN_L2_EPS);
-    const float wb = bs[j] * expf(Gs[j]), vb = bs[j];
+    for (int rr = 0; rr < 4; rr++) {
+      const int j = j0 + 4 * rr;
+      float qq = 0.0f, kk = 0.0f;
 #pragma unroll
-    for (int e = 0; e < 4; e++) {
-      const int d = lane + 32 * e;
-      const float kn = kx[e] * rk;
-      Kn[j * LDA + d] = __float2bfloat16_rn(kn);
-      Qn[j * LDA + d] = __float2bfloat16_rn(qx[e] * rq);
-      KbT[d * LDB + j] = __float2bfloat16_rn(wb * kn);
-      VbT[d * LDB + j] = __float2bfloat16_rn(vb * vx[e]);
+      for (int e = 0; e < 4; e++) {
+        qq += qx[rr][e] * qx[rr][e];
+        kk += kx[rr][e] * kx[rr][e];
+      }
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) {
+        qq += __shfl_xor_sync(0xffffffffu, qq, off);
+        kk += __shfl_xor_sync(0xffffffffu, kk, off);
+      }
+      const float rq = a.scale / sqrtf(qq + UPF_GDN_L2_EPS), rk = 1.0f / sqrtf(kk + UPF_GDN_L2_EPS);
+      const float wb = bs[j] * expf(Gs[j]), vb = bs[j];
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int d = lane + 32 * e;
+        const float kn = kx[rr][e] * rk;
+        Kn[j * LDA + d] = __float2bfloat16_rn(kn);
+        Qn[j * LDA + d] = __float2bfloat16_rn(qx[rr][e] * rq);
+        KbT[d * LDB + j] = __float2bfloat16_rn(wb * kn);
+        VbT[d * LDB + j] = __float2bfloat16_rn(vb * vx[rr][e]);
+      }
     }
   }
   __syncthreads();
@@ -200,27 +217,50 @@ template <typename T> __global__ void __launch_bounds__(THREADS) chunk_prep_kern
   }
   __syncthreads();
 
-  /* T = (I + A)^-1, column m by thread m: T[i][m] = -sum_{j=m}^{i-1} A[i][j] T[j][m], j in order (two
-   * interleaved partial sums, added in a fixed order). All columns step through i in lockstep. */
-  if (tid < CH) {
-    const int m = tid;
-    for (int i = 0; i < m; i++)
-      Xm[i * LDF + m] = 0.0f;
-    Xm[m * LDF + m] = 1.0f;
-    for (int i = m + 1; i < CH; i++) {
-      const float *ar = Am + i * LDF;
-      float s0 = 0.0f, s1 = 0.0f;
-      int j = m;
-      for (; j + 1 < i; j += 2) {
-        s0 += ar[j] * Xm[j * LDF + m];
-        s1 += ar[j + 1] * Xm[(j + 1) * LDF + m];
-      }
-      if (j < i)
-        s0 += ar[j] * Xm[j * LDF + m];
-      Xm[i * LDF + m] = -(s0 + s1);
+  /* T = (I + A)^-1 in TB x TB blocks, every sum in index order:
+   *  1. warp w inverts diagonal block w (lane c < TB solves column c: x_i = -sum_{j<i} A_ij x_j);
+   *  2. block rows I = 1, 2, 3 in turn: Y_IJ = sum_{K=J}^{I-1} A_IK T_KJ for every J < I, then
+   *     T_IJ = -T_II Y_IJ (from (I + A) T = I restricted to block row I). */
+  for (int e = tid; e < CH * CH; e += THREADS)
+    Xm[(e / CH) * LDF + e % CH] = 0.0f;
+  __syncthreads();
+  if (lane < TB) {
+    const int b0 = TB * warp, c = lane;
+    float x[TB];
+#pragma unroll
+    for (int i = 0; i < TB; i++) {
+      float s = 0.0f; /* x_j = 0 for j < c: those terms add exact zeros */
+#pragma unroll
+      for (int j = 0; j < i; j++)
+        s += Am[(b0 + i) * LDF + b0 + j] * x[j];
+      x[i] = i < c ? 0.0f : i == c ? 1.0f : -s;
     }
+#pragma unroll
+    for (int i = 0; i < TB; i++)
+      Xm[(b0 + i) * LDF + b0 + c] = x[i];
   }
   __syncthreads();
+#pragma unroll 1
+  for (int I = 1; I < CH / TB; I++) {
+    for (int e = tid; e < I * TB * TB; e += THREADS) {
+      const int J = e / (TB * TB), r = (e / TB) % TB, c = e % TB;
+      const float *ar = Am + (TB * I + r) * LDF;
+      float y = 0.0f;
+      for (int k = TB * J; k < TB * I; k++)
+        y += ar[k] * Xm[k * LDF + TB * J + c];
+      Ys[e] = y;
+    }
+    __syncthreads();
+    for (int e = tid; e < I * TB * TB; e += THREADS) {
+      const int J = e / (TB * TB), r = (e / TB) % TB, c = e % TB;
+      const float *tr = Xm + (TB * I + r) * LDF + TB * I; /* row r of T_II */
+      float t = 0.0f;
+      for (int k = 0; k <= r; k++)
+        t += tr[k] * Ys[J * TB * TB + k * TB + c];
+      Xm[(TB * I + r) * LDF + TB * J + c] = -t;
+    }
+    __syncthreads();
+  }
 
   /* W = T (beta exp(G) K) and U = T (beta V), T rounded to bf16 as it is loaded. */
   product_t_times(Xm, KbT, a.ws.w + ch_h * CH * D);
