@@ -16,9 +16,10 @@
  *                       warp, then the block rows in turn; every sum in index order), W and U by mma
  *                       with T rounded to bf16. Writes W, U, P (bf16), G (fp32)
  *                       and, once per key head, the normalised q (scaled) and k^T (bf16) to the workspace.
- *   chunk_state_kernel  one CTA (4 warps) per (request, value head, block of BV = 32 value columns): the
+ *   chunk_state_kernel  one CTA (8 warps) per (request, value head, block of BV = 32 value columns): the
  *                       state block (128 x 32 fp32) lives in the accumulators of the warps (warp w owns
- *                       rows 32w..32w+31); per chunk it is rounded to bf16 into shared memory as the B
+ *                       rows 16w..16w+15); warps 0-3 compute V' = U - W S while warps 4-7 compute Q S;
+ *                       per chunk it is rounded to bf16 into shared memory as the B
  *                       operand of W S and Q S, V' goes to shared memory as bf16 for P V' and the state
  *                       update. The next chunk's W, Q, K^T, P, U, G stream in by cp.async (double buffer)
  *                       while this one computes. 4 x 32 CTAs per request at 32 value heads fill the
@@ -29,6 +30,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -282,7 +284,9 @@ constexpr size_t STAGE_BYTES = (size_t)STAGE_BF16 * sizeof(bf16) + CH * sizeof(f
 constexpr size_t STATE_SMEM = 2 * STAGE_BYTES + (size_t)(BV * LDA + 2 * BV * LDB) * sizeof(bf16);
 static_assert(STAGE_BYTES % 16 == 0, "stages must keep 16-byte alignment");
 
-/* cp.async of chunk n's tiles for (value head h, key head kh, columns v0..v0+BV) into one stage. */
+/* cp.async of chunk n's tiles for (value head h, key head kh, columns v0..v0+BV) into one stage, by
+ * NTHREADS threads. */
+template <int NTHREADS>
 __device__ __forceinline__ void load_stage(const state_args &a, unsigned char *stage, int64_t n, int h, int kh, int v0) {
   bf16 *Ws = reinterpret_cast<bf16 *>(stage), *Qs = Ws + CH * LDA, *Ks = Qs + CH * LDA, *Ps = Ks + D * LDB;
   bf16 *Us = Ps + CH * LDB;
@@ -291,20 +295,20 @@ __device__ __forceinline__ void load_stage(const state_args &a, unsigned char *s
   const bf16 *w = a.ws.w + ch_h * CH * D, *q = a.ws.qn + ch_k * CH * D, *k = a.ws.kt + ch_k * D * CH;
   const bf16 *p = a.ws.p + ch_h * CH * CH, *u = a.ws.u + ch_h * CH * D + v0;
   const float *gc = a.ws.gcum + ch_h * CH;
-  for (int e = threadIdx.x; e < CH * D / 8; e += THREADS) {
+  for (int e = threadIdx.x; e < CH * D / 8; e += NTHREADS) {
     const int r = e >> 4, c = (e & 15) * 8;
     upf_mma::cp_async16(Ws + r * LDA + c, w + r * D + c);
     upf_mma::cp_async16(Qs + r * LDA + c, q + r * D + c);
   }
-  for (int e = threadIdx.x; e < D * CH / 8; e += THREADS) {
+  for (int e = threadIdx.x; e < D * CH / 8; e += NTHREADS) {
     const int r = e >> 3, c = (e & 7) * 8;
     upf_mma::cp_async16(Ks + r * LDB + c, k + r * CH + c);
   }
-  for (int e = threadIdx.x; e < CH * CH / 8; e += THREADS) {
+  for (int e = threadIdx.x; e < CH * CH / 8; e += NTHREADS) {
     const int r = e >> 3, c = (e & 7) * 8;
     upf_mma::cp_async16(Ps + r * LDB + c, p + r * CH + c);
   }
-  for (int e = threadIdx.x; e < CH * BV / 8; e += THREADS) {
+  for (int e = threadIdx.x; e < CH * BV / 8; e += NTHREADS) {
     const int r = e / (BV / 8), c = (e % (BV / 8)) * 8;
     upf_mma::cp_async16(Us + r * LDU + c, u + r * D + c);
   }
@@ -312,9 +316,13 @@ __device__ __forceinline__ void load_stage(const state_args &a, unsigned char *s
     upf_mma::cp_async16(Gs + 4 * threadIdx.x, gc + 4 * threadIdx.x);
 }
 
-template <typename TO>
-__global__ void __launch_bounds__(THREADS, 1) chunk_state_kernel(const __grid_constant__ state_args a) {
-  constexpr int NT = BV / 8, NVB = D / BV;
+/* WARPS = 4: warp w owns chunk rows 16w..16w+15 for both V' (W S) and O (Q S, P V'), and state rows
+ * 32w..32w+31. WARPS = 8: warps 0-3 compute V' and warps 4-7 O for chunk rows 16 (w mod 4).., in
+ * parallel; warp w owns state rows 16w..16w+15. Same sums in the same order either way. */
+template <typename TO, int WARPS>
+__global__ void __launch_bounds__(32 * WARPS, 1) chunk_state_kernel(const __grid_constant__ state_args a) {
+  constexpr int NT = BV / 8, NVB = D / BV, RS = D / WARPS, MT = RS / 16;
+  static_assert(WARPS == 4 || WARPS == 8, "4 or 8 warps");
   extern __shared__ __align__(16) unsigned char smem[];
   bf16 *St = reinterpret_cast<bf16 *>(smem + 2 * STAGE_BYTES); /* [BV][LDA] S^T rounded to bf16 */
   bf16 *VpT = St + BV * LDA;                                    /* [BV][LDB] V'^T */
@@ -322,40 +330,41 @@ __global__ void __launch_bounds__(THREADS, 1) chunk_state_kernel(const __grid_co
   const int vb = blockIdx.x % NVB, h = (blockIdx.x / NVB) % a.hv, r = blockIdx.x / (NVB * a.hv);
   const int kh = h / (a.hv / a.hk), v0 = vb * BV;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+  const bool does_v = WARPS == 4 || warp < 4, does_o = WARPS == 4 || warp >= 4;
   const int64_t soff = ((int64_t)r * a.hv + h) * D * D;
 
-  float s[2][NT][4]; /* S rows 32 warp + 16 mt + g (+8), columns v0 + 8 nt + 2 t4 (+1) */
+  float s[MT][NT][4]; /* S rows RS warp + 16 mt + g (+8), columns v0 + 8 nt + 2 t4 (+1) */
 #pragma unroll
-  for (int mt = 0; mt < 2; mt++)
+  for (int mt = 0; mt < MT; mt++)
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
 #pragma unroll
       for (int c = 0; c < 4; c++) {
-        const int d = 32 * warp + 16 * mt + g + 8 * (c >> 1), v = v0 + 8 * nt + 2 * t4 + (c & 1);
+        const int d = RS * warp + 16 * mt + g + 8 * (c >> 1), v = v0 + 8 * nt + 2 * t4 + (c & 1);
         s[mt][nt][c] = a.state_in ? a.state_in[soff + (int64_t)d * D + v] : 0.0f;
       }
 
   const int c0 = a.ws.req_chunk0[r], c1 = a.ws.req_chunk0[r + 1];
   if (c0 < c1) {
-    load_stage(a, smem, c0, h, kh, v0);
+    load_stage<32 * WARPS>(a, smem, c0, h, kh, v0);
     upf_mma::cp_async_commit();
   }
   for (int n = c0, it = 0; n < c1; n++, it++) {
     unsigned char *stage = smem + (size_t)(it & 1) * STAGE_BYTES;
     if (n + 1 < c1) {
-      load_stage(a, smem + (size_t)((it + 1) & 1) * STAGE_BYTES, n + 1, h, kh, v0);
+      load_stage<32 * WARPS>(a, smem + (size_t)((it + 1) & 1) * STAGE_BYTES, n + 1, h, kh, v0);
       upf_mma::cp_async_commit();
       upf_mma::cp_async_wait<1>();
     } else {
       upf_mma::cp_async_wait<0>();
     }
 #pragma unroll
-    for (int mt = 0; mt < 2; mt++)
+    for (int mt = 0; mt < MT; mt++)
 #pragma unroll
       for (int nt = 0; nt < NT; nt++)
 #pragma unroll
         for (int c = 0; c < 4; c++) {
-          const int d = 32 * warp + 16 * mt + g + 8 * (c >> 1), v = 8 * nt + 2 * t4 + (c & 1);
+          const int d = RS * warp + 16 * mt + g + 8 * (c >> 1), v = 8 * nt + 2 * t4 + (c & 1);
           St[v * LDA + d] = __float2bfloat16_rn(s[mt][nt][c]);
         }
     __syncthreads(); /* the stage and S^T are visible to every warp */
@@ -363,76 +372,100 @@ __global__ void __launch_bounds__(THREADS, 1) chunk_state_kernel(const __grid_co
     const bf16 *Ps = Ks + D * LDB, *Us = Ps + CH * LDB;
     const float *Gs = reinterpret_cast<const float *>(Us + CH * LDU);
     const int2 chunk = a.ws.chunks[n];
-    const int i0 = 16 * warp;
-    float vp[NT][4] = {}, o[NT][4] = {};
-    warp_mma<NT, D>(vp, Ws + i0 * LDA, LDA, St, LDA); /* W S */
-    warp_mma<NT, D>(o, Qs + i0 * LDA, LDA, St, LDA);  /* Q S */
+    const int i0 = 16 * (warp & 3);
     const float GL = Gs[CH - 1];
+    float o[NT][4] = {};
+    if (does_v) {
+      float vp[NT][4] = {};
+      warp_mma<NT, D>(vp, Ws + i0 * LDA, LDA, St, LDA); /* W S */
 #pragma unroll
-    for (int half = 0; half < 2; half++) {
-      const int i = i0 + g + 8 * half;
-      const float eg = expf(Gs[i]), ed = expf(GL - Gs[i]);
-#pragma unroll
-      for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-        for (int c = 0; c < 2; c++) {
-          const int col = 8 * nt + 2 * t4 + c;
-          const float val = __bfloat162float(Us[i * LDU + col]) - vp[nt][2 * half + c];
-          o[nt][2 * half + c] *= eg;
-          VpT[col * LDB + i] = __float2bfloat16_rn(val);
-          VdT[col * LDB + i] = __float2bfloat16_rn(val * ed);
-        }
-    }
-    __syncthreads(); /* V' complete */
-    warp_mma<NT, CH>(o, Ps + i0 * LDB, LDB, VpT, LDB); /* + P V' */
-#pragma unroll
-    for (int half = 0; half < 2; half++) {
-      const int i = i0 + g + 8 * half;
-      if (i < chunk.y) {
-        TO *orow = (TO *)a.o + (int64_t)(chunk.x + i) * a.o_s0 + (int64_t)h * a.o_s1 + v0;
+      for (int half = 0; half < 2; half++) {
+        const int i = i0 + g + 8 * half;
+        const float ed = expf(GL - Gs[i]);
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-          for (int c = 0; c < 2; c++)
-            st(orow + 8 * nt + 2 * t4 + c, o[nt][2 * half + c]);
+          for (int c = 0; c < 2; c++) {
+            const int col = 8 * nt + 2 * t4 + c;
+            const float val = __bfloat162float(Us[i * LDU + col]) - vp[nt][2 * half + c];
+            VpT[col * LDB + i] = __float2bfloat16_rn(val);
+            VdT[col * LDB + i] = __float2bfloat16_rn(val * ed);
+          }
+      }
+    }
+    if (does_o) {
+      warp_mma<NT, D>(o, Qs + i0 * LDA, LDA, St, LDA); /* Q S */
+#pragma unroll
+      for (int half = 0; half < 2; half++) {
+        const float eg = expf(Gs[i0 + g + 8 * half]);
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+          o[nt][2 * half] *= eg, o[nt][2 * half + 1] *= eg;
+      }
+    }
+    __syncthreads(); /* V' complete */
+    if (does_o) {
+      warp_mma<NT, CH>(o, Ps + i0 * LDB, LDB, VpT, LDB); /* + P V' */
+#pragma unroll
+      for (int half = 0; half < 2; half++) {
+        const int i = i0 + g + 8 * half;
+        if (i < chunk.y) {
+          TO *orow = (TO *)a.o + (int64_t)(chunk.x + i) * a.o_s0 + (int64_t)h * a.o_s1 + v0;
+#pragma unroll
+          for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int c = 0; c < 2; c++)
+              st(orow + 8 * nt + 2 * t4 + c, o[nt][2 * half + c]);
+        }
       }
     }
     const float eL = expf(GL);
 #pragma unroll
-    for (int mt = 0; mt < 2; mt++) {
+    for (int mt = 0; mt < MT; mt++) {
 #pragma unroll
       for (int nt = 0; nt < NT; nt++)
 #pragma unroll
         for (int c = 0; c < 4; c++)
           s[mt][nt][c] *= eL;
-      warp_mma<NT, CH>(s[mt], Ks + (32 * warp + 16 * mt) * LDB, LDB, VdT, LDB); /* + K^T diag(..) V' */
+      warp_mma<NT, CH>(s[mt], Ks + (RS * warp + 16 * mt) * LDB, LDB, VdT, LDB); /* + K^T diag(..) V' */
     }
     __syncthreads(); /* this stage, S^T and V' are free for the next chunk */
   }
   if (a.state_out)
 #pragma unroll
-    for (int mt = 0; mt < 2; mt++)
+    for (int mt = 0; mt < MT; mt++)
 #pragma unroll
       for (int nt = 0; nt < NT; nt++)
 #pragma unroll
         for (int c = 0; c < 4; c++) {
-          const int d = 32 * warp + 16 * mt + g + 8 * (c >> 1), v = v0 + 8 * nt + 2 * t4 + (c & 1);
+          const int d = RS * warp + 16 * mt + g + 8 * (c >> 1), v = v0 + 8 * nt + 2 * t4 + (c & 1);
           a.state_out[soff + (int64_t)d * D + v] = s[mt][nt][c];
         }
 }
 
 size_t align256(size_t x) { return (x + 255) & ~(size_t)255; }
 
-template <typename TO> upf_status launch_state(const state_args &s, unsigned grid) {
+template <typename TO, int WARPS> upf_status launch_state(const state_args &s, unsigned grid) {
   static bool attr_set;
   if (!attr_set) {
-    UPF_CUDA_TRY(cudaFuncSetAttribute(chunk_state_kernel<TO>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    UPF_CUDA_TRY(cudaFuncSetAttribute(chunk_state_kernel<TO, WARPS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       (int)STATE_SMEM));
     attr_set = true;
   }
-  chunk_state_kernel<TO><<<grid, THREADS, STATE_SMEM, upf_cuda_stream()>>>(s);
+  chunk_state_kernel<TO, WARPS><<<grid, 32 * WARPS, STATE_SMEM, upf_cuda_stream()>>>(s);
   UPF_CUDA_LAUNCH_TRY("chunk_state_kernel");
   return UPF_OK;
+}
+
+/* Warps of the state pass: 8 (V' and O on separate warps), or 4 where UPF_GDN_STATE_WARPS=4 asks for
+ * the first version (kept for A/B timing on the device). */
+int state_warps() {
+  static int warps;
+  if (!warps) {
+    const char *env = getenv("UPF_GDN_STATE_WARPS");
+    warps = env && atoi(env) == 4 ? 4 : 8;
+  }
+  return warps;
 }
 
 } // namespace
@@ -513,5 +546,7 @@ extern "C" upf_status upf_cuda_gdn_scan_chunked(const upf_gdn_batch *batch, cons
   const unsigned grid = (unsigned)((int64_t)B * Hv * (D / BV));
   if (grid == 0)
     return UPF_OK;
-  return o->dtype == UPF_DTYPE_BF16 ? launch_state<bf16>(sa, grid) : launch_state<float>(sa, grid);
+  if (state_warps() == 4)
+    return o->dtype == UPF_DTYPE_BF16 ? launch_state<bf16, 4>(sa, grid) : launch_state<float, 4>(sa, grid);
+  return o->dtype == UPF_DTYPE_BF16 ? launch_state<bf16, 8>(sa, grid) : launch_state<float, 8>(sa, grid);
 }
