@@ -2,7 +2,8 @@
  * math, the L2 norm, conv1d), the invariants (g = 0 and beta = 0 keep the state, beta = 1 with a unit
  * k overwrites the memory along k, a prefill of n then m single steps equals a prefill of n+m, a
  * batch equals its requests one by one), bad inputs returning their statuses, the model constants,
- * and the verify entries (on the CPU, and their seeded cases through the harness on a CPU twin). */
+ * and the verify entries (on the CPU, and their seeded cases through the harness on a CPU twin); host
+ * replays of the CUDA scans' arithmetic (recurrent fp32, chunked bf16) through the verify cases. */
 #include <CUnit/CUnit.h>
 #include <math.h>
 #include <stdio.h>

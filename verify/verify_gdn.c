@@ -1,7 +1,8 @@
 /* Verify cases of the Gated DeltaNet ops. On every backend: hand-computed golden cases, bad inputs
  * that must come back as their status, and the prefill/decode boundary (a prefill of n tokens then m
  * single steps, conv and scan, equals the CPU reference's prefill of n+m; a batch equals its requests
- * run one by one). For a backend under test: seeded ragged batches (1, 17, 64, 65, 577, 4096, 32K
+ * run one by one; and the scan alone in bf16 at D = 128, where the CUDA prefill is the chunked form and
+ * the steps the recurrent one). For a backend under test: seeded ragged batches (1, 17, 64, 65, 577, 4096, 32K
  * tokens) at Qwen3-Next head shapes and odd ones, f32 and bf16, with and without initial states,
  * gates drawn as in real use (g in [-20, -1e-4], beta in [0, 1]), q/k/v as strided views into the
  * conv output, compared with the CPU reference through the dense harness (the scan's output falls
