@@ -1,6 +1,6 @@
-/* CUDA Gated DeltaNet ops: correct first, fast later (the chunked WY form with tensor cores is the
- * planned fast path of the scan; this file holds the recurrent form every later variant is checked
- * against on the device).
+/* CUDA Gated DeltaNet ops. The scan has two forms: the recurrent kernel here (decode rows, f32 inputs,
+ * any head size; the form every other variant is checked against on the device) and the chunked
+ * tensor-core form in cuda/gdn_chunked.cu (the prefill fast path; upf_cuda_gdn_scan picks, gdn.cuh).
  *
  *   conv_kernel:       one thread per (token, channel), channels fastest (coalesced); the request of a
  *                      token by binary search over cu_seqlens; inputs before a request's first token
@@ -242,7 +242,11 @@ template <typename T> __global__ void gated_norm_kernel(const gnorm_args a) {
   }
 }
 
+upf_gdn_scan_path scan_path = UPF_GDN_SCAN_AUTO;
+
 } // namespace
+
+extern "C" void upf_cuda_gdn_scan_set_path(upf_gdn_scan_path path) { scan_path = path; }
 
 extern "C" upf_status upf_cuda_gdn_conv(const upf_gdn_batch *batch, const upf_tensor *x, const upf_tensor *w,
                                         const upf_tensor *state_in, const upf_tensor *state_out, const upf_tensor *y) {
@@ -316,6 +320,18 @@ extern "C" upf_status upf_cuda_gdn_scan(const upf_gdn_batch *batch, const upf_gd
                     (long long)Hv);
   if (batch->num_reqs == 0)
     return UPF_OK;
+  if (scan_path != UPF_GDN_SCAN_RECURRENT) {
+    const bool fits = upf_cuda_gdn_scan_chunked_fits(in) != 0;
+    if (scan_path == UPF_GDN_SCAN_CHUNKED && !fits)
+      return upf_fail(UPF_ERR_UNSUPPORTED, "gdn.scan (cuda): the chunked form needs bf16 inputs and Dk = Dv = 128");
+    int32_t longest = 0;
+    for (int32_t r = 0; r < batch->num_reqs; r++) {
+      const int32_t n = batch->cu_seqlens_host[r + 1] - batch->cu_seqlens_host[r];
+      longest = n > longest ? n : longest;
+    }
+    if (fits && (scan_path == UPF_GDN_SCAN_CHUNKED || longest >= UPF_GDN_CHUNKED_MIN_TOKENS))
+      return upf_cuda_gdn_scan_chunked(batch, in, o, state_out);
+  }
   scan_args a = {};
   a.q = in->q->data, a.q_s0 = in->q->stride[0], a.q_s1 = in->q->stride[1];
   a.k = in->k->data, a.k_s0 = in->k->stride[0], a.k_s1 = in->k->stride[1];

@@ -1,8 +1,10 @@
 /* Benchmarks of the Gated DeltaNet scan (backend->gdn_scan) at Qwen3-Next shapes (16 key heads, 32
- * value heads, Dk = Dv = 128): a long prefill (one request of 4K and 32K tokens), a ragged batch, and
- * a decode step of 256 one-token requests with carried states. TFLOP/s counts the recurrence's own
- * work, 7 Dk Dv per token and value head (decay 1, S^T k 2, the rank-1 update 2, S^T q 2: the exact
- * count of the recurrent form; the chunked form will be reported against the same count), and TB/s the
+ * value heads, Dk = Dv = 128): one long request (8K, 32K, 128K tokens), a batch of 16 requests of 2K,
+ * each through the chunked tensor-core form and (8K, 32K, the batch) the recurrent kernel, and a
+ * decode step of 256 one-token requests with carried states. One call is the scan of one layer.
+ * TFLOP/s counts the recurrence's own work, 7 Dk Dv per token and value head (decay 1, S^T k 2, the
+ * rank-1 update 2, S^T q 2), for both forms and for the FLA peer (perf/peers/fla_gdn.py), so the rates
+ * compare times; the chunked form executes about 1.6x that count on tensor cores. TB/s the
  * bytes of q, k, v, a, b, o and the states in and out, each counted once. CUDA cases verify gdn.scan
  * against the CPU reference (its quick verify set) before any timing; without a device they are
  * skipped by name. The CPU case is a small shape, wall clock. */
@@ -19,6 +21,7 @@
 #include "verify/verify.h"
 
 #ifdef UPF_HAVE_CUDA
+#include "cuda/gdn.cuh"
 #include "cuda/perf_support.cuh"
 #endif
 
@@ -30,6 +33,7 @@
 typedef struct {
   const char *name;
   int on_cuda;
+  int path; /* CUDA: upf_gdn_scan_path (0 = auto) */
   int64_t num_reqs, tokens_per_req; /* ragged: the last request takes the remainder of T */
   int64_t T, hk, hv, dk, dv;
   int with_state;
@@ -46,12 +50,18 @@ typedef struct {
 #define QD UPF_QWEN3N_80B_LINEAR_KEY_DIM
 #define QDV UPF_QWEN3N_80B_LINEAR_VALUE_DIM
 
+enum { AUTO = 0, RECURRENT = 1, CHUNKED = 2 }; /* upf_gdn_scan_path (cuda/gdn.cuh) */
+
 static gdn_bench_case cases[] = {
-    {"gdn.scan/cuda/bf16/qwen3next_prefill", 1, 1, 4096, 4096, QK, QV, QD, QDV, 1, 0},
-    {"gdn.scan/cuda/bf16/qwen3next_prefill", 1, 1, 32768, 32768, QK, QV, QD, QDV, 1, 0},
-    {"gdn.scan/cuda/bf16/qwen3next_ragged8", 1, 8, 2048, 16384, QK, QV, QD, QDV, 1, 0},
-    {"gdn.scan/cuda/bf16/qwen3next_decode", 1, 256, 1, 256, QK, QV, QD, QDV, 1, 0},
-    {"gdn.scan/cpu/bf16/small", 0, 2, 32, 64, 2, 4, QD, QDV, 1, 3},
+    {"gdn.scan/cuda/bf16/qwen3next_prefill/chunked", 1, CHUNKED, 1, 8192, 8192, QK, QV, QD, QDV, 1, 0},
+    {"gdn.scan/cuda/bf16/qwen3next_prefill/chunked", 1, CHUNKED, 1, 32768, 32768, QK, QV, QD, QDV, 1, 0},
+    {"gdn.scan/cuda/bf16/qwen3next_prefill/chunked", 1, CHUNKED, 1, 131072, 131072, QK, QV, QD, QDV, 1, 0},
+    {"gdn.scan/cuda/bf16/qwen3next_batch16x2K/chunked", 1, CHUNKED, 16, 2048, 32768, QK, QV, QD, QDV, 1, 0},
+    {"gdn.scan/cuda/bf16/qwen3next_prefill/recurrent", 1, RECURRENT, 1, 8192, 8192, QK, QV, QD, QDV, 1, 0},
+    {"gdn.scan/cuda/bf16/qwen3next_prefill/recurrent", 1, RECURRENT, 1, 32768, 32768, QK, QV, QD, QDV, 1, 0},
+    {"gdn.scan/cuda/bf16/qwen3next_batch16x2K/recurrent", 1, RECURRENT, 16, 2048, 32768, QK, QV, QD, QDV, 1, 0},
+    {"gdn.scan/cuda/bf16/qwen3next_decode", 1, AUTO, 256, 1, 256, QK, QV, QD, QDV, 1, 0},
+    {"gdn.scan/cpu/bf16/small", 0, AUTO, 2, 32, 64, 2, 4, QD, QDV, 1, 3},
 };
 #define NUM_CASES ((int)(sizeof cases / sizeof cases[0]))
 
@@ -169,7 +179,13 @@ static void bench_cpu(upf_bench_state *st, void *ctx) {
 }
 
 #ifdef UPF_HAVE_CUDA
-static upf_status call_cuda(void *arg) { return case_call(arg); }
+static upf_status call_cuda(void *arg) {
+  gdn_bench_case *c = arg;
+  upf_cuda_gdn_scan_set_path((upf_gdn_scan_path)c->path);
+  upf_status st = case_call(c);
+  upf_cuda_gdn_scan_set_path(UPF_GDN_SCAN_AUTO);
+  return st;
+}
 #endif
 
 static void bench_cuda(upf_bench_state *st, void *ctx) {

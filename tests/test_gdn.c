@@ -2,7 +2,8 @@
  * math, the L2 norm, conv1d), the invariants (g = 0 and beta = 0 keep the state, beta = 1 with a unit
  * k overwrites the memory along k, a prefill of n then m single steps equals a prefill of n+m, a
  * batch equals its requests one by one), bad inputs returning their statuses, the model constants,
- * and the verify entries (on the CPU, and their seeded cases through the harness on a CPU twin). */
+ * and the verify entries (on the CPU, and their seeded cases through the harness on a CPU twin); host
+ * replays of the CUDA scans' arithmetic (recurrent fp32, chunked bf16) through the verify cases. */
 #include <CUnit/CUnit.h>
 #include <math.h>
 #include <stdio.h>
@@ -407,6 +408,139 @@ static void test_fp32_state_meets_tolerances(void) {
   verify_cpu(UPF_OP_GDN_SCAN, &twin);
 }
 
+/* The CUDA chunked scan's arithmetic (cuda/gdn_chunked.cu), replayed on the host: bf16 operands where
+ * the kernel rounds to bf16 (normalised q and k, beta exp(G) k, beta v, T, W, U, P, the state as a
+ * matrix operand, V'), fp32 sums and an fp32 state. Run through the verify cases, it shows without a
+ * GPU whether that precision meets the tolerances the device will face. Batches the CUDA backend gives
+ * to the recurrent kernel go to emu_scan. */
+static float rb(float x) { return upf_round_bf16(x); }
+
+static upf_status emu_chunked_scan(const upf_gdn_batch *batch, const upf_gdn_scan_inputs *in, const upf_tensor *o,
+                                   const upf_tensor *state_out) {
+  UPF_TRY(upf_gdn_scan_check(batch, in, o, state_out));
+  const upf_tensor *q = in->q, *k = in->k, *v = in->v;
+  enum { C = 64, D = 128 };
+  int32_t longest = 0;
+  for (int32_t r = 0; r < batch->num_reqs; r++)
+    if (batch->cu_seqlens_host[r + 1] - batch->cu_seqlens_host[r] > longest)
+      longest = batch->cu_seqlens_host[r + 1] - batch->cu_seqlens_host[r];
+  if (v->dtype != UPF_DTYPE_BF16 || q->shape[2] != D || v->shape[2] != D || longest < 64)
+    return emu_scan(batch, in, o, state_out);
+  int64_t Hk = q->shape[1], Hv = v->shape[1];
+  float *S = malloc(D * D * sizeof *S), *Kn = malloc(C * D * sizeof *Kn), *Qn = malloc(C * D * sizeof *Qn);
+  float *Kb = malloc(C * D * sizeof *Kb), *Vb = malloc(C * D * sizeof *Vb), *A = malloc(C * C * sizeof *A);
+  float *X = malloc(C * C * sizeof *X), *P = malloc(C * C * sizeof *P), *W = malloc(C * D * sizeof *W);
+  float *U = malloc(C * D * sizeof *U), *Vp = malloc(C * D * sizeof *Vp), *Sb = malloc(D * D * sizeof *Sb);
+  float G[C], beta[C], gv[C];
+  if (!S || !Kn || !Qn || !Kb || !Vb || !A || !X || !P || !W || !U || !Vp || !Sb) {
+    free(S), free(Kn), free(Qn), free(Kb), free(Vb), free(A), free(X), free(P), free(W), free(U), free(Vp), free(Sb);
+    return upf_fail(UPF_ERR_NOMEM, "emu chunked scan");
+  }
+  for (int32_t r = 0; r < batch->num_reqs; r++)
+    for (int64_t h = 0; h < Hv; h++) {
+      int64_t kh = h / (Hv / Hk), soff = ((int64_t)r * Hv + h) * D * D;
+      for (int64_t i = 0; i < D * D; i++)
+        S[i] = in->state_in ? ((const float *)in->state_in->data)[soff + i] : 0.0f;
+      float ea = expf(((const float *)in->a_log->data)[h]), dtb = ((const float *)in->dt_bias->data)[h];
+      for (int64_t t0 = batch->cu_seqlens_host[r]; t0 < batch->cu_seqlens_host[r + 1]; t0 += C) {
+        int len = (int)(batch->cu_seqlens_host[r + 1] - t0 < C ? batch->cu_seqlens_host[r + 1] - t0 : C);
+        for (int j = 0; j < C; j++) {
+          gv[j] = beta[j] = 0.0f;
+          if (j < len) {
+            float x = emu_get(in->a, (t0 + j) * in->a->stride[0] + h) + dtb;
+            gv[j] = -ea * (x > 20.0f ? x : log1pf(expf(x)));
+            beta[j] = 1.0f / (1.0f + expf(-emu_get(in->b, (t0 + j) * in->b->stride[0] + h)));
+          }
+          G[j] = (j ? G[j - 1] : 0.0f) + gv[j];
+        }
+        for (int j = 0; j < C; j++) {
+          float qx[D], kx[D], qq = 0.0f, kk = 0.0f;
+          for (int d = 0; d < D; d++) {
+            int64_t tok = t0 + j;
+            qx[d] = j < len ? emu_get(q, tok * q->stride[0] + kh * q->stride[1] + d) : 0.0f;
+            kx[d] = j < len ? emu_get(k, tok * k->stride[0] + kh * k->stride[1] + d) : 0.0f;
+            qq += qx[d] * qx[d], kk += kx[d] * kx[d];
+            Vb[j * D + d] = rb(beta[j] * (j < len ? emu_get(v, tok * v->stride[0] + h * v->stride[1] + d) : 0.0f));
+          }
+          float rq = in->scale / sqrtf(qq + UPF_GDN_L2_EPS), rk = 1.0f / sqrtf(kk + UPF_GDN_L2_EPS);
+          for (int d = 0; d < D; d++) {
+            Kn[j * D + d] = rb(kx[d] * rk), Qn[j * D + d] = rb(qx[d] * rq);
+            Kb[j * D + d] = rb(beta[j] * expf(G[j]) * kx[d] * rk);
+          }
+        }
+        for (int i = 0; i < C; i++)
+          for (int j = 0; j < C; j++) {
+            float kk = 0.0f, qk = 0.0f;
+            for (int d = 0; d < D; d++)
+              kk += Kn[i * D + d] * Kn[j * D + d], qk += Qn[i * D + d] * Kn[j * D + d];
+            float dec = expf(fminf(G[i] - G[j], 0.0f));
+            A[i * C + j] = j < i ? beta[i] * kk * dec : 0.0f;
+            P[i * C + j] = j <= i ? rb(qk * dec) : 0.0f;
+          }
+        for (int m = 0; m < C; m++)
+          for (int i = 0; i < C; i++) {
+            float s = 0.0f;
+            for (int j = m; j < i; j++)
+              s += A[i * C + j] * X[j * C + m];
+            X[i * C + m] = i < m ? 0.0f : i == m ? 1.0f : -s;
+          }
+        for (int i = 0; i < C; i++)
+          for (int d = 0; d < D; d++) {
+            float w = 0.0f, u = 0.0f;
+            for (int j = 0; j < C; j++)
+              w += rb(X[i * C + j]) * Kb[j * D + d], u += rb(X[i * C + j]) * Vb[j * D + d];
+            W[i * D + d] = rb(w), U[i * D + d] = rb(u);
+          }
+        for (int64_t e = 0; e < D * D; e++)
+          Sb[e] = rb(S[e]);
+        for (int i = 0; i < C; i++)
+          for (int c = 0; c < D; c++) {
+            float ws = 0.0f;
+            for (int d = 0; d < D; d++)
+              ws += W[i * D + d] * Sb[d * D + c];
+            Vp[i * D + c] = U[i * D + c] - ws;
+          }
+        for (int i = 0; i < len; i++)
+          for (int c = 0; c < D; c++) {
+            float qs = 0.0f, pv = 0.0f;
+            for (int d = 0; d < D; d++)
+              qs += Qn[i * D + d] * Sb[d * D + c];
+            for (int j = 0; j < C; j++)
+              pv += P[i * C + j] * rb(Vp[j * D + c]);
+            float out = qs * expf(G[i]) + pv;
+            int64_t oo = (t0 + i) * o->stride[0] + h * o->stride[1] + c;
+            if (o->dtype == UPF_DTYPE_BF16)
+              ((uint16_t *)o->data)[oo] = upf_bf16_from_f32(out);
+            else
+              ((float *)o->data)[oo] = out;
+          }
+        float eL = expf(G[C - 1]);
+        for (int d = 0; d < D; d++)
+          for (int c = 0; c < D; c++) {
+            float acc = 0.0f;
+            for (int j = 0; j < C; j++)
+              acc += Kn[j * D + d] * rb(Vp[j * D + c] * expf(G[C - 1] - G[j]));
+            S[d * D + c] = S[d * D + c] * eL + acc;
+          }
+      }
+      if (state_out)
+        memcpy((float *)state_out->data + soff, S, (size_t)(D * D) * sizeof *S);
+    }
+  free(S), free(Kn), free(Qn), free(Kb), free(Vb), free(A), free(X), free(P), free(W), free(U), free(Vp), free(Sb);
+  return UPF_OK;
+}
+
+static void test_chunked_bf16_meets_tolerances(void) {
+  if (upf_test_quick()) {
+    printf("(skipped under UPF_TEST_QUICK) ");
+    return;
+  }
+  twin = *upf_backend_cpu();
+  twin.name = "cpu-chunked-bf16-emulation";
+  twin.gdn_scan = emu_chunked_scan;
+  verify_cpu(UPF_OP_GDN_SCAN, &twin);
+}
+
 void upf_register_gdn_tests(void) {
   CU_pSuite suite = CU_add_suite("gated deltanet (cpu reference)", NULL, NULL);
   CU_add_test(suite, "gates g, beta and the l2 norm by hand", test_gates_and_l2norm);
@@ -421,6 +555,8 @@ void upf_register_gdn_tests(void) {
   CU_add_test(suite, "qwen3-next linear-attention constants", test_model_constants);
   CU_add_test(suite, "gdn verify entries pass on the cpu", test_verify_entries_cpu);
   CU_add_test(suite, "gdn verify cases through the harness (cpu twin)", test_verify_cases_on_cpu_twin);
+  CU_add_test(suite, "the cuda chunked scan's bf16 arithmetic on the host meets the verify tolerances",
+              test_chunked_bf16_meets_tolerances);
   CU_add_test(suite, "the cuda scan's fp32 arithmetic on the host meets the verify tolerances",
               test_fp32_state_meets_tolerances);
 }

@@ -1,7 +1,8 @@
 /* Verify cases of the Gated DeltaNet ops. On every backend: hand-computed golden cases, bad inputs
  * that must come back as their status, and the prefill/decode boundary (a prefill of n tokens then m
  * single steps, conv and scan, equals the CPU reference's prefill of n+m; a batch equals its requests
- * run one by one). For a backend under test: seeded ragged batches (1, 17, 64, 65, 577, 4096, 32K
+ * run one by one; and the scan alone in bf16 at D = 128, where the CUDA prefill is the chunked form and
+ * the steps the recurrent one). For a backend under test: seeded ragged batches (1, 17, 64, 65, 577, 4096, 32K
  * tokens) at Qwen3-Next head shapes and odd ones, f32 and bf16, with and without initial states,
  * gates drawn as in real use (g in [-20, -1e-4], beta in [0, 1]), q/k/v as strided views into the
  * conv output, compared with the CPU reference through the dense harness (the scan's output falls
@@ -12,6 +13,7 @@
 
 #include "ref_cpu/dense_util.h"
 #include "ref_cpu/gdn.h"
+#include "uniprefill/bf16.h"
 #include "uniprefill/model_config.h"
 #include "verify/dense_checks.h"
 #include "verify/verify.h"
@@ -574,6 +576,163 @@ static void boundary_check(upf_verify_ctx *ctx, int with_state) {
 }
 
 /* ================================================================================================ */
+/* The same boundary for the scan alone at Qwen3-Next head size in bf16 (Dk = Dv = 128, two value heads */
+/* per key head): the prefill takes the backend's prefill path (on CUDA the chunked tensor-core form,   */
+/* requests of 130 and 64 tokens), the m steps its decode path (one-token requests, the recurrent step), */
+/* against the CPU reference's prefill of n+m. bf16 tolerances.                                        */
+
+#define SB_B 4
+#define SB_M 3
+#define SB_HK 2
+#define SB_HV 4
+#define SB_D 128
+
+typedef struct {
+  int32_t n[SB_B];
+  int64_t first[SB_B + 1]; /* request r's tokens [first[r], first[r+1]) in the host arrays */
+  uint16_t *qk;            /* (total, 2 Hk D): q then k, bf16 */
+  uint16_t *v;             /* (total, Hv D) */
+  uint16_t *ab;            /* (total, 2 Hv): a then b */
+  float a_log[SB_HV], dt_bias[SB_HV];
+  float *s0; /* (B, Hv, D, D) */
+} sb_data;
+
+/* Scans tokens [from_r, from_r + len_r) of each request on `be`, states in (NULL: zeros) and out (may
+ * be the same host array): o (sum len, Hv, D) as floats. */
+static upf_status sb_scan(const upf_backend *be, const sb_data *d, const int32_t *from, const int32_t *len,
+                          const float *s_in, float *s_out, float *o) {
+  bmem m = {.be = be};
+  int32_t cu[SB_B + 1] = {0};
+  for (int r = 0; r < SB_B; r++)
+    cu[r + 1] = cu[r] + len[r];
+  const int64_t T = cu[SB_B], rows = T ? T : 1, nqk = 2 * SB_HK * SB_D, nv = SB_HV * SB_D;
+  const int64_t ns = (int64_t)SB_B * SB_HV * SB_D * SB_D;
+  uint16_t *qk = malloc((size_t)rows * nqk * 2), *v = malloc((size_t)rows * nv * 2);
+  uint16_t *ab = malloc((size_t)rows * 2 * SB_HV * 2), *ob = malloc((size_t)rows * nv * 2);
+  upf_status st = qk && v && ab && ob ? UPF_OK : upf_fail(UPF_ERR_NOMEM, "scan boundary");
+  for (int r = 0; st == UPF_OK && r < SB_B; r++) {
+    int64_t src = d->first[r] + from[r];
+    memcpy(qk + (int64_t)cu[r] * nqk, d->qk + src * nqk, (size_t)len[r] * nqk * 2);
+    memcpy(v + (int64_t)cu[r] * nv, d->v + src * nv, (size_t)len[r] * nv * 2);
+    memcpy(ab + (int64_t)cu[r] * 2 * SB_HV, d->ab + src * 2 * SB_HV, (size_t)len[r] * 2 * SB_HV * 2);
+  }
+  const int64_t sq[3] = {T, SB_HK, SB_D}, sv[3] = {T, SB_HV, SB_D}, sab[2] = {T, SB_HV}, sh[1] = {SB_HV};
+  const int64_t sst[4] = {SB_B, SB_HV, SB_D, SB_D};
+  upf_tensor q, k, tv, a, b, al, dt, ss, to;
+  void *dqk = NULL, *dv = NULL, *dab = NULL, *dal = NULL, *ddt = NULL, *dss = NULL, *dto = NULL, *dcu = NULL;
+  if (st == UPF_OK)
+    st = bm_put(&m, qk, (size_t)rows * nqk * 2, &dqk);
+  if (st == UPF_OK)
+    st = bm_put(&m, v, (size_t)rows * nv * 2, &dv);
+  if (st == UPF_OK)
+    st = bm_put(&m, ab, (size_t)rows * 2 * SB_HV * 2, &dab);
+  if (st == UPF_OK)
+    st = bm_put(&m, d->a_log, sizeof d->a_log, &dal);
+  if (st == UPF_OK)
+    st = bm_put(&m, d->dt_bias, sizeof d->dt_bias, &ddt);
+  if (st == UPF_OK)
+    st = bm_put(&m, s_in, (size_t)ns * sizeof(float), &dss); /* NULL s_in: poisoned, not read */
+  if (st == UPF_OK)
+    st = bm_put(&m, NULL, (size_t)rows * nv * 2, &dto);
+  if (st == UPF_OK)
+    st = bm_put(&m, cu, sizeof cu, &dcu);
+  if (st == UPF_OK) {
+    upf_tensor_init(&q, dqk, UPF_DTYPE_BF16, 3, sq), upf_tensor_init(&k, (uint16_t *)dqk + SB_HK * SB_D, UPF_DTYPE_BF16, 3, sq);
+    q.stride[0] = k.stride[0] = nqk;
+    upf_tensor_init(&tv, dv, UPF_DTYPE_BF16, 3, sv), upf_tensor_init(&to, dto, UPF_DTYPE_BF16, 3, sv);
+    upf_tensor_init(&a, dab, UPF_DTYPE_BF16, 2, sab), upf_tensor_init(&b, (uint16_t *)dab + SB_HV, UPF_DTYPE_BF16, 2, sab);
+    a.stride[0] = b.stride[0] = 2 * SB_HV;
+    upf_tensor_init(&al, dal, UPF_DTYPE_F32, 1, sh), upf_tensor_init(&dt, ddt, UPF_DTYPE_F32, 1, sh);
+    upf_tensor_init(&ss, dss, UPF_DTYPE_F32, 4, sst);
+    upf_gdn_batch batch = {dcu, cu, SB_B};
+    upf_gdn_scan_inputs in = {&q, &k, &tv, &a, &b, &al, &dt, s_in ? &ss : NULL, 1.0f / sqrtf((float)SB_D)};
+    st = be->gdn_scan(&batch, &in, &to, &ss); /* the final states overwrite the initial ones in place */
+  }
+  if (st == UPF_OK && T > 0)
+    st = be->download(ob, dto, (size_t)T * nv * 2);
+  if (st == UPF_OK)
+    st = be->download(s_out, dss, (size_t)ns * sizeof(float));
+  for (int64_t i = 0; st == UPF_OK && i < T * nv; i++)
+    o[i] = upf_bf16_to_f32(ob[i]);
+  free(qk), free(v), free(ab), free(ob);
+  bm_free(&m);
+  return st;
+}
+
+static void scan_boundary_bf16(upf_verify_ctx *ctx, int with_state) {
+  const char *variant = with_state ? "bf16 D=128: prefill n + m steps == prefill n+m, initial states"
+                                   : "bf16 D=128: prefill n + m steps == prefill n+m, from zero";
+  sb_data d = {.n = {130, 64, 1, 0}};
+  d.first[0] = 0;
+  for (int r = 0; r < SB_B; r++)
+    d.first[r + 1] = d.first[r] + d.n[r] + SB_M;
+  const int64_t total = d.first[SB_B], nqk = 2 * SB_HK * SB_D, nv = SB_HV * SB_D;
+  const int64_t ns = (int64_t)SB_B * SB_HV * SB_D * SB_D, per = nv;
+  upf_rng rng;
+  upf_rng_seed(&rng, 5151 + with_state);
+  d.qk = malloc((size_t)total * nqk * 2), d.v = malloc((size_t)total * nv * 2), d.ab = malloc((size_t)total * 2 * SB_HV * 2);
+  d.s0 = malloc((size_t)ns * sizeof *d.s0);
+  float *tmp = malloc((size_t)total * nqk * sizeof *tmp), *o_full = malloc((size_t)total * nv * sizeof *o_full);
+  float *o_pre = malloc((size_t)total * nv * sizeof *o_pre), *o_step = malloc((size_t)SB_B * nv * sizeof *o_step);
+  float *s_full = malloc((size_t)ns * sizeof *s_full), *s_dev = malloc((size_t)ns * sizeof *s_dev);
+  float *got = malloc((size_t)(total * nv + ns) * sizeof *got);
+  double *want = malloc((size_t)(total * nv + ns) * sizeof *want);
+  upf_status st = d.qk && d.v && d.ab && d.s0 && tmp && o_full && o_pre && o_step && s_full && s_dev && got && want
+                      ? UPF_OK
+                      : upf_fail(UPF_ERR_NOMEM, "scan boundary");
+  if (st == UPF_OK) {
+    upf_rng_fill_normal(&rng, tmp, total * nqk, 0.0f, 1.0f);
+    upf_bf16_from_f32_array(d.qk, tmp, total * nqk);
+    upf_rng_fill_normal(&rng, tmp, total * nv, 0.0f, 1.0f);
+    upf_bf16_from_f32_array(d.v, tmp, total * nv);
+    upf_rng_fill_normal(&rng, d.s0, ns, 0.0f, 0.5f);
+    if (!with_state)
+      memset(d.s0, 0, (size_t)ns * sizeof *d.s0);
+    for (int h = 0; h < SB_HV; h++)
+      d.a_log[h] = upf_rng_uniform(&rng) * 3.0f - 1.0f, d.dt_bias[h] = upf_rng_uniform(&rng) * 4.0f - 2.0f;
+    for (int64_t t = 0; t < total; t++)
+      for (int h = 0; h < SB_HV; h++) {
+        float a, b;
+        draw_gate(&rng, d.a_log[h], d.dt_bias[h], &a, &b);
+        d.ab[t * 2 * SB_HV + h] = upf_bf16_from_f32(a), d.ab[t * 2 * SB_HV + SB_HV + h] = upf_bf16_from_f32(b);
+      }
+  }
+  int32_t zero[SB_B] = {0}, full[SB_B], pre[SB_B], one[SB_B];
+  for (int r = 0; r < SB_B; r++)
+    full[r] = d.n[r] + SB_M, pre[r] = d.n[r], one[r] = 1;
+  if (st == UPF_OK)
+    st = sb_scan(upf_backend_cpu(), &d, zero, full, with_state ? d.s0 : NULL, s_full, o_full);
+  if (st == UPF_OK)
+    st = sb_scan(ctx->backend, &d, zero, pre, with_state ? d.s0 : NULL, s_dev, o_pre);
+  /* Reassemble in the full run's token order: each request's prefill rows, then its m steps. */
+  int64_t tp = 0, tf[SB_B];
+  for (int r = 0; r < SB_B; r++) {
+    tf[r] = d.first[r]; /* the full run packs requests in the same order */
+    for (int t = 0; st == UPF_OK && t < d.n[r]; t++, tp++)
+      for (int64_t e = 0; e < per; e++)
+        got[(tf[r] + t) * per + e] = o_pre[tp * per + e];
+  }
+  for (int s = 0; st == UPF_OK && s < SB_M; s++) {
+    int32_t from[SB_B];
+    for (int r = 0; r < SB_B; r++)
+      from[r] = d.n[r] + s;
+    st = sb_scan(ctx->backend, &d, from, one, s_dev, s_dev, o_step);
+    for (int r = 0; st == UPF_OK && r < SB_B; r++)
+      for (int64_t e = 0; e < per; e++)
+        got[(tf[r] + d.n[r] + s) * per + e] = o_step[r * per + e];
+  }
+  for (int64_t i = 0; st == UPF_OK && i < total * per; i++)
+    want[i] = o_full[i];
+  for (int64_t i = 0; st == UPF_OK && i < ns; i++)
+    got[total * per + i] = s_dev[i], want[total * per + i] = s_full[i];
+  char shape[96];
+  snprintf(shape, sizeof shape, "n={130,64,1,0} m=%d Hk=%d Hv=%d D=%d", SB_M, SB_HK, SB_HV, SB_D);
+  record_values(ctx, "gdn.scan", variant, shape, st, got, want, total * per + ns, upf_tolerance_for(UPF_DTYPE_BF16));
+  free(d.qk), free(d.v), free(d.ab), free(d.s0), free(tmp), free(o_full), free(o_pre), free(o_step), free(s_full);
+  free(s_dev), free(got), free(want);
+}
+
+/* ================================================================================================ */
 /* Seeded cases through the dense harness (backend under test vs the CPU reference).                */
 
 typedef struct {
@@ -866,6 +1025,8 @@ void upf_verify_gdn_scan(upf_verify_ctx *ctx) {
   errors_for(ctx, UPF_OP_GDN_SCAN);
   boundary_check(ctx, 1);
   boundary_check(ctx, 0);
+  scan_boundary_bf16(ctx, 1);
+  scan_boundary_bf16(ctx, 0);
   for (int i = 0; i < NUM_CASES; i++)
     if (case_wanted(ctx, gdn_cases[i].flags))
       for (int d = 0; d < NUM_DTYPES; d++)

@@ -1,0 +1,552 @@
+/* The chunked (WY / UT-transform) form of the gated delta-rule scan on bf16 tensor cores: the prefill
+ * fast path of gdn.scan for bf16 inputs with Dk = Dv = 128 (Qwen3-Next). The math is the CPU reference
+ * ref_gdn_scan_chunked's (ref_cpu/gdn.c), over chunks of CH = 64 tokens of one request:
+ *   G = cumsum(g) within the chunk (rows past the request's end repeat the last G and carry beta = 0,
+ *       k = q = v = 0, so they add nothing);
+ *   A = strictly-lower(diag(beta) K K^T * exp(G_i - G_j)),  T = (I + A)^-1 (forward substitution);
+ *   W = T diag(beta exp(G)) K,  U = T diag(beta) V,  P = lower(Q K^T * exp(G_i - G_j)) (q carries scale);
+ * then, in chunk order, with the fp32 state S (Dk x Dv):
+ *   V' = U - W S;  O = diag(exp(G)) Q S + P V';  S <- exp(G_last) S + K^T diag(exp(G_last - G)) V'.
+ * Every exponent is <= 0: nothing overflows, and an exp that underflows to 0 is the true value.
+ *
+ * Two launches:
+ *   chunk_prep_kernel   one CTA (4 warps) per (chunk, value head), all independent: gates, cumsum, L2
+ *                       norms (xor-tree sums), K K^T and Q K^T by mma.sync (bf16 in, fp32 accumulate),
+ *                       T in fp32 by 16 x 16 blocks (each diagonal block by forward substitution in one
+ *                       warp, then the block rows in turn; every sum in index order), W and U by mma
+ *                       with T rounded to bf16. Writes W, U, P (bf16), G (fp32)
+ *                       and, once per key head, the normalised q (scaled) and k^T (bf16) to the workspace.
+ *   chunk_state_kernel  one CTA (8 warps) per (request, value head, block of BV = 32 value columns): the
+ *                       state block (128 x 32 fp32) lives in the accumulators of the warps (warp w owns
+ *                       rows 16w..16w+15); warps 0-3 compute V' = U - W S while warps 4-7 compute Q S;
+ *                       per chunk it is rounded to bf16 into shared memory as the B
+ *                       operand of W S and Q S, V' goes to shared memory as bf16 for P V' and the state
+ *                       update. The next chunk's W, Q, K^T, P, U, G stream in by cp.async (double buffer)
+ *                       while this one computes. 4 x 32 CTAs per request at 32 value heads fill the
+ *                       132 SMs with a single long request.
+ * Precision: bf16 operands, fp32 accumulation and fp32 state (FLA's chunk_gated_delta_rule makes the same
+ * choices); the long-reduction rule of SPEC 7 applies (see verify/verify_gdn.c). No atomics and every sum
+ * in a fixed order: the same inputs give the same bits on every run. */
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "cuda/cuda_backend.cuh"
+#include "cuda/cuda_check.cuh"
+#include "cuda/gdn.cuh"
+#include "cuda/mma_sync.cuh"
+
+namespace {
+
+using upf_mma::bf16;
+using upf_mma::pack_bf16;
+using upf_mma::warp_mma;
+
+constexpr int CH = 64;       /* tokens per chunk */
+constexpr int D = 128;       /* Dk = Dv */
+constexpr int THREADS = 128; /* 4 warps */
+constexpr int LDA = D + 8;   /* bf16 row stride of 128-wide tiles (272 bytes: 4 mod 32 words) */
+constexpr int LDB = CH + 8;  /* bf16 row stride of 64-wide tiles (144 bytes) */
+constexpr int LDF = CH + 8;  /* fp32 row stride of the 64 x 64 matrices */
+constexpr int BV = 32;       /* value columns of one state CTA */
+
+__device__ __forceinline__ float ld(const float *p) { return *p; }
+__device__ __forceinline__ float ld(const bf16 *p) { return __bfloat162float(*p); }
+__device__ __forceinline__ void st(float *p, float v) { *p = v; }
+__device__ __forceinline__ void st(bf16 *p, float v) { *p = __float2bfloat16_rn(v); }
+
+struct chunk_ws {
+  const int2 *chunks;        /* (n_chunks) {first token, length} */
+  const int32_t *req_chunk0; /* (B+1) first chunk of each request */
+  bf16 *w, *u;               /* (n_chunks, Hv, CH, D) */
+  bf16 *p;                   /* (n_chunks, Hv, CH, CH) */
+  float *gcum;               /* (n_chunks, Hv, CH) */
+  bf16 *qn;                  /* (n_chunks, Hk, CH, D) normalised q times scale */
+  bf16 *kt;                  /* (n_chunks, Hk, D, CH) normalised k, transposed */
+};
+
+struct prep_args {
+  const void *q, *k, *v, *a, *b;
+  int64_t q_s0, q_s1, k_s0, k_s1, v_s0, v_s1, a_s0, b_s0;
+  const float *a_log, *dt_bias;
+  int hk, hv;
+  float scale;
+  chunk_ws ws;
+};
+
+constexpr int TB = 16; /* block size of the triangular inverse */
+constexpr size_t PREP_SMEM = (size_t)(2 * CH * LDA + 2 * D * LDB) * sizeof(bf16) +
+                             (size_t)(2 * CH * LDF + 3 * CH + (CH / TB - 1) * TB * TB) * sizeof(float);
+
+/* out (CH x D, bf16, global) = T (fp32 shared, rounded to bf16) times B (given as Bt (D rows, CH
+ * contiguous)); warp w writes rows 16w..16w+15. */
+__device__ __forceinline__ void product_t_times(const float *Xm, const bf16 *bt, bf16 *out) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+  float acc[16][4] = {};
+  upf_mma::warp_mma_af32<16, CH>(acc, Xm + 16 * warp * LDF, LDF, bt, LDB);
+#pragma unroll
+  for (int nt = 0; nt < 16; nt++)
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+      const int i = 16 * warp + g + 8 * half, c = 8 * nt + 2 * t4;
+      *reinterpret_cast<uint32_t *>(out + i * D + c) = pack_bf16(acc[nt][2 * half], acc[nt][2 * half + 1]);
+    }
+}
+
+template <typename T> __global__ void __launch_bounds__(THREADS) chunk_prep_kernel(const __grid_constant__ prep_args a) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  bf16 *Kn = reinterpret_cast<bf16 *>(smem); /* [CH][LDA] normalised k */
+  bf16 *Qn = Kn + CH * LDA;                  /* [CH][LDA] normalised q * scale */
+  bf16 *KbT = Qn + CH * LDA;                 /* [D][LDB] (beta exp(G) k)^T */
+  bf16 *VbT = KbT + D * LDB;                 /* [D][LDB] (beta v)^T */
+  float *Am = reinterpret_cast<float *>(VbT + D * LDB); /* [CH][LDF] A (strictly lower) */
+  float *Xm = Am + CH * LDF;                             /* [CH][LDF] T = (I + A)^-1 */
+  float *gs = Xm + CH * LDF, *Gs = gs + CH, *bs = Gs + CH;
+  float *Ys = bs + CH; /* [(CH/TB - 1) TB TB] partial sums of one block row of T */
+  const int n = blockIdx.x, h = blockIdx.y, ratio = a.hv / a.hk, kh = h / ratio;
+  const int2 chunk = a.ws.chunks[n];
+  const int64_t tok0 = chunk.x;
+  const int len = chunk.y;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+  const int64_t ch_h = (int64_t)n * a.hv + h, ch_k = (int64_t)n * a.hk + kh;
+
+  if (tid < CH) {
+    float gv = 0.0f, beta = 0.0f;
+    if (tid < len) {
+      const int64_t t = tok0 + tid;
+      const float x = ld((const T *)a.a + t * a.a_s0 + h) + a.dt_bias[h];
+      const float sp = x > 20.0f ? x : log1pf(expf(x)); /* softplus, torch's threshold */
+      gv = -expf(a.a_log[h]) * sp;
+      beta = 1.0f / (1.0f + expf(-ld((const T *)a.b + t * a.b_s0 + h)));
+    }
+    gs[tid] = gv, bs[tid] = beta;
+  }
+  __syncthreads();
+  if (tid < CH) { /* every thread sums its own prefix left to right: the serial cumsum's bits */
+    float G = 0.0f;
+    for (int j = 0; j <= tid; j++)
+      G += gs[j];
+    Gs[tid] = G;
+    a.ws.gcum[ch_h * CH + tid] = G;
+  }
+  __syncthreads();
+
+  /* Rows: warp w takes rows w, w+4, ..., four at a time (all their loads in flight before the first
+   * use); lane holds dims lane + 32 e. */
+  for (int j0 = warp; j0 < CH; j0 += 16) {
+    float qx[4][4], kx[4][4], vx[4][4];
+#pragma unroll
+    for (int rr = 0; rr < 4; rr++) {
+      const int j = j0 + 4 * rr;
+      const bool valid = j < len;
+      const int64_t t = tok0 + j;
+      const T *qp = (const T *)a.q + t * a.q_s0 + (int64_t)kh * a.q_s1;
+      const T *kp = (const T *)a.k + t * a.k_s0 + (int64_t)kh * a.k_s1;
+      const T *vp = (const T *)a.v + t * a.v_s0 + (int64_t)h * a.v_s1;
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int d = lane + 32 * e;
+        qx[rr][e] = valid ? ld(qp + d) : 0.0f;
+        kx[rr][e] = valid ? ld(kp + d) : 0.0f;
+        vx[rr][e] = valid ? ld(vp + d) : 0.0f;
+      }
+    }
+#pragma unroll
+    for (int rr = 0; rr < 4; rr++) {
+      const int j = j0 + 4 * rr;
+      float qq = 0.0f, kk = 0.0f;
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        qq += qx[rr][e] * qx[rr][e];
+        kk += kx[rr][e] * kx[rr][e];
+      }
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) {
+        qq += __shfl_xor_sync(0xffffffffu, qq, off);
+        kk += __shfl_xor_sync(0xffffffffu, kk, off);
+      }
+      const float rq = a.scale / sqrtf(qq + UPF_GDN_L2_EPS), rk = 1.0f / sqrtf(kk + UPF_GDN_L2_EPS);
+      const float wb = bs[j] * expf(Gs[j]), vb = bs[j];
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int d = lane + 32 * e;
+        const float kn = kx[rr][e] * rk;
+        Kn[j * LDA + d] = __float2bfloat16_rn(kn);
+        Qn[j * LDA + d] = __float2bfloat16_rn(qx[rr][e] * rq);
+        KbT[d * LDB + j] = __float2bfloat16_rn(wb * kn);
+        VbT[d * LDB + j] = __float2bfloat16_rn(vb * vx[rr][e]);
+      }
+    }
+  }
+  __syncthreads();
+
+  if (h % ratio == 0) { /* the first value head of a key head writes the shared q and k^T */
+    bf16 *qo = a.ws.qn + ch_k * CH * D, *ko = a.ws.kt + ch_k * D * CH;
+    for (int e = tid; e < CH * D / 8; e += THREADS) {
+      const int r = e / (D / 8), c = (e % (D / 8)) * 8;
+      *reinterpret_cast<uint4 *>(qo + r * D + c) = *reinterpret_cast<const uint4 *>(Qn + r * LDA + c);
+    }
+    for (int e = tid; e < D * CH; e += THREADS) {
+      const int d = e / CH, j = e % CH;
+      ko[d * CH + j] = Kn[j * LDA + d];
+    }
+  }
+
+  { /* A (fp32, shared) and P (bf16, global) from K K^T and Q K^T; warp w owns rows 16w..16w+15. */
+    float kk[8][4] = {}, qk[8][4] = {};
+    warp_mma<8, D>(kk, Kn + 16 * warp * LDA, LDA, Kn, LDA);
+    warp_mma<8, D>(qk, Qn + 16 * warp * LDA, LDA, Kn, LDA);
+    bf16 *po = a.ws.p + ch_h * CH * CH;
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+      for (int half = 0; half < 2; half++) {
+        const int i = 16 * warp + g + 8 * half, j0 = 8 * nt + 2 * t4;
+        float av[2], pv[2];
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+          const int j = j0 + c;
+          const float dec = expf(fminf(Gs[i] - Gs[j], 0.0f)); /* used only for j <= i, where it is <= 0 */
+          av[c] = j < i ? bs[i] * kk[nt][2 * half + c] * dec : 0.0f;
+          pv[c] = j <= i ? qk[nt][2 * half + c] * dec : 0.0f;
+        }
+        Am[i * LDF + j0] = av[0], Am[i * LDF + j0 + 1] = av[1];
+        *reinterpret_cast<uint32_t *>(po + i * CH + j0) = pack_bf16(pv[0], pv[1]);
+      }
+  }
+  __syncthreads();
+
+  /* T = (I + A)^-1 in TB x TB blocks, every sum in index order:
+   *  1. warp w inverts diagonal block w (lane c < TB solves column c: x_i = -sum_{j<i} A_ij x_j);
+   *  2. block rows I = 1, 2, 3 in turn: Y_IJ = sum_{K=J}^{I-1} A_IK T_KJ for every J < I, then
+   *     T_IJ = -T_II Y_IJ (from (I + A) T = I restricted to block row I). */
+  for (int e = tid; e < CH * CH; e += THREADS)
+    Xm[(e / CH) * LDF + e % CH] = 0.0f;
+  __syncthreads();
+  if (lane < TB) {
+    const int b0 = TB * warp, c = lane;
+    float x[TB];
+#pragma unroll
+    for (int i = 0; i < TB; i++) {
+      float s = 0.0f; /* x_j = 0 for j < c: those terms add exact zeros */
+#pragma unroll
+      for (int j = 0; j < i; j++)
+        s += Am[(b0 + i) * LDF + b0 + j] * x[j];
+      x[i] = i < c ? 0.0f : i == c ? 1.0f : -s;
+    }
+#pragma unroll
+    for (int i = 0; i < TB; i++)
+      Xm[(b0 + i) * LDF + b0 + c] = x[i];
+  }
+  __syncthreads();
+#pragma unroll 1
+  for (int I = 1; I < CH / TB; I++) {
+    for (int e = tid; e < I * TB * TB; e += THREADS) {
+      const int J = e / (TB * TB), r = (e / TB) % TB, c = e % TB;
+      const float *ar = Am + (TB * I + r) * LDF;
+      float y = 0.0f;
+      for (int k = TB * J; k < TB * I; k++)
+        y += ar[k] * Xm[k * LDF + TB * J + c];
+      Ys[e] = y;
+    }
+    __syncthreads();
+    for (int e = tid; e < I * TB * TB; e += THREADS) {
+      const int J = e / (TB * TB), r = (e / TB) % TB, c = e % TB;
+      const float *tr = Xm + (TB * I + r) * LDF + TB * I; /* row r of T_II */
+      float t = 0.0f;
+      for (int k = 0; k <= r; k++)
+        t += tr[k] * Ys[J * TB * TB + k * TB + c];
+      Xm[(TB * I + r) * LDF + TB * J + c] = -t;
+    }
+    __syncthreads();
+  }
+
+  /* W = T (beta exp(G) K) and U = T (beta V), T rounded to bf16 as it is loaded. */
+  product_t_times(Xm, KbT, a.ws.w + ch_h * CH * D);
+  product_t_times(Xm, VbT, a.ws.u + ch_h * CH * D);
+}
+
+struct state_args {
+  const float *state_in; /* (B, Hv, D, D) or NULL */
+  float *state_out;      /* (B, Hv, D, D) or NULL; may be state_in */
+  void *o;
+  int64_t o_s0, o_s1;
+  int hk, hv;
+  chunk_ws ws;
+};
+
+constexpr int LDU = BV + 8;
+constexpr int STAGE_BF16 = 2 * CH * LDA + D * LDB + CH * LDB + CH * LDU; /* W, Q, K^T, P, U */
+constexpr size_t STAGE_BYTES = (size_t)STAGE_BF16 * sizeof(bf16) + CH * sizeof(float);
+constexpr size_t STATE_SMEM = 2 * STAGE_BYTES + (size_t)(BV * LDA + 2 * BV * LDB) * sizeof(bf16);
+static_assert(STAGE_BYTES % 16 == 0, "stages must keep 16-byte alignment");
+
+/* cp.async of chunk n's tiles for (value head h, key head kh, columns v0..v0+BV) into one stage, by
+ * NTHREADS threads. */
+template <int NTHREADS>
+__device__ __forceinline__ void load_stage(const state_args &a, unsigned char *stage, int64_t n, int h, int kh, int v0) {
+  bf16 *Ws = reinterpret_cast<bf16 *>(stage), *Qs = Ws + CH * LDA, *Ks = Qs + CH * LDA, *Ps = Ks + D * LDB;
+  bf16 *Us = Ps + CH * LDB;
+  float *Gs = reinterpret_cast<float *>(Us + CH * LDU);
+  const int64_t ch_h = n * a.hv + h, ch_k = n * a.hk + kh;
+  const bf16 *w = a.ws.w + ch_h * CH * D, *q = a.ws.qn + ch_k * CH * D, *k = a.ws.kt + ch_k * D * CH;
+  const bf16 *p = a.ws.p + ch_h * CH * CH, *u = a.ws.u + ch_h * CH * D + v0;
+  const float *gc = a.ws.gcum + ch_h * CH;
+  for (int e = threadIdx.x; e < CH * D / 8; e += NTHREADS) {
+    const int r = e >> 4, c = (e & 15) * 8;
+    upf_mma::cp_async16(Ws + r * LDA + c, w + r * D + c);
+    upf_mma::cp_async16(Qs + r * LDA + c, q + r * D + c);
+  }
+  for (int e = threadIdx.x; e < D * CH / 8; e += NTHREADS) {
+    const int r = e >> 3, c = (e & 7) * 8;
+    upf_mma::cp_async16(Ks + r * LDB + c, k + r * CH + c);
+  }
+  for (int e = threadIdx.x; e < CH * CH / 8; e += NTHREADS) {
+    const int r = e >> 3, c = (e & 7) * 8;
+    upf_mma::cp_async16(Ps + r * LDB + c, p + r * CH + c);
+  }
+  for (int e = threadIdx.x; e < CH * BV / 8; e += NTHREADS) {
+    const int r = e / (BV / 8), c = (e % (BV / 8)) * 8;
+    upf_mma::cp_async16(Us + r * LDU + c, u + r * D + c);
+  }
+  if (threadIdx.x < CH / 4)
+    upf_mma::cp_async16(Gs + 4 * threadIdx.x, gc + 4 * threadIdx.x);
+}
+
+/* WARPS = 4: warp w owns chunk rows 16w..16w+15 for both V' (W S) and O (Q S, P V'), and state rows
+ * 32w..32w+31. WARPS = 8: warps 0-3 compute V' and warps 4-7 O for chunk rows 16 (w mod 4).., in
+ * parallel; warp w owns state rows 16w..16w+15. Same sums in the same order either way. */
+template <typename TO, int WARPS>
+__global__ void __launch_bounds__(32 * WARPS, 1) chunk_state_kernel(const __grid_constant__ state_args a) {
+  constexpr int NT = BV / 8, NVB = D / BV, RS = D / WARPS, MT = RS / 16;
+  static_assert(WARPS == 4 || WARPS == 8, "4 or 8 warps");
+  extern __shared__ __align__(16) unsigned char smem[];
+  bf16 *St = reinterpret_cast<bf16 *>(smem + 2 * STAGE_BYTES); /* [BV][LDA] S^T rounded to bf16 */
+  bf16 *VpT = St + BV * LDA;                                    /* [BV][LDB] V'^T */
+  bf16 *VdT = VpT + BV * LDB;                                   /* [BV][LDB] (diag(exp(G_L - G)) V')^T */
+  const int vb = blockIdx.x % NVB, h = (blockIdx.x / NVB) % a.hv, r = blockIdx.x / (NVB * a.hv);
+  const int kh = h / (a.hv / a.hk), v0 = vb * BV;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+  const bool does_v = WARPS == 4 || warp < 4, does_o = WARPS == 4 || warp >= 4;
+  const int64_t soff = ((int64_t)r * a.hv + h) * D * D;
+
+  float s[MT][NT][4]; /* S rows RS warp + 16 mt + g (+8), columns v0 + 8 nt + 2 t4 (+1) */
+#pragma unroll
+  for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+      for (int c = 0; c < 4; c++) {
+        const int d = RS * warp + 16 * mt + g + 8 * (c >> 1), v = v0 + 8 * nt + 2 * t4 + (c & 1);
+        s[mt][nt][c] = a.state_in ? a.state_in[soff + (int64_t)d * D + v] : 0.0f;
+      }
+
+  const int c0 = a.ws.req_chunk0[r], c1 = a.ws.req_chunk0[r + 1];
+  if (c0 < c1) {
+    load_stage<32 * WARPS>(a, smem, c0, h, kh, v0);
+    upf_mma::cp_async_commit();
+  }
+  for (int n = c0, it = 0; n < c1; n++, it++) {
+    unsigned char *stage = smem + (size_t)(it & 1) * STAGE_BYTES;
+    if (n + 1 < c1) {
+      load_stage<32 * WARPS>(a, smem + (size_t)((it + 1) & 1) * STAGE_BYTES, n + 1, h, kh, v0);
+      upf_mma::cp_async_commit();
+      upf_mma::cp_async_wait<1>();
+    } else {
+      upf_mma::cp_async_wait<0>();
+    }
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+      for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+          const int d = RS * warp + 16 * mt + g + 8 * (c >> 1), v = 8 * nt + 2 * t4 + (c & 1);
+          St[v * LDA + d] = __float2bfloat16_rn(s[mt][nt][c]);
+        }
+    __syncthreads(); /* the stage and S^T are visible to every warp */
+    const bf16 *Ws = reinterpret_cast<const bf16 *>(stage), *Qs = Ws + CH * LDA, *Ks = Qs + CH * LDA;
+    const bf16 *Ps = Ks + D * LDB, *Us = Ps + CH * LDB;
+    const float *Gs = reinterpret_cast<const float *>(Us + CH * LDU);
+    const int2 chunk = a.ws.chunks[n];
+    const int i0 = 16 * (warp & 3);
+    const float GL = Gs[CH - 1];
+    float o[NT][4] = {};
+    if (does_v) {
+      float vp[NT][4] = {};
+      warp_mma<NT, D>(vp, Ws + i0 * LDA, LDA, St, LDA); /* W S */
+#pragma unroll
+      for (int half = 0; half < 2; half++) {
+        const int i = i0 + g + 8 * half;
+        const float ed = expf(GL - Gs[i]);
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+          for (int c = 0; c < 2; c++) {
+            const int col = 8 * nt + 2 * t4 + c;
+            const float val = __bfloat162float(Us[i * LDU + col]) - vp[nt][2 * half + c];
+            VpT[col * LDB + i] = __float2bfloat16_rn(val);
+            VdT[col * LDB + i] = __float2bfloat16_rn(val * ed);
+          }
+      }
+    }
+    if (does_o) {
+      warp_mma<NT, D>(o, Qs + i0 * LDA, LDA, St, LDA); /* Q S */
+#pragma unroll
+      for (int half = 0; half < 2; half++) {
+        const float eg = expf(Gs[i0 + g + 8 * half]);
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+          o[nt][2 * half] *= eg, o[nt][2 * half + 1] *= eg;
+      }
+    }
+    __syncthreads(); /* V' complete */
+    if (does_o) {
+      warp_mma<NT, CH>(o, Ps + i0 * LDB, LDB, VpT, LDB); /* + P V' */
+#pragma unroll
+      for (int half = 0; half < 2; half++) {
+        const int i = i0 + g + 8 * half;
+        if (i < chunk.y) {
+          TO *orow = (TO *)a.o + (int64_t)(chunk.x + i) * a.o_s0 + (int64_t)h * a.o_s1 + v0;
+#pragma unroll
+          for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int c = 0; c < 2; c++)
+              st(orow + 8 * nt + 2 * t4 + c, o[nt][2 * half + c]);
+        }
+      }
+    }
+    const float eL = expf(GL);
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+      for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int c = 0; c < 4; c++)
+          s[mt][nt][c] *= eL;
+      warp_mma<NT, CH>(s[mt], Ks + (RS * warp + 16 * mt) * LDB, LDB, VdT, LDB); /* + K^T diag(..) V' */
+    }
+    __syncthreads(); /* this stage, S^T and V' are free for the next chunk */
+  }
+  if (a.state_out)
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+      for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+          const int d = RS * warp + 16 * mt + g + 8 * (c >> 1), v = v0 + 8 * nt + 2 * t4 + (c & 1);
+          a.state_out[soff + (int64_t)d * D + v] = s[mt][nt][c];
+        }
+}
+
+size_t align256(size_t x) { return (x + 255) & ~(size_t)255; }
+
+template <typename TO, int WARPS> upf_status launch_state(const state_args &s, unsigned grid) {
+  static bool attr_set;
+  if (!attr_set) {
+    UPF_CUDA_TRY(cudaFuncSetAttribute(chunk_state_kernel<TO, WARPS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      (int)STATE_SMEM));
+    attr_set = true;
+  }
+  chunk_state_kernel<TO, WARPS><<<grid, 32 * WARPS, STATE_SMEM, upf_cuda_stream()>>>(s);
+  UPF_CUDA_LAUNCH_TRY("chunk_state_kernel");
+  return UPF_OK;
+}
+
+/* Warps of the state pass: 8 (V' and O on separate warps), or 4 where UPF_GDN_STATE_WARPS=4 asks for
+ * the first version (kept for A/B timing on the device). */
+int state_warps() {
+  static int warps;
+  if (!warps) {
+    const char *env = getenv("UPF_GDN_STATE_WARPS");
+    warps = env && atoi(env) == 4 ? 4 : 8;
+  }
+  return warps;
+}
+
+} // namespace
+
+extern "C" int upf_cuda_gdn_scan_chunked_fits(const upf_gdn_scan_inputs *in) {
+  return in->v->dtype == UPF_DTYPE_BF16 && in->q->shape[2] == D && in->v->shape[2] == D &&
+         upf_cuda_smem_optin() >= STATE_SMEM && upf_cuda_smem_optin() >= PREP_SMEM;
+}
+
+extern "C" upf_status upf_cuda_gdn_scan_chunked(const upf_gdn_batch *batch, const upf_gdn_scan_inputs *in,
+                                                const upf_tensor *o, const upf_tensor *state_out) {
+  const int32_t B = batch->num_reqs;
+  const int64_t Hk = in->q->shape[1], Hv = in->v->shape[1];
+  const int32_t *cu = batch->cu_seqlens_host;
+  /* The plan: every request's chunks in order, and each request's first chunk. */
+  std::vector<int2> chunks;
+  std::vector<int32_t> req_chunk0((size_t)B + 1);
+  for (int32_t r = 0; r < B; r++) {
+    req_chunk0[r] = (int32_t)chunks.size();
+    for (int32_t s0 = cu[r]; s0 < cu[r + 1]; s0 += CH)
+      chunks.push_back(make_int2(s0, cu[r + 1] - s0 < CH ? cu[r + 1] - s0 : CH));
+  }
+  req_chunk0[B] = (int32_t)chunks.size();
+  const int64_t nch = (int64_t)chunks.size();
+  if ((int64_t)B * Hv * (D / BV) > INT32_MAX || Hv > 65535)
+    return upf_fail(UPF_ERR_SHAPE, "gdn.scan (cuda, chunked): %d requests x %lld heads exceed the grid", B,
+                    (long long)Hv);
+  const size_t plan_bytes = align256(chunks.size() * sizeof(int2)) + align256(req_chunk0.size() * sizeof(int32_t));
+  const size_t wu_bytes = align256((size_t)nch * Hv * CH * D * sizeof(bf16));
+  const size_t p_bytes = align256((size_t)nch * Hv * CH * CH * sizeof(bf16));
+  const size_t g_bytes = align256((size_t)nch * Hv * CH * sizeof(float));
+  const size_t qk_bytes = align256((size_t)nch * Hk * CH * D * sizeof(bf16));
+  void *wsp = nullptr;
+  UPF_TRY(upf_cuda_workspace(plan_bytes + 2 * wu_bytes + p_bytes + g_bytes + 2 * qk_bytes, &wsp));
+  unsigned char *base = (unsigned char *)wsp;
+  std::vector<unsigned char> plan(plan_bytes, 0);
+  memcpy(plan.data(), chunks.data(), chunks.size() * sizeof(int2));
+  memcpy(plan.data() + align256(chunks.size() * sizeof(int2)), req_chunk0.data(), req_chunk0.size() * sizeof(int32_t));
+  UPF_TRY(upf_cuda_upload_async(base, plan.data(), plan_bytes));
+  chunk_ws ws;
+  ws.chunks = (const int2 *)base;
+  ws.req_chunk0 = (const int32_t *)(base + align256(chunks.size() * sizeof(int2)));
+  unsigned char *cur = base + plan_bytes;
+  ws.w = (bf16 *)cur, cur += wu_bytes;
+  ws.u = (bf16 *)cur, cur += wu_bytes;
+  ws.p = (bf16 *)cur, cur += p_bytes;
+  ws.gcum = (float *)cur, cur += g_bytes;
+  ws.qn = (bf16 *)cur, cur += qk_bytes;
+  ws.kt = (bf16 *)cur;
+
+  if (nch > 0) {
+    prep_args pa = {};
+    pa.q = in->q->data, pa.q_s0 = in->q->stride[0], pa.q_s1 = in->q->stride[1];
+    pa.k = in->k->data, pa.k_s0 = in->k->stride[0], pa.k_s1 = in->k->stride[1];
+    pa.v = in->v->data, pa.v_s0 = in->v->stride[0], pa.v_s1 = in->v->stride[1];
+    pa.a = in->a->data, pa.a_s0 = in->a->stride[0];
+    pa.b = in->b->data, pa.b_s0 = in->b->stride[0];
+    pa.a_log = (const float *)in->a_log->data, pa.dt_bias = (const float *)in->dt_bias->data;
+    pa.hk = (int)Hk, pa.hv = (int)Hv, pa.scale = in->scale;
+    pa.ws = ws;
+    static bool prep_attr_set;
+    if (!prep_attr_set) {
+      UPF_CUDA_TRY(cudaFuncSetAttribute(chunk_prep_kernel<bf16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)PREP_SMEM));
+      prep_attr_set = true;
+    }
+    if (nch > INT32_MAX)
+      return upf_fail(UPF_ERR_SHAPE, "gdn.scan (cuda, chunked): %lld chunks exceed the grid", (long long)nch);
+    chunk_prep_kernel<bf16><<<dim3((unsigned)nch, (unsigned)Hv), THREADS, PREP_SMEM, upf_cuda_stream()>>>(pa);
+    UPF_CUDA_LAUNCH_TRY("chunk_prep_kernel");
+  }
+  state_args sa = {};
+  sa.state_in = in->state_in ? (const float *)in->state_in->data : nullptr;
+  sa.state_out = state_out ? (float *)state_out->data : nullptr;
+  sa.o = o->data, sa.o_s0 = o->stride[0], sa.o_s1 = o->stride[1];
+  sa.hk = (int)Hk, sa.hv = (int)Hv;
+  sa.ws = ws;
+  const unsigned grid = (unsigned)((int64_t)B * Hv * (D / BV));
+  if (grid == 0)
+    return UPF_OK;
+  if (state_warps() == 4)
+    return o->dtype == UPF_DTYPE_BF16 ? launch_state<bf16, 4>(sa, grid) : launch_state<float, 4>(sa, grid);
+  return o->dtype == UPF_DTYPE_BF16 ? launch_state<bf16, 8>(sa, grid) : launch_state<float, 8>(sa, grid);
+}

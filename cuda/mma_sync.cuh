@@ -1,0 +1,82 @@
+/* Warp-level bf16 tensor-core helpers (mma.sync m16n8k16, fp32 accumulate) for kernels that keep their
+ * operands in shared memory with k contiguous. Fragment layouts (PTX ISA, mma.m16n8k16 .bf16), with
+ * g = lane / 4 and t = lane % 4:
+ *   A (16 x 16, row-major): {row g, k 2t..2t+1}, {row g+8, same}, {row g, k 2t+8..}, {row g+8, k 2t+8..}
+ *   B (16 x 8) given as Bt (8 rows n, k contiguous): {n g, k 2t..2t+1}, {n g, k 2t+8..2t+9}
+ *   C (16 x 8): c0, c1 = {row g, cols 2t, 2t+1}; c2, c3 = {row g+8, same}.
+ * Rows padded by 16 bytes (row stride = 4 mod 32 words) make each fragment load hit 32 banks.
+ * (cuda/attn.cu keeps its own copies of pack/lds32/mma from before this header; they can move here.) */
+#ifndef UNIPREFILL_CUDA_MMA_SYNC_CUH
+#define UNIPREFILL_CUDA_MMA_SYNC_CUH
+
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+namespace upf_mma {
+
+typedef __nv_bfloat16 bf16;
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t *>(&h);
+}
+
+__device__ __forceinline__ uint32_t lds32(const bf16 *p) { return *reinterpret_cast<const uint32_t *>(p); }
+
+__device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+               "{%0,%1,%2,%3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+/* c[NT] (a 16 x 8NT block) += A (16 x K rows of `a`, stride lda) * B, B given as Bt (8NT rows n of `bt`,
+ * stride ldb, k contiguous). K a multiple of 16; k runs in order 0, 16, ... (fixed summation order). */
+template <int NT, int K>
+__device__ __forceinline__ void warp_mma(float (&c)[NT][4], const bf16 *a, int lda, const bf16 *bt, int ldb) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int ks = 0; ks < K; ks += 16) {
+    const bf16 *ar = a + g * lda + ks + 2 * t;
+    const uint32_t a0 = lds32(ar), a1 = lds32(ar + 8 * lda), a2 = lds32(ar + 8), a3 = lds32(ar + 8 * lda + 8);
+#pragma unroll
+    for (int n = 0; n < NT; n++) {
+      const bf16 *br = bt + (8 * n + g) * ldb + ks + 2 * t;
+      mma_bf16(c[n], a0, a1, a2, a3, lds32(br), lds32(br + 8));
+    }
+  }
+}
+
+/* The same with A held in fp32 shared memory (stride lda floats, 8-byte aligned rows), rounded to bf16 as
+ * it is loaded. */
+template <int NT, int K>
+__device__ __forceinline__ void warp_mma_af32(float (&c)[NT][4], const float *a, int lda, const bf16 *bt, int ldb) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int ks = 0; ks < K; ks += 16) {
+    const float *ar = a + g * lda + ks + 2 * t;
+    const float2 x0 = *reinterpret_cast<const float2 *>(ar), x1 = *reinterpret_cast<const float2 *>(ar + 8 * lda);
+    const float2 x2 = *reinterpret_cast<const float2 *>(ar + 8);
+    const float2 x3 = *reinterpret_cast<const float2 *>(ar + 8 * lda + 8);
+    const uint32_t a0 = pack_bf16(x0.x, x0.y), a1 = pack_bf16(x1.x, x1.y), a2 = pack_bf16(x2.x, x2.y),
+                   a3 = pack_bf16(x3.x, x3.y);
+#pragma unroll
+    for (int n = 0; n < NT; n++) {
+      const bf16 *br = bt + (8 * n + g) * ldb + ks + 2 * t;
+      mma_bf16(c[n], a0, a1, a2, a3, lds32(br), lds32(br + 8));
+    }
+  }
+}
+
+/* 16-byte asynchronous global -> shared copy (cp.async.cg, L2 only) and its group fences. */
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
+  const uint32_t dst = (uint32_t)__cvta_generic_to_shared(smem);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+} // namespace upf_mma
+
+#endif
