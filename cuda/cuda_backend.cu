@@ -26,6 +26,9 @@
 
 namespace {
 
+/* 32 MiB: the cublasSetWorkspace size that cuBLAS's documentation recommends for Hopper. */
+#define CUBLAS_WORKSPACE_BYTES ((size_t)32 << 20)
+
 struct cuda_state {
   std::mutex lock;
   bool inited = false;
@@ -47,6 +50,7 @@ struct cuda_state {
   void *result = nullptr; /* pinned host, 4096 bytes, for small device->host reads */
 
   cublasHandle_t cublas = nullptr; /* created on first use, bound to `stream` */
+  void *cublas_workspace = nullptr;  /* CUBLAS_WORKSPACE_BYTES for `cublas`, kept for the process */
 };
 
 cuda_state g;
@@ -122,6 +126,15 @@ extern "C" cublasHandle_t upf_cuda_cublas(void) {
     cublasStatus_t st = cublasCreate(&h);
     if (st == CUBLAS_STATUS_SUCCESS)
       st = cublasSetStream(h, g.stream);
+    /* A workspace of our own, as PyTorch gives its handles, so that cuBLAS may pick the kernels
+     * that need a large one; where it cannot be allocated, cuBLAS's own default stays. */
+    if (st == CUBLAS_STATUS_SUCCESS && !g.cublas_workspace &&
+        cudaMalloc(&g.cublas_workspace, CUBLAS_WORKSPACE_BYTES) != cudaSuccess) {
+      g.cublas_workspace = nullptr;
+      cudaGetLastError(); /* fall back to cuBLAS's own default workspace */
+    }
+    if (st == CUBLAS_STATUS_SUCCESS && g.cublas_workspace)
+      st = cublasSetWorkspace(h, g.cublas_workspace, CUBLAS_WORKSPACE_BYTES);
     if (st != CUBLAS_STATUS_SUCCESS) {
       if (h)
         cublasDestroy(h);
