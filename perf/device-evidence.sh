@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# Runs on the lent GPU machine (after perf/stage-device.sh here): verify against the CPU reference,
-# compute-sanitizer memcheck and racecheck over the verify run, the CUnit suites, and the
-# benchmarks. Everything lands in $OUT (default perf/reports/local). Usage:
-#   bash perf/device-evidence.sh [verify|sanitize|test|bench ...]   (no argument: all of them)
+# Runs on the lent GPU machine, from the bundle that perf/stage-device.sh writes: verify against the
+# CPU reference, compute-sanitizer memcheck and racecheck over the verify run, the CUnit suites, and
+# the benchmarks. Everything lands in $OUT. Usage, in the unpacked bundle:
+#   OUT=dir bash device-evidence.sh [verify|sanitize|test|bench ...]   (no argument: all of them)
 set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=${OUT:-perf/reports/local}
+cd "$(dirname "$0")"
+OUT=${OUT:?set OUT}
 mkdir -p "$OUT"
-export LD_LIBRARY_PATH="$PWD/.devlib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export UPF_COMMIT=${UPF_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || cat .devbin/COMMIT 2>/dev/null || echo unknown)}
-BIN=.devbin
+export LD_LIBRARY_PATH="$PWD/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export UPF_COMMIT=${UPF_COMMIT:-$(cat COMMIT 2>/dev/null || echo unknown)}
+BIN=bin
 steps=("$@")
 [ ${#steps[@]} -gt 0 ] || steps=(verify sanitize test bench)
 status=0
