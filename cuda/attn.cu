@@ -25,6 +25,7 @@
  * kv_cache_write_kernel: one CTA per token row, k and v rows to their slot. */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -42,6 +43,7 @@ constexpr int ATT_KT = 32;     /* keys per shared-memory tile = lanes of a warp 
 constexpr int ATT_WARPS = 8;   /* ATT_BR / ATT_WARPS = 2 rows per warp */
 constexpr int ATT_ROWS_PER_WARP = ATT_BR / ATT_WARPS;
 constexpr int ATT_SPLIT_MIN = 256; /* fewest keys a split-KV chunk takes */
+constexpr int ATT_SPLIT_WAVES = 4; /* split-KV fills this many CTAs per SM (41 KB of shared memory each at D=128) */
 
 /* One CTA's work: rows [row0, row0 + ATT_BR) of request req over keys [kv_lo, kv_hi). */
 struct attn_tile {
@@ -76,6 +78,7 @@ struct attn_args {
   int hq, hkv, group, d;
   float scale, softcap;
   int window;
+  int vec8;            /* bf16 K/V rows in 16-byte aligned runs of 8 (FFMA kernel: vector tile loads) */
 };
 
 __device__ __forceinline__ float to_f(float x) { return x; }
@@ -152,16 +155,36 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attn_ffma_kernel(const __grid_
 
   for (int kv0 = tile.kv_lo; kv0 < tile.kv_hi; kv0 += ATT_KT) {
     __syncthreads(); /* the previous tile is consumed (first pass: q is staged) */
-    for (int i = threadIdx.x; i < ATT_KT * d; i += blockDim.x) {
-      const int j = i / d, e = i - j * d, kj = kv0 + j;
-      float kx = 0.0f, vx = 0.0f;
-      if (kj < tile.kv_hi) {
-        int64_t ko, vo;
-        kv_offsets<PAGED>(a, tile, kj, hk, &ko, &vo);
-        kx = to_f(K[ko + e]), vx = to_f(V[vo + e]);
+    if (sizeof(T) == 2 && a.vec8) { /* 16-byte loads: 8 bf16 per thread and load */
+      const int cpr = d / 8;
+      for (int i = threadIdx.x; i < ATT_KT * cpr; i += blockDim.x) {
+        const int j = i / cpr, e = (i - j * cpr) * 8, kj = kv0 + j;
+        uint4 kx = make_uint4(0, 0, 0, 0), vx = make_uint4(0, 0, 0, 0);
+        if (kj < tile.kv_hi) {
+          int64_t ko, vo;
+          kv_offsets<PAGED>(a, tile, kj, hk, &ko, &vo);
+          kx = *reinterpret_cast<const uint4 *>(K + ko + e);
+          vx = *reinterpret_cast<const uint4 *>(V + vo + e);
+        }
+        const bf16_t *kh = reinterpret_cast<const bf16_t *>(&kx), *vh = reinterpret_cast<const bf16_t *>(&vx);
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+          ks[j * ds + e + u] = to_f(kh[u]);
+          vs[j * ds + e + u] = to_f(vh[u]);
+        }
       }
-      ks[j * ds + e] = kx;
-      vs[j * ds + e] = vx;
+    } else {
+      for (int i = threadIdx.x; i < ATT_KT * d; i += blockDim.x) {
+        const int j = i / d, e = i - j * d, kj = kv0 + j;
+        float kx = 0.0f, vx = 0.0f;
+        if (kj < tile.kv_hi) {
+          int64_t ko, vo;
+          kv_offsets<PAGED>(a, tile, kj, hk, &ko, &vo);
+          kx = to_f(K[ko + e]), vx = to_f(V[vo + e]);
+        }
+        ks[j * ds + e] = kx;
+        vs[j * ds + e] = vx;
+      }
     }
     __syncthreads();
     const int kj = kv0 + lane;
@@ -424,6 +447,232 @@ __global__ void __launch_bounds__(MMA_THREADS) attn_mma_kernel(const __grid_cons
   }
 }
 
+/* ---- The bf16 tensor-core prefill, pipelined (FlashAttention-2 forward, the default) ----
+ * attn_fa2_kernel<D, BN, STAGES, PAGED>: a CTA of 8 warps owns FA_BM = 128 query rows of one request
+ * and one q head; warp w owns rows [16w, 16w + 16). Differences from attn_mma_kernel above:
+ *  - K/V tiles stream through a STAGES-deep cp.async ring (tile t + STAGES - 1 is in flight while
+ *    tile t is computed); Q arrives with the first tile's group. Rows past the request or past the
+ *    tile's key range are zero-filled by cp.async's src-size 0 (zero V rows: P = 0 times 0, never NaN).
+ *  - every fragment comes from ldmatrix: Q (A operand, kept in registers for D <= 128), K (.x4 gives
+ *    the B fragments of two n-tiles), V (.x4.trans as before).
+ *  - the softmax runs in base 2 with the scale (and log2 e) folded into one multiply per logit;
+ *    LSE = (m + log2 l) ln 2.
+ *  - masks are evaluated only on tiles that cross a warp's diagonal, window edge or the range end
+ *    (warp-uniform test); a warp none of whose rows sees any key of a tile skips that tile's math.
+ *  - the launch is one-dimensional, heads fastest, over tiles sorted by decreasing key span: the
+ *    heaviest (latest causal) tiles start first, and the q heads of one kv head run side by side and
+ *    share K/V through L2. */
+constexpr int FA_BM = 128;
+constexpr int FA_WARPS = 8;
+constexpr int FA_THREADS = FA_WARPS * 32;
+constexpr float FA_LOG2E = 1.4426950408889634f;
+constexpr float FA_LN2 = 0.6931471805599453f;
+
+/* 16-byte global -> shared copy; valid = false zero-fills (src-size 0 reads nothing from src). */
+__device__ __forceinline__ void cp_async16(bf16_t *dst, const bf16_t *src, bool valid) {
+  const uint32_t s = (uint32_t)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+/* ldmatrix .x4 (no transpose): lane l gives the row address of matrix l / 8, row l % 8; lane l
+ * receives (row l / 4, cols 2(l % 4), 2(l % 4) + 1) of matrix i in register i. */
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const bf16_t *row) {
+  const uint32_t addr = (uint32_t)__cvta_generic_to_shared(row);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+template <int D, int BN, int STAGES, bool PAGED>
+__global__ void __launch_bounds__(FA_THREADS, 1) attn_fa2_kernel(const __grid_constant__ attn_args a) {
+  constexpr int LD = D + 8, NT = BN / 8, DT = D / 8, KS = D / 16, CH = D / 8;
+  constexpr bool Q_IN_REGS = D <= 128;
+  static_assert(NT % 2 == 0 && DT % 2 == 0 && STAGES >= 2, "tile shape");
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  bf16_t *Qs = reinterpret_cast<bf16_t *>(smem_raw); /* [FA_BM][LD] */
+  bf16_t *Ks = Qs + FA_BM * LD;                      /* [STAGES][BN][LD] */
+  bf16_t *Vs = Ks + STAGES * BN * LD;                /* [STAGES][BN][LD] */
+  const attn_tile tile = a.tiles[blockIdx.x / a.hq];
+  const int hq = blockIdx.x % a.hq, hk = hq / a.group;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t4 = lane & 3;
+  const int off = tile.kv_len - tile.q_len;
+  const bf16_t *Q = (const bf16_t *)a.q, *K = (const bf16_t *)a.k, *V = (const bf16_t *)a.v;
+
+  for (int c = threadIdx.x; c < FA_BM * CH; c += FA_THREADS) {
+    const int r = c / CH, e = (c % CH) * 8, qt = tile.row0 + r;
+    const bool ok = qt < tile.q_len;
+    cp_async16(Qs + r * LD + e, ok ? Q + (int64_t)(tile.q0 + qt) * a.q_s0 + (int64_t)hq * a.q_s1 + e : Q, ok);
+  }
+  auto load_kv = [&](int stage, int kv0) {
+    bf16_t *ks = Ks + stage * BN * LD, *vs = Vs + stage * BN * LD;
+    for (int c = threadIdx.x; c < BN * CH; c += FA_THREADS) {
+      const int r = c / CH, e = (c % CH) * 8, kj = kv0 + r;
+      const bool ok = kj < tile.kv_hi;
+      int64_t ko = 0, vo = 0;
+      if (ok)
+        kv_offsets<PAGED>(a, tile, kj, hk, &ko, &vo);
+      cp_async16(ks + r * LD + e, K + ko + e, ok);
+      cp_async16(vs + r * LD + e, V + vo + e, ok);
+    }
+  };
+  const int ntiles = (tile.kv_hi - tile.kv_lo + BN - 1) / BN;
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; s++) { /* one group per stage, empty ones too: the wait count stays fixed */
+    if (s < ntiles)
+      load_kv(s, tile.kv_lo + s * BN);
+    cp_async_commit();
+  }
+
+  /* This warp's rows; rows past the request borrow the last row's position (never written). */
+  const int wrow0 = tile.row0 + warp * 16;
+  int pos[2], lo[2];
+#pragma unroll
+  for (int i = 0; i < 2; i++) {
+    int qt = wrow0 + g + 8 * i;
+    qt = qt < tile.q_len ? qt : tile.q_len - 1;
+    pos[i] = qt + off;
+    lo[i] = a.window > 0 ? pos[i] - a.window + 1 : 0;
+  }
+  const int wpos_first = (wrow0 < tile.q_len ? wrow0 : tile.q_len - 1) + off;
+  const int wpos_last = (wrow0 + 15 < tile.q_len ? wrow0 + 15 : tile.q_len - 1) + off;
+  const int wlo_first = a.window > 0 ? wpos_first - a.window + 1 : 0;
+  const int wlo_last = a.window > 0 ? wpos_last - a.window + 1 : 0;
+  const bool capped = a.softcap > 0.0f;
+  const float mul = capped ? a.scale / a.softcap : a.scale * FA_LOG2E; /* logit -> base-2 exponent */
+  const float cap2 = a.softcap * FA_LOG2E;
+
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  float o[DT][4];
+#pragma unroll
+  for (int n = 0; n < DT; n++)
+    o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  uint32_t qf[Q_IN_REGS ? KS : 1][4];
+  /* ldmatrix lane addresses: Q rows (g, g + 8 | cols +8 for lanes 16..31), K keys (+8 for lanes
+   * 16..31 | dims +8 for lanes 8..15, 24..31), V keys (+8 for lanes 8..15, 24..31 | dims +8 for 16..31) */
+  const bf16_t *q_lane = Qs + (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + (lane >> 4) * 8;
+  const int k_lane = ((lane >> 4) * 8 + (lane & 7)) * LD + ((lane >> 3) & 1) * 8;
+  const int v_lane = (((lane >> 3) & 1) * 8 + (lane & 7)) * LD + (lane >> 4) * 8;
+
+  for (int it = 0; it < ntiles; it++) {
+    const int kv0 = tile.kv_lo + it * BN, stage = it % STAGES;
+    cp_async_wait<STAGES - 2>();
+    __syncthreads(); /* tile it (and Q) landed for every thread; tile it - 1's stage is consumed */
+    if (it + STAGES - 1 < ntiles)
+      load_kv((it + STAGES - 1) % STAGES, kv0 + (STAGES - 1) * BN);
+    cp_async_commit();
+    if (Q_IN_REGS && it == 0) {
+#pragma unroll
+      for (int ks = 0; ks < (Q_IN_REGS ? KS : 0); ks++)
+        ldsm_x4(qf[ks], q_lane + ks * 16);
+    }
+    /* warp-uniform: no row of this warp sees any key of the tile */
+    if (kv0 > wpos_last || kv0 + BN <= wlo_first)
+      continue;
+    const bf16_t *ks_tile = Ks + stage * BN * LD, *vs_tile = Vs + stage * BN * LD;
+
+    float s[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+      s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++) {
+      uint32_t qa[4];
+      if (Q_IN_REGS) {
+        qa[0] = qf[Q_IN_REGS ? ks : 0][0], qa[1] = qf[Q_IN_REGS ? ks : 0][1];
+        qa[2] = qf[Q_IN_REGS ? ks : 0][2], qa[3] = qf[Q_IN_REGS ? ks : 0][3];
+      } else {
+        ldsm_x4(qa, q_lane + ks * 16);
+      }
+#pragma unroll
+      for (int j = 0; j < NT; j += 2) {
+        uint32_t kb[4];
+        ldsm_x4(kb, ks_tile + j * 8 * LD + k_lane + ks * 16);
+        mma_bf16(s[j], qa[0], qa[1], qa[2], qa[3], kb[0], kb[1]);
+        mma_bf16(s[j + 1], qa[0], qa[1], qa[2], qa[3], kb[2], kb[3]);
+      }
+    }
+
+    /* logits to base-2 exponents; masks only where the tile crosses a diagonal, window edge or end */
+    const bool masked = kv0 + BN - 1 > wpos_first || kv0 + BN > tile.kv_hi || (a.window > 0 && kv0 < wlo_last);
+    float mt[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+      for (int c = 0; c < 4; c++) {
+        float x = capped ? cap2 * tanhf(s[j][c] * mul) : s[j][c] * mul;
+        if (masked) {
+          const int i = c >> 1, kj = kv0 + j * 8 + t4 * 2 + (c & 1);
+          x = kj < tile.kv_hi && kj <= pos[i] && kj >= lo[i] ? x : -INFINITY;
+        }
+        s[j][c] = x;
+        mt[c >> 1] = fmaxf(mt[c >> 1], x);
+      }
+    float mref[2], alpha[2], rs[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+      mt[i] = fmaxf(mt[i], __shfl_xor_sync(0xffffffffu, mt[i], 1));
+      mt[i] = fmaxf(mt[i], __shfl_xor_sync(0xffffffffu, mt[i], 2));
+      const float mn = fmaxf(m[i], mt[i]);
+      mref[i] = mn == -INFINITY ? 0.0f : mn; /* a row with nothing visible yet: exp2(-inf - 0) = 0 */
+      alpha[i] = exp2f(m[i] - mref[i]);
+      m[i] = mn;
+    }
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+      for (int c = 0; c < 4; c++) {
+        const float p = exp2f(s[j][c] - mref[c >> 1]);
+        s[j][c] = p;
+        rs[c >> 1] += p;
+      }
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+      l[i] = l[i] * alpha[i] + rs[i]; /* this lane's part of the row sum; the 4 parts meet at the end */
+#pragma unroll
+    for (int n = 0; n < DT; n++) {
+      o[n][0] *= alpha[0], o[n][1] *= alpha[0];
+      o[n][2] *= alpha[1], o[n][3] *= alpha[1];
+    }
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; kk++) {
+      const uint32_t a0 = pack_bf16(s[2 * kk][0], s[2 * kk][1]), a1 = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
+      const uint32_t a2 = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      const uint32_t a3 = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      const bf16_t *v0 = vs_tile + kk * 16 * LD + v_lane;
+#pragma unroll
+      for (int n = 0; n < DT; n += 2) {
+        uint32_t b0, b1, b2, b3;
+        ldsm_x4_trans(b0, b1, b2, b3, v0 + n * 8);
+        mma_bf16(o[n], a0, a1, a2, a3, b0, b1);
+        mma_bf16(o[n + 1], a0, a1, a2, a3, b2, b3);
+      }
+    }
+  }
+  cp_async_wait<0>(); /* no copy outlives the CTA (the trailing groups are empty) */
+
+#pragma unroll
+  for (int i = 0; i < 2; i++) {
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+    const int qt = wrow0 + g + 8 * i;
+    if (qt >= tile.q_len)
+      continue;
+    const int64_t tok = (int64_t)tile.q0 + qt;
+    const float inv = 1.0f / l[i]; /* every row sees at least its own key */
+    bf16_t *orow = (bf16_t *)a.out + tok * a.o_s0 + (int64_t)hq * a.o_s1;
+#pragma unroll
+    for (int n = 0; n < DT; n++)
+      *reinterpret_cast<__nv_bfloat162 *>(orow + n * 8 + t4 * 2) =
+          __floats2bfloat162_rn(o[n][2 * i] * inv, o[n][2 * i + 1] * inv);
+    if (a.lse && t4 == 0)
+      a.lse[tok * a.hq + hq] = (m[i] + log2f(l[i])) * FA_LN2;
+  }
+}
+
 /* Merges the split chunks of one tile in chunk order: weights exp(lse_s - max lse). */
 template <typename T> __global__ void __launch_bounds__(256) attn_combine_kernel(const __grid_constant__ attn_args a) {
   const attn_group gr = a.groups[blockIdx.x];
@@ -515,8 +764,10 @@ upf_status attn_plan_and_run(attn_args &a, const req_info *reqs, int32_t num_req
     nbase += ((int64_t)reqs[r].q_len * G + ATT_BR - 1) / ATT_BR;
   if (nbase == 0)
     return UPF_OK;
-  /* Split only when fewer than two waves of CTAs would run; a chunk keeps at least ATT_SPLIT_MIN keys. */
-  const int64_t target = 2 * (int64_t)upf_cuda_num_sms();
+  /* Split only when fewer than ATT_SPLIT_WAVES waves of CTAs would run (decode: memory-bound, and several
+   * resident CTAs per SM overlap one's loads with another's math); a chunk keeps at least ATT_SPLIT_MIN
+   * keys. */
+  const int64_t target = ATT_SPLIT_WAVES * (int64_t)upf_cuda_num_sms();
   const int64_t want_split = nbase * a.hkv < target ? (target + nbase * a.hkv - 1) / (nbase * a.hkv) : 1;
   /* Pass 1 counts, pass 2 fills. */
   attn_tile *tiles = NULL;
@@ -601,10 +852,9 @@ upf_status attn_plan_and_run(attn_args &a, const req_info *reqs, int32_t num_req
                : launch_d<float, false>(a, (int)ntiles, (int)ngroups);
 }
 
-/* The tensor-core path: tiles of MMA_BM query rows per (request, q head), no split (a prefill has rows
+/* The tensor-core paths: tiles of bm query rows per (request, q head), no split (a prefill has rows
  * enough to fill the GPU). */
-template <int D, int BN, bool PAGED>
-upf_status launch_mma(attn_args &a, int ntiles) {
+template <int D, int BN, bool PAGED> upf_status launch_mma(attn_args &a, int ntiles) {
   constexpr size_t smem = (size_t)(MMA_BM + 2 * BN) * (D + 8) * sizeof(bf16_t);
   if (smem > upf_cuda_smem_optin())
     return upf_fail(UPF_ERR_UNSUPPORTED, "attn (cuda): D=%d mma tiles need %zu bytes of shared memory, the device "
@@ -617,10 +867,44 @@ upf_status launch_mma(attn_args &a, int ntiles) {
   return UPF_OK;
 }
 
+template <int D, int BN, int STAGES, bool PAGED> upf_status launch_fa2(attn_args &a, int ntiles) {
+  constexpr size_t smem = (size_t)(FA_BM + 2 * STAGES * BN) * (D + 8) * sizeof(bf16_t);
+  if (smem > upf_cuda_smem_optin())
+    return upf_fail(UPF_ERR_UNSUPPORTED, "attn (cuda): D=%d pipelined tiles need %zu bytes of shared memory, the "
+                    "device has %zu", D, smem, upf_cuda_smem_optin());
+  if ((int64_t)ntiles * a.hq > INT32_MAX)
+    return upf_fail(UPF_ERR_SHAPE, "attn (cuda): %d tiles x %d heads exceed the grid", ntiles, a.hq);
+  UPF_CUDA_TRY(cudaFuncSetAttribute(attn_fa2_kernel<D, BN, STAGES, PAGED>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+  attn_fa2_kernel<D, BN, STAGES, PAGED><<<(unsigned)(ntiles * a.hq), FA_THREADS, smem, upf_cuda_stream()>>>(a);
+  UPF_CUDA_LAUNCH_TRY("attn_fa2_kernel");
+  return UPF_OK;
+}
+
+/* The pipelined kernel is the bf16 prefill unless UPF_ATTN_PREFILL=mma64 asks for the first,
+ * unpipelined version (kept to compare against while the pipelined one is new). */
+bool use_fa2(void) {
+  const char *v = getenv("UPF_ATTN_PREFILL");
+  return !(v && strcmp(v, "mma64") == 0);
+}
+
+/* Heaviest tiles (longest key span) first, ties in plan order: the last wave holds short tiles. */
+int tile_heavier_first(const void *x, const void *y) {
+  const attn_tile *p = (const attn_tile *)x, *q = (const attn_tile *)y;
+  const int32_t sp = p->kv_hi - p->kv_lo, sq = q->kv_hi - q->kv_lo;
+  if (sp != sq)
+    return sp > sq ? -1 : 1;
+  if (p->q0 != q->q0)
+    return p->q0 < q->q0 ? -1 : 1;
+  return p->row0 < q->row0 ? -1 : p->row0 > q->row0;
+}
+
 template <bool PAGED> upf_status mma_plan_and_run(attn_args &a, const req_info *reqs, int32_t num_reqs) {
+  const bool fa2 = use_fa2();
+  const int32_t bm = fa2 ? FA_BM : MMA_BM;
   int64_t ntiles = 0;
   for (int32_t r = 0; r < num_reqs; r++)
-    ntiles += (reqs[r].q_len + MMA_BM - 1) / MMA_BM;
+    ntiles += (reqs[r].q_len + bm - 1) / bm;
   if (ntiles == 0)
     return UPF_OK;
   if (ntiles > INT32_MAX)
@@ -632,13 +916,14 @@ template <bool PAGED> upf_status mma_plan_and_run(attn_args &a, const req_info *
   for (int32_t r = 0; r < num_reqs; r++) {
     const req_info &q = reqs[r];
     const int32_t off = q.kv_len - q.q_len;
-    for (int32_t row0 = 0; row0 < q.q_len; row0 += MMA_BM) {
-      const int32_t last = (row0 + MMA_BM < q.q_len ? row0 + MMA_BM : q.q_len) - 1;
+    for (int32_t row0 = 0; row0 < q.q_len; row0 += bm) {
+      const int32_t last = (row0 + bm < q.q_len ? row0 + bm : q.q_len) - 1;
       int32_t lo = a.window > 0 ? row0 + off - a.window + 1 : 0;
       lo = lo < 0 ? 0 : lo;
       tiles[n++] = attn_tile{q.q0, q.q_len, q.kv_len, q.kv_base, q.req, row0, lo, last + off + 1, -1};
     }
   }
+  qsort(tiles, (size_t)ntiles, sizeof *tiles, tile_heavier_first);
   void *ws = NULL;
   upf_status st = upf_cuda_workspace((size_t)ntiles * sizeof(attn_tile), &ws);
   if (st == UPF_OK)
@@ -646,6 +931,13 @@ template <bool PAGED> upf_status mma_plan_and_run(attn_args &a, const req_info *
   free(tiles);
   UPF_TRY(st);
   a.tiles = (const attn_tile *)ws;
+  if (fa2) {
+    if (a.d == 64)
+      return launch_fa2<64, 128, 3, PAGED>(a, (int)ntiles);
+    if (a.d == 128)
+      return launch_fa2<128, 64, 3, PAGED>(a, (int)ntiles);
+    return launch_fa2<256, 64, 2, PAGED>(a, (int)ntiles);
+  }
   if (a.d == 64)
     return launch_mma<64, 64, PAGED>(a, (int)ntiles);
   if (a.d == 128)
@@ -686,6 +978,21 @@ void args_common(attn_args &a, const upf_tensor *q, const upf_attn_params *p, co
   a.window = p->window;
 }
 
+/* Every K/V row of the FFMA kernel starts 16-byte aligned and holds whole runs of 8 bf16. */
+bool kv_vec8(const upf_tensor *k, const upf_tensor *v) {
+  if (k->dtype != UPF_DTYPE_BF16 || k->shape[k->ndim - 1] % 8 != 0)
+    return false;
+  const upf_tensor *ts[2] = {k, v};
+  for (int i = 0; i < 2; i++) {
+    if ((uintptr_t)ts[i]->data % 16 != 0 || ts[i]->stride[ts[i]->ndim - 1] != 1)
+      return false;
+    for (int j = 0; j < ts[i]->ndim - 1; j++)
+      if (ts[i]->stride[j] % 8 != 0)
+        return false;
+  }
+  return true;
+}
+
 upf_status check_dims(const char *op, const upf_tensor *q, int64_t hkv) {
   if (q->shape[2] > UPF_CUDA_ATTN_MAX_D)
     return upf_fail(UPF_ERR_UNSUPPORTED, "%s (cuda): head dim D=%lld above the kernel's %d", op,
@@ -716,6 +1023,7 @@ extern "C" upf_status upf_cuda_attn_prefill(const upf_attn_varlen *b, const upf_
   args_common(a, q, p, out, lse, k->shape[1]);
   a.k = k->data, a.k_s0 = k->stride[0], a.k_s1 = k->stride[1];
   a.v = v->data, a.v_s0 = v->stride[0], a.v_s1 = v->stride[1];
+  a.vec8 = kv_vec8(k, v);
   upf_status st = mma_ok(q, k, v, out) ? mma_plan_and_run<false>(a, reqs, b->num_reqs)
                                        : attn_plan_and_run(a, reqs, b->num_reqs, q->dtype, false);
   free(reqs);
@@ -751,6 +1059,7 @@ extern "C" upf_status upf_cuda_attn_paged(const upf_attn_paged *b, const upf_ten
   a.k = k_cache->data, a.k_s0 = k_cache->stride[0], a.k_s1 = k_cache->stride[1], a.k_s2 = k_cache->stride[2];
   a.v = v_cache->data, a.v_s0 = v_cache->stride[0], a.v_s1 = v_cache->stride[1], a.v_s2 = v_cache->stride[2];
   a.block_table = b->block_table, a.max_blocks = b->max_blocks, a.page_size = b->page_size;
+  a.vec8 = kv_vec8(k_cache, v_cache);
   upf_status st = n_long ? mma_plan_and_run<true>(a, reqs, n_long) : UPF_OK;
   if (st == UPF_OK && n_long < b->num_reqs)
     st = attn_plan_and_run(a, reqs + n_long, b->num_reqs - n_long, q->dtype, true);
