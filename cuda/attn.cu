@@ -16,12 +16,14 @@
  * their LSE to the workspace; attn_combine_kernel merges them in chunk order (no atomics, so the
  * result does not depend on scheduling).
  * Paged variants read K/V rows through the block table (PAGED = true), everything else is shared.
- * attn_mma_kernel<D, BN, PAGED>: the bf16 tensor-core prefill (FlashAttention-2 forward with
- * mma.sync m16n8k16, fp32 accumulation) for D = 64/128/256 with 16-byte aligned rows; see its comment.
- * attn.prefill takes it for bf16 at those head dims, the FFMA kernel otherwise (f32, odd D, unaligned
- * views); attn.paged takes it (PAGED) for requests of at least MMA_MIN_Q_ROWS query rows (prefill
- * against the cache) and the FFMA kernel for the rest (decode rows: GQA packing and split-KV matter
- * more there), two launches writing disjoint rows.
+ * attn_fa2_kernel<D, BN, STAGES, PAGED>: the bf16 tensor-core prefill (FlashAttention-2 forward with
+ * mma.sync m16n8k16, fp32 accumulation, 128-row tiles, cp.async K/V ring) for D = 64/128/256 with
+ * 16-byte aligned rows; see its comment. attn_mma_kernel<D, BN, PAGED> is its first, unpipelined
+ * version (64-row tiles), still selectable with UPF_ATTN_PREFILL=mma64 for comparison.
+ * attn.prefill takes the tensor-core path for bf16 at those head dims, the FFMA kernel otherwise (f32,
+ * odd D, unaligned views); attn.paged takes it (PAGED) for requests of at least MMA_MIN_Q_ROWS query
+ * rows (prefill against the cache) and the FFMA kernel for the rest (decode rows: GQA packing and
+ * split-KV matter more there), two launches writing disjoint rows.
  * kv_cache_write_kernel: one CTA per token row, k and v rows to their slot. */
 #include <math.h>
 #include <stdlib.h>
@@ -272,7 +274,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attn_ffma_kernel(const __grid_
  *   A regs {row g, cols 2t..2t+1}, {row g+8, same}, {row g, cols 2t+8..}, {row g+8, cols 2t+8..};
  *   B regs {k 2t..2t+1, col g}, {k 2t+8.., col g};  C {row g, cols 2t, 2t+1}, {row g+8, same}.
  * V's B fragments come from ldmatrix.x4.trans (two n-tiles per instruction). Global loads are
- * synchronous 16-byte vectors: a cp.async double buffer of K/V is the next performance step. */
+ * synchronous 16-byte vectors; attn_fa2_kernel below is the pipelined successor. */
 constexpr int MMA_BM = 64;
 constexpr int MMA_THREADS = 128;
 
@@ -598,19 +600,34 @@ __global__ void __launch_bounds__(FA_THREADS, 1) attn_fa2_kernel(const __grid_co
 
     /* logits to base-2 exponents; masks only where the tile crosses a diagonal, window edge or end */
     const bool masked = kv0 + BN - 1 > wpos_first || kv0 + BN > tile.kv_hi || (a.window > 0 && kv0 < wlo_last);
+    if (capped) { /* warp-uniform branches: the common case is one multiply per logit */
+#pragma unroll
+      for (int j = 0; j < NT; j++)
+#pragma unroll
+        for (int c = 0; c < 4; c++)
+          s[j][c] = cap2 * tanhf(s[j][c] * mul);
+    } else {
+#pragma unroll
+      for (int j = 0; j < NT; j++)
+#pragma unroll
+        for (int c = 0; c < 4; c++)
+          s[j][c] *= mul;
+    }
+    if (masked) {
+#pragma unroll
+      for (int j = 0; j < NT; j++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+          const int i = c >> 1, kj = kv0 + j * 8 + t4 * 2 + (c & 1);
+          s[j][c] = kj < tile.kv_hi && kj <= pos[i] && kj >= lo[i] ? s[j][c] : -INFINITY;
+        }
+    }
     float mt[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int j = 0; j < NT; j++)
 #pragma unroll
-      for (int c = 0; c < 4; c++) {
-        float x = capped ? cap2 * tanhf(s[j][c] * mul) : s[j][c] * mul;
-        if (masked) {
-          const int i = c >> 1, kj = kv0 + j * 8 + t4 * 2 + (c & 1);
-          x = kj < tile.kv_hi && kj <= pos[i] && kj >= lo[i] ? x : -INFINITY;
-        }
-        s[j][c] = x;
-        mt[c >> 1] = fmaxf(mt[c >> 1], x);
-      }
+      for (int c = 0; c < 4; c++)
+        mt[c >> 1] = fmaxf(mt[c >> 1], s[j][c]);
     float mref[2], alpha[2], rs[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int i = 0; i < 2; i++) {
