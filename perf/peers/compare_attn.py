@@ -38,10 +38,11 @@ def main():
     ours = medians(bench)
     peer = {}
     for r in sdpa["results"]:
-        if "tflop_per_second" in r:
-            peer[(r["shape"], r["T"], r["backend"])] = r
+        if "tflop_per_second" in r:  # the "<shape>/best" entry copies its backend's fields: key it by name
+            peer[(r["shape"], r["T"], "best" if r["name"].endswith("/best") else r["backend"])] = r
     print("prefill (bf16, one request, exact causal FLOPs): TFLOP/s")
-    print(f"{'shape':14s} {'T':>7s} {'ours':>7s} {'sdpa default':>20s} {'sdpa best':>18s} {'vs default':>10s} {'vs best':>8s}")
+    print(f"{'shape':14s} {'T':>7s} {'ours':>7s} {'sdpa default':>20s} {'sdpa best':>18s} {'flash':>7s} "
+          f"{'vs default':>10s} {'vs best':>8s} {'vs flash':>8s}")
     for (fam, B, T), b in sorted(ours.items()):
         if fam not in SHAPES or B != 1:
             continue
@@ -52,9 +53,10 @@ def main():
             print(f"{name:14s} {T:7d} {mine:7.1f}   (no peer number)")
             continue
         d, bb = dflt["tflop_per_second"], best["tflop_per_second"]
+        fl = peer.get((name, T, "flash"), {}).get("tflop_per_second", float("nan"))
         picked = dflt.get("picked", "?").replace("FLASH_ATTENTION", "flash").replace("CUDNN_ATTENTION", "cudnn")
         print(f"{name:14s} {T:7d} {mine:7.1f} {d:7.1f} ({picked[:10]:>10s}) {bb:7.1f} ({best['backend']:>8s}) "
-              f"{mine / d:10.2f} {mine / bb:8.2f}")
+              f"{fl:7.1f} {mine / d:10.2f} {mine / bb:8.2f} {mine / fl:8.2f}")
     glob = {T: b["flop_per_second"] for (fam, B, T), b in ours.items() if fam == "gemma_global"}
     swa = sorted((T, b) for (fam, B, T), b in ours.items() if fam == "gemma_swa1024")
     if swa and glob:
