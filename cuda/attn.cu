@@ -18,8 +18,7 @@
  * Paged variants read K/V rows through the block table (PAGED = true), everything else is shared.
  * attn_fa2_kernel<D, BN, STAGES, PAGED>: the bf16 tensor-core prefill (FlashAttention-2 forward with
  * mma.sync m16n8k16, fp32 accumulation, 128-row tiles, cp.async K/V ring) for D = 64/128/256 with
- * 16-byte aligned rows; see its comment. attn_mma_kernel<D, BN, PAGED> is its first, unpipelined
- * version (64-row tiles), still selectable with UPF_ATTN_PREFILL=mma64 for comparison.
+ * 16-byte aligned rows; see its comment.
  * attn.prefill takes the tensor-core path for bf16 at those head dims, the FFMA kernel otherwise (f32,
  * odd D, unaligned views); attn.paged takes it (PAGED) for requests of at least MMA_MIN_Q_ROWS query
  * rows (prefill against the cache) and the FFMA kernel for the rest (decode rows: GQA packing and
@@ -27,7 +26,6 @@
  * kv_cache_write_kernel: one CTA per token row, k and v rows to their slot. */
 #include <math.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -262,27 +260,21 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attn_ffma_kernel(const __grid_
   }
 }
 
-/* ---- The bf16 tensor-core path (FlashAttention-2 forward) ----
- * attn_mma_kernel<D, BN, PAGED>: a CTA of 4 warps owns 64 query rows of one request and one q head;
- * warp w owns rows [16w, 16w + 16). Per KV tile of BN keys: S (16 x BN per warp) = Q K^T by
- * mma.sync m16n8k16 (bf16 in, fp32 accumulate), scale, soft-cap and masks in registers, the online
- * softmax on the accumulator layout (a row's 4 owner lanes reduce by xor 1, 2), then P (rounded to
- * bf16, as FlashAttention does) times V by mma into O (16 x D per warp, fp32). The S accumulator
- * layout is exactly the A-operand layout of the P.V mma, so P never leaves registers. Q, K, V tiles
- * sit in shared memory with rows padded by 16 bytes: a fragment load's 32 lanes hit 32 banks.
+/* ---- The bf16 tensor-core prefill (FlashAttention-2 forward) ----
+ * Per KV tile of BN keys each warp computes S (16 x BN) = Q K^T by mma.sync m16n8k16 (bf16 in, fp32
+ * accumulate), scale, soft-cap and masks in registers, the online softmax on the accumulator layout (a
+ * row's 4 owner lanes reduce by xor 1, 2), then P (rounded to bf16, as FlashAttention does) times V
+ * by mma into O (16 x D per warp, fp32). The S accumulator layout is exactly the A-operand layout of
+ * the P.V mma, so P never leaves registers. Q, K, V tiles sit in shared memory with rows padded by 16
+ * bytes: an ldmatrix phase's 8 row addresses hit 8 distinct 16-byte bank groups.
  * Fragment layouts (PTX ISA, mma.m16n8k16 .bf16): g = lane / 4, t = lane % 4;
  *   A regs {row g, cols 2t..2t+1}, {row g+8, same}, {row g, cols 2t+8..}, {row g+8, cols 2t+8..};
- *   B regs {k 2t..2t+1, col g}, {k 2t+8.., col g};  C {row g, cols 2t, 2t+1}, {row g+8, same}.
- * V's B fragments come from ldmatrix.x4.trans (two n-tiles per instruction). Global loads are
- * synchronous 16-byte vectors; attn_fa2_kernel below is the pipelined successor. */
-constexpr int MMA_BM = 64;
-constexpr int MMA_THREADS = 128;
+ *   B regs {k 2t..2t+1, col g}, {k 2t+8.., col g};  C {row g, cols 2t, 2t+1}, {row g+8, same}. */
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t *>(&h);
 }
-__device__ __forceinline__ uint32_t lds32(const bf16_t *p) { return *reinterpret_cast<const uint32_t *>(p); }
 
 /* ldmatrix .x4 .trans: lanes 8i..8i+7 give the 16-byte rows of 8x8 matrix i; lane l receives (row 2(l%4),
  * col l/4) and (row 2(l%4)+1, col l/4) of matrix i in register i - with rows = keys and cols = dims,
@@ -303,160 +295,14 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1
                : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-template <int D, int BN, bool PAGED>
-__global__ void __launch_bounds__(MMA_THREADS) attn_mma_kernel(const __grid_constant__ attn_args a) {
-  constexpr int LD = D + 8, NT = BN / 8, DT = D / 8, KS = D / 16, CH = D / 8;
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  bf16_t *Qs = reinterpret_cast<bf16_t *>(smem_raw); /* [MMA_BM][LD] */
-  bf16_t *Ks = Qs + MMA_BM * LD;                     /* [BN][LD] */
-  bf16_t *Vs = Ks + BN * LD;                         /* [BN][LD] */
-  const attn_tile tile = a.tiles[blockIdx.x];
-  const int hq = blockIdx.y, hk = hq / a.group;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t4 = lane & 3;
-  const int off = tile.kv_len - tile.q_len;
-  const bf16_t *Q = (const bf16_t *)a.q, *K = (const bf16_t *)a.k, *V = (const bf16_t *)a.v;
-
-  for (int c = threadIdx.x; c < MMA_BM * CH; c += MMA_THREADS) {
-    const int r = c / CH, e = (c - r * CH) * 8, qt = tile.row0 + r;
-    uint4 x = make_uint4(0, 0, 0, 0);
-    if (qt < tile.q_len)
-      x = *reinterpret_cast<const uint4 *>(Q + (int64_t)(tile.q0 + qt) * a.q_s0 + (int64_t)hq * a.q_s1 + e);
-    *reinterpret_cast<uint4 *>(Qs + r * LD + e) = x;
-  }
-
-  /* This lane's two rows (g and g + 8 of its warp); rows past the request borrow the last row's
-   * position so their masks stay sane (they are never written). */
-  int pos[2], lo[2];
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-#pragma unroll
-  for (int i = 0; i < 2; i++) {
-    int qt = tile.row0 + warp * 16 + g + 8 * i;
-    qt = qt < tile.q_len ? qt : tile.q_len - 1;
-    pos[i] = qt + off;
-    lo[i] = a.window > 0 ? pos[i] - a.window + 1 : 0;
-  }
-  float o[DT][4];
-#pragma unroll
-  for (int n = 0; n < DT; n++)
-    o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-  const bf16_t *q_row0 = Qs + (warp * 16 + g) * LD, *q_row8 = q_row0 + 8 * LD;
-
-  for (int kv0 = tile.kv_lo; kv0 < tile.kv_hi; kv0 += BN) {
-    __syncthreads(); /* the previous tile is consumed (first pass: Q is staged) */
-    for (int c = threadIdx.x; c < BN * CH; c += MMA_THREADS) {
-      const int r = c / CH, e = (c - r * CH) * 8, kj = kv0 + r;
-      uint4 kx = make_uint4(0, 0, 0, 0), vx = make_uint4(0, 0, 0, 0);
-      if (kj < tile.kv_hi) {
-        int64_t ko, vo;
-        kv_offsets<PAGED>(a, tile, kj, hk, &ko, &vo);
-        kx = *reinterpret_cast<const uint4 *>(K + ko + e);
-        vx = *reinterpret_cast<const uint4 *>(V + vo + e);
-      }
-      *reinterpret_cast<uint4 *>(Ks + r * LD + e) = kx;
-      *reinterpret_cast<uint4 *>(Vs + r * LD + e) = vx;
-    }
-    __syncthreads();
-
-    float s[NT][4];
-#pragma unroll
-    for (int j = 0; j < NT; j++)
-      s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-#pragma unroll
-    for (int ks = 0; ks < KS; ks++) {
-      const int col = ks * 16 + t4 * 2;
-      const uint32_t a0 = lds32(q_row0 + col), a1 = lds32(q_row8 + col);
-      const uint32_t a2 = lds32(q_row0 + col + 8), a3 = lds32(q_row8 + col + 8);
-#pragma unroll
-      for (int j = 0; j < NT; j++) {
-        const bf16_t *kr = Ks + (j * 8 + g) * LD + col;
-        mma_bf16(s[j], a0, a1, a2, a3, lds32(kr), lds32(kr + 8));
-      }
-    }
-
-    float mt[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int j = 0; j < NT; j++)
-#pragma unroll
-      for (int c = 0; c < 4; c++) {
-        const int i = c >> 1, kj = kv0 + j * 8 + t4 * 2 + (c & 1);
-        float x = s[j][c] * a.scale;
-        if (a.softcap > 0.0f)
-          x = a.softcap * tanhf(x / a.softcap);
-        const bool vis = kj < tile.kv_hi && kj <= pos[i] && kj >= lo[i];
-        x = vis ? x : -INFINITY;
-        s[j][c] = x;
-        mt[i] = fmaxf(mt[i], x);
-      }
-    float mref[2], alpha[2], rs[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-      mt[i] = fmaxf(mt[i], __shfl_xor_sync(0xffffffffu, mt[i], 1));
-      mt[i] = fmaxf(mt[i], __shfl_xor_sync(0xffffffffu, mt[i], 2));
-      const float mn = fmaxf(m[i], mt[i]);
-      mref[i] = mn == -INFINITY ? 0.0f : mn; /* a row with nothing visible yet: exp(-inf - 0) = 0 */
-      alpha[i] = expf(m[i] - mref[i]);
-      m[i] = mn;
-    }
-#pragma unroll
-    for (int j = 0; j < NT; j++)
-#pragma unroll
-      for (int c = 0; c < 4; c++) {
-        const float p = expf(s[j][c] - mref[c >> 1]);
-        s[j][c] = p;
-        rs[c >> 1] += p;
-      }
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-      l[i] = l[i] * alpha[i] + rs[i]; /* this lane's part of the row sum; the 4 parts meet at the end */
-#pragma unroll
-    for (int n = 0; n < DT; n++) {
-      o[n][0] *= alpha[0], o[n][1] *= alpha[0];
-      o[n][2] *= alpha[1], o[n][3] *= alpha[1];
-    }
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; kk++) {
-      const uint32_t a0 = pack_bf16(s[2 * kk][0], s[2 * kk][1]), a1 = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
-      const uint32_t a2 = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      const uint32_t a3 = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-      /* lane's row address: matrix mi = lane / 8 is keys +8 (mi odd) of dims +8 (mi >= 2) */
-      const bf16_t *v0 = Vs + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * LD + (lane >> 4) * 8;
-#pragma unroll
-      for (int n = 0; n < DT; n += 2) {
-        uint32_t b0, b1, b2, b3;
-        ldsm_x4_trans(b0, b1, b2, b3, v0 + n * 8);
-        mma_bf16(o[n], a0, a1, a2, a3, b0, b1);
-        mma_bf16(o[n + 1], a0, a1, a2, a3, b2, b3);
-      }
-    }
-  }
-
-#pragma unroll
-  for (int i = 0; i < 2; i++) {
-    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
-    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
-    const int qt = tile.row0 + warp * 16 + g + 8 * i;
-    if (qt >= tile.q_len)
-      continue;
-    const int64_t tok = (int64_t)tile.q0 + qt;
-    const float inv = 1.0f / l[i]; /* every row sees at least its own key */
-    bf16_t *orow = (bf16_t *)a.out + tok * a.o_s0 + (int64_t)hq * a.o_s1;
-#pragma unroll
-    for (int n = 0; n < DT; n++)
-      *reinterpret_cast<__nv_bfloat162 *>(orow + n * 8 + t4 * 2) =
-          __floats2bfloat162_rn(o[n][2 * i] * inv, o[n][2 * i + 1] * inv);
-    if (a.lse && t4 == 0)
-      a.lse[tok * a.hq + hq] = m[i] + logf(l[i]);
-  }
-}
-
-/* ---- The bf16 tensor-core prefill, pipelined (FlashAttention-2 forward, the default) ----
- * attn_fa2_kernel<D, BN, STAGES, PAGED>: a CTA of 8 warps owns FA_BM = 128 query rows of one request
- * and one q head; warp w owns rows [16w, 16w + 16). Differences from attn_mma_kernel above:
+/* attn_fa2_kernel<D, BN, STAGES, PAGED>: a CTA of 8 warps owns FA_BM = 128 query rows of one request
+ * and one q head; warp w owns rows [16w, 16w + 16). (Its first version, 64-row tiles with synchronous
+ * loads, ran at 157 TFLOP/s against this one's 261 at Llama 32K: perf/NOTES.md.)
  *  - K/V tiles stream through a STAGES-deep cp.async ring (tile t + STAGES - 1 is in flight while
  *    tile t is computed); Q arrives with the first tile's group. Rows past the request or past the
  *    tile's key range are zero-filled by cp.async's src-size 0 (zero V rows: P = 0 times 0, never NaN).
  *  - every fragment comes from ldmatrix: Q (A operand, kept in registers for D <= 128), K (.x4 gives
- *    the B fragments of two n-tiles), V (.x4.trans as before).
+ *    the B fragments of two n-tiles), V (.x4.trans).
  *  - the softmax runs in base 2 with the scale (and log2 e) folded into one multiply per logit;
  *    LSE = (m + log2 l) ln 2.
  *  - masks are evaluated only on tiles that cross a warp's diagonal, window edge or the range end
@@ -869,21 +715,8 @@ upf_status attn_plan_and_run(attn_args &a, const req_info *reqs, int32_t num_req
                : launch_d<float, false>(a, (int)ntiles, (int)ngroups);
 }
 
-/* The tensor-core paths: tiles of bm query rows per (request, q head), no split (a prefill has rows
+/* The tensor-core path: tiles of FA_BM query rows per (request, q head), no split (a prefill has rows
  * enough to fill the GPU). */
-template <int D, int BN, bool PAGED> upf_status launch_mma(attn_args &a, int ntiles) {
-  constexpr size_t smem = (size_t)(MMA_BM + 2 * BN) * (D + 8) * sizeof(bf16_t);
-  if (smem > upf_cuda_smem_optin())
-    return upf_fail(UPF_ERR_UNSUPPORTED, "attn (cuda): D=%d mma tiles need %zu bytes of shared memory, the device "
-                    "has %zu", D, smem, upf_cuda_smem_optin());
-  UPF_CUDA_TRY(cudaFuncSetAttribute(attn_mma_kernel<D, BN, PAGED>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)smem));
-  attn_mma_kernel<D, BN, PAGED>
-      <<<dim3((unsigned)ntiles, (unsigned)a.hq), MMA_THREADS, smem, upf_cuda_stream()>>>(a);
-  UPF_CUDA_LAUNCH_TRY("attn_mma_kernel");
-  return UPF_OK;
-}
-
 template <int D, int BN, int STAGES, bool PAGED> upf_status launch_fa2(attn_args &a, int ntiles) {
   constexpr size_t smem = (size_t)(FA_BM + 2 * STAGES * BN) * (D + 8) * sizeof(bf16_t);
   if (smem > upf_cuda_smem_optin())
@@ -898,13 +731,6 @@ template <int D, int BN, int STAGES, bool PAGED> upf_status launch_fa2(attn_args
   return UPF_OK;
 }
 
-/* The pipelined kernel is the bf16 prefill unless UPF_ATTN_PREFILL=mma64 asks for the first,
- * unpipelined version (kept to compare against while the pipelined one is new). */
-bool use_fa2(void) {
-  const char *v = getenv("UPF_ATTN_PREFILL");
-  return !(v && strcmp(v, "mma64") == 0);
-}
-
 /* Heaviest tiles (longest key span) first, ties in plan order: the last wave holds short tiles. */
 int tile_heavier_first(const void *x, const void *y) {
   const attn_tile *p = (const attn_tile *)x, *q = (const attn_tile *)y;
@@ -917,11 +743,9 @@ int tile_heavier_first(const void *x, const void *y) {
 }
 
 template <bool PAGED> upf_status mma_plan_and_run(attn_args &a, const req_info *reqs, int32_t num_reqs) {
-  const bool fa2 = use_fa2();
-  const int32_t bm = fa2 ? FA_BM : MMA_BM;
   int64_t ntiles = 0;
   for (int32_t r = 0; r < num_reqs; r++)
-    ntiles += (reqs[r].q_len + bm - 1) / bm;
+    ntiles += (reqs[r].q_len + FA_BM - 1) / FA_BM;
   if (ntiles == 0)
     return UPF_OK;
   if (ntiles > INT32_MAX)
@@ -933,8 +757,8 @@ template <bool PAGED> upf_status mma_plan_and_run(attn_args &a, const req_info *
   for (int32_t r = 0; r < num_reqs; r++) {
     const req_info &q = reqs[r];
     const int32_t off = q.kv_len - q.q_len;
-    for (int32_t row0 = 0; row0 < q.q_len; row0 += bm) {
-      const int32_t last = (row0 + bm < q.q_len ? row0 + bm : q.q_len) - 1;
+    for (int32_t row0 = 0; row0 < q.q_len; row0 += FA_BM) {
+      const int32_t last = (row0 + FA_BM < q.q_len ? row0 + FA_BM : q.q_len) - 1;
       int32_t lo = a.window > 0 ? row0 + off - a.window + 1 : 0;
       lo = lo < 0 ? 0 : lo;
       tiles[n++] = attn_tile{q.q0, q.q_len, q.kv_len, q.kv_base, q.req, row0, lo, last + off + 1, -1};
@@ -948,18 +772,11 @@ template <bool PAGED> upf_status mma_plan_and_run(attn_args &a, const req_info *
   free(tiles);
   UPF_TRY(st);
   a.tiles = (const attn_tile *)ws;
-  if (fa2) {
-    if (a.d == 64)
-      return launch_fa2<64, 128, 3, PAGED>(a, (int)ntiles);
-    if (a.d == 128)
-      return launch_fa2<128, 64, 3, PAGED>(a, (int)ntiles);
-    return launch_fa2<256, 64, 2, PAGED>(a, (int)ntiles);
-  }
   if (a.d == 64)
-    return launch_mma<64, 64, PAGED>(a, (int)ntiles);
+    return launch_fa2<64, 128, 3, PAGED>(a, (int)ntiles);
   if (a.d == 128)
-    return launch_mma<128, 64, PAGED>(a, (int)ntiles);
-  return launch_mma<256, 32, PAGED>(a, (int)ntiles);
+    return launch_fa2<128, 64, 3, PAGED>(a, (int)ntiles);
+  return launch_fa2<256, 64, 2, PAGED>(a, (int)ntiles);
 }
 
 /* The mma path takes bf16 with D = 64/128/256 and 16-byte rows: every base pointer 16-byte aligned,

@@ -19,15 +19,6 @@ say "bench"
 timeout "$(left 110)" bin/bench_upf --benchmark_filter='attn_|kv_cache|copy' --benchmark_out="$OUT/bench-attn.json" \
   --benchmark_out_format=json >"$OUT/bench-attn.log" 2>&1
 say "bench rc=$?"
-if grep -q "attn_prefill/cuda/bf16.*verification against the CPU reference failed" "$OUT/bench-attn.log"; then
-  say "pipelined prefill failed its quick verify: timing the first version (UPF_ATTN_PREFILL=mma64)"
-  export UPF_ATTN_PREFILL=mma64
-  timeout "$(left 60)" bin/bench_upf --benchmark_filter='attn_prefill/cuda/bf16' >>"$OUT/bench-attn.log" 2>&1
-else
-  echo "## first version, UPF_ATTN_PREFILL=mma64" >>"$OUT/bench-attn.log"
-  UPF_ATTN_PREFILL=mma64 timeout "$(left 20)" bin/bench_upf \
-    --benchmark_filter='attn_prefill/cuda/bf16/llama_causal/B:1/kv:32768' >>"$OUT/bench-attn.log" 2>&1
-fi
 grep -E "_median|manual_time |^attn|^kv_cache|^copy" "$OUT/bench-attn.log" | cut -c1-140 | head -40
 say "sdpa peer"
 (cd peers && timeout "$(left 100)" python3 torch_sdpa.py --out "$OUT/torch-sdpa.json" >"$OUT/torch-sdpa.log" 2>&1)
