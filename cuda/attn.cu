@@ -26,6 +26,7 @@
  * kv_cache_write_kernel: one CTA per token row, k and v rows to their slot. */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -536,6 +537,259 @@ __global__ void __launch_bounds__(FA_THREADS, 1) attn_fa2_kernel(const __grid_co
   }
 }
 
+/* ---- Paged decode v2 (bandwidth first; UPF_ATTN_DECODE=v2, bf16, D = 64/128/256, 16-byte rows) ----
+ * attn_decode_v2_kernel<D>: the same tiles as the FFMA kernel (ATT_BR (token, group head) rows of one
+ * request and kv head over keys [kv_lo, kv_hi), split-KV parts merged by attn_combine_kernel), but
+ * every warp loads and every warp computes:
+ *  - the tile's keys are cut into DEC_WARPS contiguous slices, one per warp; a warp step takes
+ *    DEC_KPS = 4 keys, DEC_LPK = 8 lanes per key, lane c of a key's 8 owning dims 8 (c + 8 i) .. + 7
+ *    (i < VPL = D / 64): each warp load instruction reads four 128-byte runs of four K (V) rows.
+ *  - K and V reach shared memory by cp.async into a DEC_STAGES-deep ring that is private to each lane
+ *    (a lane reads back only what it copied itself: cp.async.wait_group alone orders it, no barrier);
+ *    DEC_STAGES - 1 steps are in flight per warp while one is computed.
+ *  - the block table is read 32 entries at a time (one per lane) and shuffled to the key's lanes; a
+ *    lane advances its (block, slot) pair by adds, no division in the loop.
+ *  - RB = 512 / D rows of the tile sit in registers as fp32 (q and the accumulator: 64 values each per
+ *    lane at every D); the GQA rows of a decode step share each K/V load. A tile of more valid rows
+ *    runs its rows RB at a time (a pass over the keys each: K/V come again, from L2).
+ *  - each group of 8 lanes (one key per step) runs its own online softmax in base 2 (running max m,
+ *    sum l, accumulator over its dims; rescaled only when the max grows): dot products reduce over
+ *    the 8 lanes by xor 1, 2, 4. At the end the 4 key groups of a warp merge by xor 8, 16, the 8 warps
+ *    through shared memory in warp order: a fixed order, so the result does not depend on scheduling.
+ * Keys past the slice are zero-filled by cp.async (src-size 0) and masked; so are causal and window
+ * masks per row (rows of a multi-token step see different key ranges). */
+constexpr int DEC_WARPS = 8;
+constexpr int DEC_THREADS = DEC_WARPS * 32;
+constexpr int DEC_LPK = 8;              /* lanes per key */
+constexpr int DEC_KPS = 32 / DEC_LPK;   /* keys per warp step */
+constexpr int DEC_STAGES = 4;           /* cp.async ring depth (steps) */
+constexpr int DEC_SPLIT_WAVES = 8;      /* split-KV target: CTAs per SM (one resident at a time) */
+
+template <int D> struct dec_shape {
+  static constexpr int VPL = D / (8 * DEC_LPK); /* 16-byte vectors per lane per K (and per V) row */
+  static constexpr int NE = VPL * 8;            /* dims per lane */
+  static constexpr int RB = 512 / D;            /* rows held in registers: 8, 4, 2 */
+  static constexpr size_t ring_bytes = (size_t)DEC_STAGES * 2 * VPL * DEC_THREADS * sizeof(uint4);
+  static constexpr size_t smem = ring_bytes + (size_t)DEC_WARPS * RB * (D + 2) * sizeof(float);
+};
+
+/* cp.async issue and wait with a "memory" clobber: with no block barrier in the loop, these are what
+ * keeps the compiler from moving the ring's shared loads across the copies that fill it. */
+__device__ __forceinline__ void cp_async16_ordered(void *dst, const bf16_t *src, bool valid) {
+  const uint32_t s = (uint32_t)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+template <int N> __device__ __forceinline__ void cp_async_wait_ordered() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+/* 8 bf16 (one 16-byte vector) to fp32: the bf16 bits are the high half of the float. */
+__device__ __forceinline__ void bf16x8_to_f32(const uint4 &x, float *f) {
+  const uint32_t w[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    f[2 * i] = __uint_as_float(w[i] << 16);
+    f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+  }
+}
+
+template <int D>
+__global__ void __launch_bounds__(DEC_THREADS, 1) attn_decode_v2_kernel(const __grid_constant__ attn_args a) {
+  typedef dec_shape<D> S;
+  constexpr int VPL = S::VPL, NE = S::NE, RB = S::RB;
+  static_assert(ATT_BR % RB == 0 && VPL >= 1, "decode v2 shape");
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  uint4 *ring = reinterpret_cast<uint4 *>(smem_raw);                  /* [STAGES][2 VPL][THREADS] */
+  float *wacc = reinterpret_cast<float *>(smem_raw + S::ring_bytes); /* [WARPS][RB][D] */
+  float *wm = wacc + DEC_WARPS * RB * D;                              /* [WARPS][RB] */
+  float *wl = wm + DEC_WARPS * RB;                                    /* [WARPS][RB] */
+  const attn_tile tile = a.tiles[blockIdx.x];
+  const int hk = blockIdx.y;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, kg = lane / DEC_LPK, c = lane % DEC_LPK;
+  const int pos_off = tile.kv_len - tile.q_len;
+  const bf16_t *Q = (const bf16_t *)a.q, *K = (const bf16_t *)a.k, *V = (const bf16_t *)a.v;
+  const int32_t *bt_row = a.block_table + (int64_t)tile.req * a.max_blocks;
+  const int P = a.page_size;
+  const int span = tile.kv_hi - tile.kv_lo;
+  const int slice = ((span + DEC_WARPS - 1) / DEC_WARPS + DEC_KPS - 1) / DEC_KPS * DEC_KPS;
+  const int w_lo = tile.kv_lo + warp * slice;
+  const int w_hi = min(tile.kv_hi, w_lo + slice);
+  const int nsteps = w_hi > w_lo ? (w_hi - w_lo + DEC_KPS - 1) / DEC_KPS : 0;
+  const bool capped = a.softcap > 0.0f;
+  const float mul = capped ? a.scale / a.softcap : a.scale * FA_LOG2E; /* logit -> base-2 exponent */
+  const float cap2 = a.softcap * FA_LOG2E;
+  const int valid_rows = min(ATT_BR, tile.q_len * a.group - tile.row0);
+  uint4 *my_ring = ring + threadIdx.x; /* [stage][j] at my_ring[(stage * 2 VPL + j) * THREADS] */
+
+  for (int rc = 0; rc < valid_rows; rc += RB) {
+    /* This pass's rows: q in registers (rows past the tile: zeros, never written). */
+    float q[RB][NE];
+    int pos[RB], lo[RB];
+#pragma unroll
+    for (int r = 0; r < RB; r++) {
+      const int ridx = tile.row0 + rc + r, t = ridx / a.group, g = ridx - t * a.group;
+      const bool ok = rc + r < valid_rows;
+      pos[r] = ok ? t + pos_off : -1; /* -1: no key visible */
+      lo[r] = a.window > 0 ? pos[r] - a.window + 1 : 0;
+      const bf16_t *qrow = Q + (int64_t)(tile.q0 + t) * a.q_s0 + (int64_t)(hk * a.group + g) * a.q_s1;
+#pragma unroll
+      for (int i = 0; i < VPL; i++) {
+        const uint4 x = ok ? *reinterpret_cast<const uint4 *>(qrow + 8 * (c + DEC_LPK * i)) : make_uint4(0, 0, 0, 0);
+        bf16x8_to_f32(x, &q[r][8 * i]);
+      }
+    }
+
+    /* Issue state: the key, block and slot of this lane's next step to issue; the warp's cached
+     * window of the block table (entries blk0 + lane). */
+    int kj_issue = w_lo + kg;
+    int blk = kj_issue / P, slot = kj_issue - blk * P;
+    int blk0 = w_lo / P;
+    int tbl = nsteps > 0 && blk0 + lane < a.max_blocks ? bt_row[blk0 + lane] : 0;
+    auto issue = [&](int s) { /* steps in increasing order, each once (past the slice: zero-fill) */
+      uint4 *dst = my_ring + (s % DEC_STAGES) * 2 * VPL * DEC_THREADS;
+      const bool ok = kj_issue < w_hi;
+      if (__any_sync(0xffffffffu, ok && blk - blk0 >= 32)) { /* lane 0 holds the step's first (valid) key */
+        blk0 = __shfl_sync(0xffffffffu, blk, 0);
+        tbl = blk0 + lane < a.max_blocks ? bt_row[blk0 + lane] : 0;
+      }
+      const int page = __shfl_sync(0xffffffffu, tbl, ok ? blk - blk0 : 0);
+      const int64_t ko = ok ? (int64_t)page * a.k_s0 + (int64_t)slot * a.k_s1 + (int64_t)hk * a.k_s2 : 0;
+      const int64_t vo = ok ? (int64_t)page * a.v_s0 + (int64_t)slot * a.v_s1 + (int64_t)hk * a.v_s2 : 0;
+#pragma unroll
+      for (int i = 0; i < VPL; i++) {
+        const int e = 8 * (c + DEC_LPK * i);
+        cp_async16_ordered(dst + i * DEC_THREADS, K + ko + e, ok);
+        cp_async16_ordered(dst + (VPL + i) * DEC_THREADS, V + vo + e, ok);
+      }
+      kj_issue += DEC_KPS, slot += DEC_KPS;
+      while (slot >= P)
+        slot -= P, blk++;
+    };
+#pragma unroll
+    for (int s = 0; s < DEC_STAGES - 1; s++) {
+      issue(s);
+      cp_async_commit();
+    }
+
+    float m[RB], l[RB], acc[RB][NE];
+#pragma unroll
+    for (int r = 0; r < RB; r++) {
+      m[r] = -INFINITY, l[r] = 0.0f;
+#pragma unroll
+      for (int j = 0; j < NE; j++)
+        acc[r][j] = 0.0f;
+    }
+    for (int s = 0; s < nsteps; s++) {
+      cp_async_wait_ordered<DEC_STAGES - 2>(); /* step s landed (this lane's own copies) */
+      const uint4 *src = my_ring + (s % DEC_STAGES) * 2 * VPL * DEC_THREADS;
+      uint4 kx[VPL], vx[VPL];
+#pragma unroll
+      for (int i = 0; i < VPL; i++)
+        kx[i] = src[i * DEC_THREADS], vx[i] = src[(VPL + i) * DEC_THREADS];
+      issue(s + DEC_STAGES - 1); /* into the stage step s - 1 used: consumed by this lane last iteration */
+      cp_async_commit();
+      const int kj = w_lo + s * DEC_KPS + kg;
+      const bool kin = kj < w_hi;
+      float f[NE];
+#pragma unroll
+      for (int i = 0; i < VPL; i++)
+        bf16x8_to_f32(kx[i], &f[8 * i]);
+      float p[RB];
+#pragma unroll
+      for (int r = 0; r < RB; r++) {
+        float dot = 0.0f;
+#pragma unroll
+        for (int j = 0; j < NE; j++)
+          dot = fmaf(q[r][j], f[j], dot);
+        dot += __shfl_xor_sync(0xffffffffu, dot, 1);
+        dot += __shfl_xor_sync(0xffffffffu, dot, 2);
+        dot += __shfl_xor_sync(0xffffffffu, dot, 4);
+        float x = capped ? cap2 * tanhf(dot * mul) : dot * mul;
+        const bool vis = kin && kj <= pos[r] && kj >= lo[r];
+        x = vis ? x : -INFINITY;
+        if (x > m[r]) { /* the running max grows (first visible key: alpha = exp2(-inf) = 0) */
+          const float alpha = exp2f(m[r] - x);
+          l[r] *= alpha;
+#pragma unroll
+          for (int j = 0; j < NE; j++)
+            acc[r][j] *= alpha;
+          m[r] = x;
+        }
+        p[r] = vis ? exp2f(x - m[r]) : 0.0f;
+        l[r] += p[r];
+      }
+#pragma unroll
+      for (int i = 0; i < VPL; i++)
+        bf16x8_to_f32(vx[i], &f[8 * i]);
+#pragma unroll
+      for (int r = 0; r < RB; r++)
+#pragma unroll
+        for (int j = 0; j < NE; j++)
+          acc[r][j] = fmaf(p[r], f[j], acc[r][j]);
+    }
+    cp_async_wait_ordered<0>(); /* the zero-fills past the slice too: the next pass reuses the ring */
+
+    /* The warp's 4 key groups merge (xor 8, 16); lanes 0..7 write the warp's rows. */
+#pragma unroll
+    for (int r = 0; r < RB; r++) {
+      float mx = fmaxf(m[r], __shfl_xor_sync(0xffffffffu, m[r], 8));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+      const float w = m[r] == -INFINITY ? 0.0f : exp2f(m[r] - mx);
+      float lr = l[r] * w;
+      lr += __shfl_xor_sync(0xffffffffu, lr, 8);
+      lr += __shfl_xor_sync(0xffffffffu, lr, 16);
+#pragma unroll
+      for (int j = 0; j < NE; j++) {
+        float x = acc[r][j] * w;
+        x += __shfl_xor_sync(0xffffffffu, x, 8);
+        x += __shfl_xor_sync(0xffffffffu, x, 16);
+        acc[r][j] = x;
+      }
+      if (lane < DEC_LPK) {
+        float *dst = wacc + (warp * RB + r) * D;
+#pragma unroll
+        for (int i = 0; i < VPL; i++)
+#pragma unroll
+          for (int u = 0; u < 8; u++)
+            dst[8 * (c + DEC_LPK * i) + u] = acc[r][8 * i + u];
+        if (lane == 0)
+          wm[warp * RB + r] = mx, wl[warp * RB + r] = lr;
+      }
+    }
+    __syncthreads();
+    /* The 8 warps merge in warp order; a thread per (row, dim). */
+    const int nrows = min(RB, valid_rows - rc);
+    for (int i = threadIdx.x; i < nrows * D; i += DEC_THREADS) {
+      const int r = i / D, e = i - r * D;
+      float M = -INFINITY;
+#pragma unroll
+      for (int w = 0; w < DEC_WARPS; w++)
+        M = fmaxf(M, wm[w * RB + r]);
+      float L = 0.0f, O = 0.0f;
+#pragma unroll
+      for (int w = 0; w < DEC_WARPS; w++) {
+        const float mw = wm[w * RB + r], f = mw == -INFINITY ? 0.0f : exp2f(mw - M);
+        L = fmaf(f, wl[w * RB + r], L);
+        O = fmaf(f, wacc[(w * RB + r) * D + e], O);
+      }
+      const int ridx = tile.row0 + rc + r, t = ridx / a.group, hq = hk * a.group + (ridx - t * a.group);
+      const int64_t tok = (int64_t)tile.q0 + t;
+      if (tile.part < 0) { /* every row sees at least its own key: L > 0 */
+        bf16_t *orow = (bf16_t *)a.out + tok * a.o_s0 + (int64_t)hq * a.o_s1;
+        orow[e] = __float2bfloat16_rn(O / L);
+        if (a.lse && e == 0)
+          a.lse[tok * a.hq + hq] = (M + log2f(L)) * FA_LN2;
+      } else { /* a part may hold none of this row's keys: L = 0, lse = -inf, weight 0 in the merge */
+        const int64_t pslot = ((int64_t)tile.part * a.hkv + hk) * ATT_BR + rc + r;
+        a.part_o[pslot * D + e] = L > 0.0f ? O / L : 0.0f;
+        if (e == 0)
+          a.part_lse[pslot] = L > 0.0f ? (M + log2f(L)) * FA_LN2 : -INFINITY;
+      }
+    }
+    __syncthreads(); /* the next pass rewrites wacc */
+  }
+}
+
 /* Merges the split chunks of one tile in chunk order: weights exp(lse_s - max lse). */
 template <typename T> __global__ void __launch_bounds__(256) attn_combine_kernel(const __grid_constant__ attn_args a) {
   const attn_group gr = a.groups[blockIdx.x];
@@ -592,6 +846,15 @@ struct req_info {
 
 size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 
+/* The fixed-order merge of split tiles' parts (none: nothing to launch). */
+template <typename T> upf_status launch_combine(attn_args &a, int ngroups) {
+  if (ngroups > 0) {
+    attn_combine_kernel<T><<<dim3((unsigned)ngroups, (unsigned)a.hkv), 128, 0, upf_cuda_stream()>>>(a);
+    UPF_CUDA_LAUNCH_TRY("attn_combine_kernel");
+  }
+  return UPF_OK;
+}
+
 template <typename T, int DPL, bool PAGED> upf_status launch_attn(attn_args &a, int ntiles, int ngroups) {
   const size_t smem = (size_t)(ATT_BR * a.d + 2 * ATT_KT * (a.d + 1)) * sizeof(float);
   if (smem > upf_cuda_smem_optin())
@@ -599,14 +862,21 @@ template <typename T, int DPL, bool PAGED> upf_status launch_attn(attn_args &a, 
                     a.d, smem, upf_cuda_smem_optin());
   UPF_CUDA_TRY(cudaFuncSetAttribute(attn_ffma_kernel<T, DPL, PAGED>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)smem));
-  cudaStream_t stream = upf_cuda_stream();
-  attn_ffma_kernel<T, DPL, PAGED><<<dim3((unsigned)ntiles, (unsigned)a.hkv), ATT_WARPS * 32, smem, stream>>>(a);
+  attn_ffma_kernel<T, DPL, PAGED><<<dim3((unsigned)ntiles, (unsigned)a.hkv), ATT_WARPS * 32, smem,
+                                    upf_cuda_stream()>>>(a);
   UPF_CUDA_LAUNCH_TRY("attn_ffma_kernel");
-  if (ngroups > 0) {
-    attn_combine_kernel<T><<<dim3((unsigned)ngroups, (unsigned)a.hkv), 128, 0, stream>>>(a);
-    UPF_CUDA_LAUNCH_TRY("attn_combine_kernel");
-  }
-  return UPF_OK;
+  return launch_combine<T>(a, ngroups);
+}
+
+template <int D> upf_status launch_decode_v2(attn_args &a, int ntiles, int ngroups) {
+  constexpr size_t smem = dec_shape<D>::smem;
+  if (smem > upf_cuda_smem_optin())
+    return upf_fail(UPF_ERR_UNSUPPORTED, "attn (cuda): decode v2 at D=%d needs %zu bytes of shared memory, the "
+                    "device has %zu", D, smem, upf_cuda_smem_optin());
+  UPF_CUDA_TRY(cudaFuncSetAttribute(attn_decode_v2_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+  attn_decode_v2_kernel<D><<<dim3((unsigned)ntiles, (unsigned)a.hkv), DEC_THREADS, smem, upf_cuda_stream()>>>(a);
+  UPF_CUDA_LAUNCH_TRY("attn_decode_v2_kernel");
+  return launch_combine<bf16_t>(a, ngroups);
 }
 
 template <typename T, bool PAGED> upf_status launch_d(attn_args &a, int ntiles, int ngroups) {
@@ -618,9 +888,11 @@ template <typename T, bool PAGED> upf_status launch_d(attn_args &a, int ntiles, 
 }
 
 /* Tiles every request's (token, group head) rows in ATT_BR blocks, splits long KV ranges when the
- * tiles alone would leave the GPU idle, uploads the plan and launches. `a` has everything but the
- * plan pointers. */
-upf_status attn_plan_and_run(attn_args &a, const req_info *reqs, int32_t num_reqs, upf_dtype dtype, bool paged) {
+ * tiles alone would leave the GPU idle, uploads the plan and launches the FFMA kernel, or (decode_v2:
+ * paged bf16 with D = 64/128/256 and 16-byte rows, see decode_v2_selected) attn_decode_v2_kernel.
+ * `a` has everything but the plan pointers. */
+upf_status attn_plan_and_run(attn_args &a, const req_info *reqs, int32_t num_reqs, upf_dtype dtype, bool paged,
+                             bool decode_v2) {
   const int G = a.group;
   int64_t nbase = 0;
   for (int32_t r = 0; r < num_reqs; r++)
@@ -630,7 +902,7 @@ upf_status attn_plan_and_run(attn_args &a, const req_info *reqs, int32_t num_req
   /* Split only when fewer than ATT_SPLIT_WAVES waves of CTAs would run (decode: memory-bound, and several
    * resident CTAs per SM overlap one's loads with another's math); a chunk keeps at least ATT_SPLIT_MIN
    * keys. */
-  const int64_t target = ATT_SPLIT_WAVES * (int64_t)upf_cuda_num_sms();
+  const int64_t target = (decode_v2 ? DEC_SPLIT_WAVES : ATT_SPLIT_WAVES) * (int64_t)upf_cuda_num_sms();
   const int64_t want_split = nbase * a.hkv < target ? (target + nbase * a.hkv - 1) / (nbase * a.hkv) : 1;
   /* Pass 1 counts, pass 2 fills. */
   attn_tile *tiles = NULL;
@@ -708,6 +980,10 @@ upf_status attn_plan_and_run(attn_args &a, const req_info *reqs, int32_t num_req
   }
   free(tiles), free(groups);
   UPF_TRY(st);
+  if (decode_v2)
+    return a.d == 64 ? launch_decode_v2<64>(a, (int)ntiles, (int)ngroups)
+           : a.d == 128 ? launch_decode_v2<128>(a, (int)ntiles, (int)ngroups)
+                        : launch_decode_v2<256>(a, (int)ntiles, (int)ngroups);
   if (dtype == UPF_DTYPE_BF16)
     return paged ? launch_d<bf16_t, true>(a, (int)ntiles, (int)ngroups)
                  : launch_d<bf16_t, false>(a, (int)ntiles, (int)ngroups);
@@ -797,6 +1073,18 @@ bool mma_ok(const upf_tensor *q, const upf_tensor *k, const upf_tensor *v, const
   return true;
 }
 
+/* UPF_ATTN_DECODE=v2 (read once per process) sends the paged rows that the FFMA kernel takes (decode
+ * steps and chunks of fewer than MMA_MIN_Q_ROWS query rows) to attn_decode_v2_kernel wherever the mma
+ * path's layout conditions hold (bf16, D = 64/128/256, 16-byte rows); unset or any other value: the
+ * FFMA kernel. */
+bool decode_v2_selected() {
+  static const bool v2 = [] {
+    const char *e = getenv("UPF_ATTN_DECODE");
+    return e && strcmp(e, "v2") == 0;
+  }();
+  return v2;
+}
+
 /* Paged requests with at least this many query rows (prefill against the cache) take the mma path
  * when it applies; decode rows and short chunks stay on the FFMA kernel's GQA-packed tiles. */
 constexpr int MMA_MIN_Q_ROWS = 16;
@@ -859,7 +1147,7 @@ extern "C" upf_status upf_cuda_attn_prefill(const upf_attn_varlen *b, const upf_
   a.v = v->data, a.v_s0 = v->stride[0], a.v_s1 = v->stride[1];
   a.vec8 = kv_vec8(k, v);
   upf_status st = mma_ok(q, k, v, out) ? mma_plan_and_run<false>(a, reqs, b->num_reqs)
-                                       : attn_plan_and_run(a, reqs, b->num_reqs, q->dtype, false);
+                                       : attn_plan_and_run(a, reqs, b->num_reqs, q->dtype, false, false);
   free(reqs);
   return st;
 }
@@ -896,7 +1184,7 @@ extern "C" upf_status upf_cuda_attn_paged(const upf_attn_paged *b, const upf_ten
   a.vec8 = kv_vec8(k_cache, v_cache);
   upf_status st = n_long ? mma_plan_and_run<true>(a, reqs, n_long) : UPF_OK;
   if (st == UPF_OK && n_long < b->num_reqs)
-    st = attn_plan_and_run(a, reqs + n_long, b->num_reqs - n_long, q->dtype, true);
+    st = attn_plan_and_run(a, reqs + n_long, b->num_reqs - n_long, q->dtype, true, mma && decode_v2_selected());
   free(reqs);
   return st;
 }

@@ -1,44 +1,88 @@
 #!/usr/bin/env bash
 # Issue 3's evidence in one device call, from an unpacked bundle (bin/ lib/ peers/; see
-# perf/reports/H200/README.md): timings first on an otherwise idle GPU (bench_upf attention cases and
-# the torch SDPA peer, side by side), then the correctness runs side by side (they time nothing):
-# the full `upf verify attn` + `kv_cache`, `test_upf`, compute-sanitizer memcheck and racecheck over
-# the quick attention verify. Steps are capped so the whole stays inside BUDGET_S seconds.
-#   OUT=dir BUDGET_S=290 bash attn-device-run.sh
+# perf/reports/H200/README.md). The default kernels and each new variant (a runtime switch, see
+# VARIANTS) are checked and timed in the same call:
+#   1. `upf verify attn --quick` under each variant's switch (gates its timing and full verify);
+#   2. timings on an otherwise idle GPU: every variant's own benchmark cases, the default's whole
+#      attention set, the torch SDPA peer, compare_attn.py ratios for each variant;
+#   3. correctness side by side (they time nothing): full `upf verify attn` (+ kv_cache) on the
+#      default, full `upf verify attn` under each variant that passed --quick, compute-sanitizer
+#      memcheck and racecheck over `verify attn --quick` under each variant, test_upf.
+# A failing variant stops nothing. Steps are capped so the whole stays inside BUDGET_S seconds.
+# What comes back (<= 8 files): summary.txt, compare-attn.txt, bench-attn-default.json,
+# bench-attn-<variant>.json each, torch-sdpa.json, logs.tar.xz (every log).
+#   OUT=dir BUDGET_S=220 bash attn-device-run.sh
 set -u
 cd "$(dirname "$0")"
 OUT=${OUT:?set OUT}
-BUDGET_S=${BUDGET_S:-290}
+BUDGET_S=${BUDGET_S:-220}
 export LD_LIBRARY_PATH=$PWD/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} PYTHONUNBUFFERED=1
+L=$OUT/logs; mkdir -p "$L"
 t0=$(date +%s)
 left() { local l=$((BUDGET_S - ($(date +%s) - t0))); [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }
-say() { echo "[$(($(date +%s) - t0)) s] $*"; }
+say() { echo "[$(($(date +%s) - t0)) s] $*" | tee -a "$OUT/summary.txt"; }
 
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader >"$OUT/verify-attn.log"
+# name | switch (env assignment) | benchmark filter (the cases the switch changes)
+VARIANTS=(
+  "decode-v2|UPF_ATTN_DECODE=v2|attn_paged/cuda|copy"
+)
+vfield() { echo "$1" | cut -d'|' -f"$2"; }
+vfilter() { echo "$1" | cut -d'|' -f3-; }
+
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader | tee -a "$OUT/summary.txt"
+declare -A QUICK_OK
+for v in "${VARIANTS[@]}"; do
+  n=$(vfield "$v" 1) sw=$(vfield "$v" 2)
+  env "$sw" timeout "$(left 40)" bin/upf verify attn --quick >"$L/verify-attn-quick-$n.log" 2>&1
+  rc=$?; QUICK_OK[$n]=$([ $rc = 0 ] && echo 1 || echo 0)
+  say "quick verify $n ($sw) rc=$rc: $(grep -E '^# .*checks' "$L/verify-attn-quick-$n.log" | tr '\n' ' ')"
+  grep -E "^FAIL" "$L/verify-attn-quick-$n.log" | cut -c1-200 | head -8 | tee -a "$OUT/summary.txt"
+done
+
 say "bench"
-timeout "$(left 110)" bin/bench_upf --benchmark_filter='attn_|kv_cache|copy' --benchmark_out="$OUT/bench-attn.json" \
-  --benchmark_out_format=json >"$OUT/bench-attn.log" 2>&1
-say "bench rc=$?"
-grep -E "_median|manual_time |^attn|^kv_cache|^copy" "$OUT/bench-attn.log" | cut -c1-140 | head -40
+for v in "${VARIANTS[@]}"; do
+  n=$(vfield "$v" 1) sw=$(vfield "$v" 2)
+  [ "${QUICK_OK[$n]}" = 1 ] || { say "bench $n skipped (quick verify failed)"; continue; }
+  env "$sw" timeout "$(left 40)" bin/bench_upf --benchmark_filter="$(vfilter "$v")" \
+    --benchmark_out="$OUT/bench-attn-$n.json" --benchmark_out_format=json >"$L/bench-attn-$n.log" 2>&1
+  say "bench $n rc=$?"
+done
+timeout "$(left 90)" bin/bench_upf --benchmark_filter='attn_|kv_cache|copy' --benchmark_out="$OUT/bench-attn-default.json" \
+  --benchmark_out_format=json >"$L/bench-attn-default.log" 2>&1
+say "bench default rc=$?"
 say "sdpa peer"
-(cd peers && timeout "$(left 100)" python3 torch_sdpa.py --out "$OUT/torch-sdpa.json" >"$OUT/torch-sdpa.log" 2>&1)
+(cd peers && timeout "$(left 70)" python3 torch_sdpa.py --out "$OUT/torch-sdpa.json" >"$L/torch-sdpa.log" 2>&1)
 say "sdpa rc=$?"
-grep -E "/best|not run" "$OUT/torch-sdpa.log" | cut -c1-150
-python3 peers/compare_attn.py "$OUT/bench-attn.json" "$OUT/torch-sdpa.json" 2>&1 | tee -a "$OUT/torch-sdpa.log"
+for f in "$OUT"/bench-attn-*.json; do
+  echo "=== $(basename "$f")" >>"$OUT/compare-attn.txt"
+  python3 peers/compare_attn.py "$f" "$OUT/torch-sdpa.json" >>"$OUT/compare-attn.txt" 2>&1
+done
+grep -E "^===|^llama|^d64|^gemma|  (llama|gemma)_decode" "$OUT/compare-attn.txt" | cut -c1-130
 
 say "correctness, side by side"
 cap=$(left 200)
-( timeout "$cap" bin/upf verify attn >>"$OUT/verify-attn.log" 2>&1; echo "# upf verify attn rc=$?" >>"$OUT/verify-attn.log"
-  timeout 60 bin/upf verify kv_cache >>"$OUT/verify-attn.log" 2>&1; echo "# upf verify kv_cache rc=$?" >>"$OUT/verify-attn.log" ) &
-( cd bin && timeout "$cap" ./test_upf >"$OUT/test.log" 2>&1; echo "# test_upf rc=$?" >>"$OUT/test.log" ) &
-( timeout "$cap" compute-sanitizer --tool memcheck --error-exitcode 9 bin/upf verify attn --quick >"$OUT/sanitizer-memcheck.log" 2>&1
-  echo "# rc=$?" >>"$OUT/sanitizer-memcheck.log"
-  timeout "$(left 60)" compute-sanitizer --tool memcheck --error-exitcode 9 bin/upf verify kv_cache --quick >>"$OUT/sanitizer-memcheck.log" 2>&1
-  echo "# rc=$?" >>"$OUT/sanitizer-memcheck.log" ) &
-( timeout "$cap" compute-sanitizer --tool racecheck --error-exitcode 9 bin/upf verify attn --quick >"$OUT/sanitizer-racecheck.log" 2>&1
-  echo "# rc=$?" >>"$OUT/sanitizer-racecheck.log" ) &
+( timeout "$cap" bin/upf verify attn >"$L/verify-attn-default.log" 2>&1; echo "# upf verify attn rc=$?" >>"$L/verify-attn-default.log"
+  timeout "$(left 40)" bin/upf verify kv_cache >>"$L/verify-attn-default.log" 2>&1
+  echo "# upf verify kv_cache rc=$?" >>"$L/verify-attn-default.log" ) &
+( cd bin && timeout "$cap" ./test_upf >"$L/test.log" 2>&1; echo "# test_upf rc=$?" >>"$L/test.log" ) &
+for v in "${VARIANTS[@]}"; do
+  n=$(vfield "$v" 1) sw=$(vfield "$v" 2)
+  if [ "${QUICK_OK[$n]}" = 1 ]; then
+    ( env "$sw" timeout "$cap" bin/upf verify attn >"$L/verify-attn-$n.log" 2>&1
+      echo "# upf verify attn ($sw) rc=$?" >>"$L/verify-attn-$n.log" ) &
+  fi
+  for tool in memcheck racecheck; do
+    ( env "$sw" timeout "$cap" compute-sanitizer --tool $tool --error-exitcode 9 bin/upf verify attn --quick \
+        >"$L/sanitizer-$tool-$n.log" 2>&1
+      echo "# $tool ($sw) rc=$?" >>"$L/sanitizer-$tool-$n.log" ) &
+  done
+done
 wait
 say "done"
-grep -E "^# .*checks|rc=" "$OUT/verify-attn.log"; grep -v "^PASS\|^#" "$OUT/verify-attn.log" | head -20
-grep -A4 "Run Summary" "$OUT/test.log"; grep -E "SKIPPED|FAILED|failed" "$OUT/test.log" | head -5; tail -1 "$OUT/test.log"
-for f in memcheck racecheck; do grep -E "checks:|SUMMARY|rc=" "$OUT/sanitizer-$f.log"; done
+for f in "$L"/verify-attn-*.log; do
+  echo "--- $(basename "$f")"; grep -E "^# .*checks|rc=" "$f"; grep -E "^FAIL" "$f" | cut -c1-200 | head -8
+done | tee -a "$OUT/summary.txt"
+{ grep -A4 "Run Summary" "$L/test.log"; grep -E "SKIPPED|FAILED|failed" "$L/test.log" | head -5; tail -1 "$L/test.log"
+  for f in "$L"/sanitizer-*.log; do echo "--- $(basename "$f")"; grep -E "checks:|SUMMARY|rc=" "$f"; done; } | tee -a "$OUT/summary.txt"
+tar -C "$OUT" -cJf "$OUT/logs.tar.xz" logs && rm -rf "$L"
+say "packed; $(ls "$OUT" | tr '\n' ' ')"
