@@ -34,6 +34,7 @@
 #include "cuda/attn.cuh"
 #include "cuda/cuda_backend.cuh"
 #include "cuda/cuda_check.cuh"
+#include "cuda/wgmma.cuh"
 
 namespace {
 
@@ -790,6 +791,237 @@ __global__ void __launch_bounds__(DEC_THREADS, 1) attn_decode_v2_kernel(const __
   }
 }
 
+/* ---- Hopper prefill (UPF_ATTN_PREFILL=wgmma; bf16, D = 128, contiguous K/V) ----
+ * attn_wgmma_kernel: the FA2 kernel's tiles (WA_BM = 128 query rows of one request and one q head,
+ * heaviest first) on wgmma. CTA = 2 consumer warpgroups (64 rows each) + 1 producer warp.
+ *  - the producer streams K and V tiles of WA_BN = 64 keys into a WA_NS-stage ring by cp.async, in
+ *    the 128-byte-swizzle layout wgmma reads (per 64 dims: 64 rows x 128 bytes, 16-byte chunk c of
+ *    row r at r * 128 + ((c ^ (r % 8)) * 16); the second 64 dims WA_BN * 128 bytes further: the
+ *    layout of cuda/select.cu's score kernel), and signals full[s] by cp.async.mbarrier.arrive; the
+ *    consumer warps release a stage on empty[s] once the wgmma reading it has completed. Rows past
+ *    the tile's key range are zero-filled (src-size 0).
+ *  - S (64 x 64 per warpgroup) = Q K^T by 8 wgmma m64n64k16 (Q as the A operand from registers, the
+ *    fragment layout of mma.sync's A; K tile K-major from the ring); softmax on the accumulator
+ *    exactly as attn_fa2_kernel (base 2, scale folded, masks only on tiles crossing a diagonal, window
+ *    edge or the range end; mref = 0 for rows that have seen nothing); P rounded to bf16 becomes the A
+ *    operand of 4 wgmma m64n128k16 with the V tile as an MN-major B (imm-trans-b), O += P V in fp32.
+ *  - no overlap inside a warpgroup yet (each wgmma group is waited for at once); the two warpgroups
+ *    overlap each other's softmax and tensor work through the warp schedulers.
+ * Warpgroups compute every tile of the CTA's key range (a wgmma is warpgroup-wide: no per-warp skip);
+ * fully masked rows of a tile contribute p = 0. */
+constexpr int WA_BM = 128;
+constexpr int WA_BN = 64;
+constexpr int WA_NS = 4;
+constexpr int WA_D = 128;
+constexpr int WA_THREADS = 2 * 128 + 32;
+constexpr uint32_t WA_TILE_BYTES = WA_BN * WA_D * 2;    /* one K (or V) tile */
+constexpr uint32_t WA_STAGE_BYTES = 2 * WA_TILE_BYTES;  /* K then V */
+constexpr size_t WA_SMEM = 1024 + (size_t)WA_NS * WA_STAGE_BYTES + 2 * WA_NS * 8;
+static_assert(FA_BM == WA_BM, "the wgmma kernel runs the FA2 kernel's plan");
+
+__global__ void __launch_bounds__(WA_THREADS, 1) attn_wgmma_kernel(const __grid_constant__ attn_args a) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using namespace upf_wgmma;
+  constexpr int KS = WA_D / 16, NT = WA_BN / 8, DT = WA_D / 8;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const uint32_t sraw = (uint32_t)__cvta_generic_to_shared(smem_raw);
+  const uint32_t sbase = (sraw + 1023u) & ~1023u; /* swizzle atoms need 1024-byte alignment */
+  const uint32_t full = sbase + WA_NS * WA_STAGE_BYTES, empty = full + WA_NS * 8;
+  const attn_tile tile = a.tiles[blockIdx.x / a.hq];
+  const int hq = blockIdx.x % a.hq, hk = hq / a.group;
+  /* Broadcasts make the role and the loop bounds provably warp-uniform for ptxas (else it serialises
+   * the wgmma: C7518). */
+  const int warp = __shfl_sync(0xffffffffu, (int)(threadIdx.x >> 5), 0), lane = threadIdx.x & 31;
+  const int kv_lo = __shfl_sync(0xffffffffu, tile.kv_lo, 0);
+  const int ntiles = __shfl_sync(0xffffffffu, (tile.kv_hi - tile.kv_lo + WA_BN - 1) / WA_BN, 0);
+  const bf16_t *Q = (const bf16_t *)a.q, *K = (const bf16_t *)a.k, *V = (const bf16_t *)a.v;
+
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int i = 0; i < WA_NS; i++) {
+      mbar_init(full + 8 * i, 32);  /* the producer's 32 lanes, each once its copies landed */
+      mbar_init(empty + 8 * i, 8);  /* the 8 consumer warps */
+    }
+  }
+  __syncthreads();
+
+  if (warp == 8) {
+    /* Producer: lane copies 16-byte chunk c of rows r0, r0 + 2, ... of every K and V tile. */
+    constexpr int CPR = WA_D / 8, RPI = 32 / CPR, J = WA_BN / RPI;
+    const int c = lane % CPR, r0 = lane / CPR, cc = c & 7;
+    const uint32_t coff = (uint32_t)(c >> 3) * (WA_BN * 128);
+    const bf16_t *kb0 = K + (int64_t)tile.kv_base * a.k_s0 + (int64_t)hk * a.k_s1 + c * 8;
+    const bf16_t *vb0 = V + (int64_t)tile.kv_base * a.v_s0 + (int64_t)hk * a.v_s1 + c * 8;
+    for (int t = 0; t < ntiles; t++) {
+      const int st = t % WA_NS;
+      if (t >= WA_NS)
+        mbar_wait(empty + 8 * st, (uint32_t)((t / WA_NS - 1) & 1));
+      const int kv0 = kv_lo + t * WA_BN;
+      const uint32_t kdst0 = sbase + st * WA_STAGE_BYTES + coff, vdst0 = kdst0 + WA_TILE_BYTES;
+#pragma unroll 8
+      for (int j = 0; j < J; j++) {
+        const int kk = r0 + j * RPI, kj = kv0 + kk;
+        const bool in = kj < tile.kv_hi;
+        const uint32_t off = kk * 128 + ((cc ^ (kk & 7)) << 4);
+        cp_async16_to(kdst0 + off, in ? kb0 + (int64_t)kj * a.k_s0 : kb0, in);
+        cp_async16_to(vdst0 + off, in ? vb0 + (int64_t)kj * a.v_s0 : vb0, in);
+      }
+      cp_async_mbar_arrive(full + 8 * st);
+    }
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    return;
+  }
+
+  /* Consumers: warpgroup wg, warp w4 of it; this thread's rows g and g + 8 of the warp's 16. */
+  const int wg = warp >> 2, w4 = warp & 3, g = lane >> 2, t4 = lane & 3;
+  const int off = tile.kv_len - tile.q_len;
+  const int wrow0 = tile.row0 + wg * 64 + w4 * 16;
+  int pos[2], lo[2];
+  uint32_t qa[KS][4];
+  {
+    const uint32_t *rp[2];
+    bool ok[2];
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+      const int qt = wrow0 + g + 8 * i;
+      ok[i] = qt < tile.q_len;
+      const int qc = ok[i] ? qt : tile.q_len - 1; /* rows past the request: the last row's position */
+      pos[i] = qc + off;
+      lo[i] = a.window > 0 ? pos[i] - a.window + 1 : 0;
+      rp[i] = reinterpret_cast<const uint32_t *>(Q + (int64_t)(tile.q0 + qc) * a.q_s0 + (int64_t)hq * a.q_s1);
+    }
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++) { /* A fragment: {row g, k 2t4..}, {row g+8}, {row g, k 2t4+8..}, {row g+8} */
+      qa[ks][0] = ok[0] ? __ldg(rp[0] + ks * 8 + t4) : 0u;
+      qa[ks][1] = ok[1] ? __ldg(rp[1] + ks * 8 + t4) : 0u;
+      qa[ks][2] = ok[0] ? __ldg(rp[0] + ks * 8 + 4 + t4) : 0u;
+      qa[ks][3] = ok[1] ? __ldg(rp[1] + ks * 8 + 4 + t4) : 0u;
+    }
+  }
+  const int wpos_first = (wrow0 < tile.q_len ? wrow0 : tile.q_len - 1) + off;
+  const int wpos_last = (wrow0 + 15 < tile.q_len ? wrow0 + 15 : tile.q_len - 1) + off;
+  const int wlo_last = a.window > 0 ? wpos_last - a.window + 1 : 0;
+  const bool capped = a.softcap > 0.0f;
+  const float mul = capped ? a.scale / a.softcap : a.scale * FA_LOG2E;
+  const float cap2 = a.softcap * FA_LOG2E;
+
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  float o[DT][4];
+#pragma unroll
+  for (int n = 0; n < DT; n++)
+    o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  float s[NT][4];
+
+  for (int t = 0; t < ntiles; t++) {
+    const int st = t % WA_NS, kv0 = kv_lo + t * WA_BN;
+    mbar_wait(full + 8 * st, (uint32_t)((t / WA_NS) & 1));
+    fence_proxy_async();
+    const uint32_t kbase = sbase + st * WA_STAGE_BYTES, vbase = kbase + WA_TILE_BYTES;
+    wg_fence();
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++)
+      wgmma_m64n64k16(s, qa[ks], desc_kmajor_sw128(kbase + (ks >> 2) * (WA_BN * 128) + (ks & 3) * 32), ks);
+    wg_commit();
+    wg_wait<0>();
+
+    /* logits to base-2 exponents; masks only where the tile crosses a diagonal, window edge or end */
+    const bool masked = kv0 + WA_BN - 1 > wpos_first || kv0 + WA_BN > tile.kv_hi || (a.window > 0 && kv0 < wlo_last);
+    float p[NT][4];
+    if (capped) {
+#pragma unroll
+      for (int j = 0; j < NT; j++)
+#pragma unroll
+        for (int c = 0; c < 4; c++)
+          p[j][c] = cap2 * tanhf(s[j][c] * mul);
+    } else {
+#pragma unroll
+      for (int j = 0; j < NT; j++)
+#pragma unroll
+        for (int c = 0; c < 4; c++)
+          p[j][c] = s[j][c] * mul;
+    }
+    if (masked) {
+#pragma unroll
+      for (int j = 0; j < NT; j++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+          const int i = c >> 1, kj = kv0 + j * 8 + t4 * 2 + (c & 1);
+          p[j][c] = kj < tile.kv_hi && kj <= pos[i] && kj >= lo[i] ? p[j][c] : -INFINITY;
+        }
+    }
+    float mt[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+      for (int c = 0; c < 4; c++)
+        mt[c >> 1] = fmaxf(mt[c >> 1], p[j][c]);
+    float mref[2], alpha[2], rs[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+      mt[i] = fmaxf(mt[i], __shfl_xor_sync(0xffffffffu, mt[i], 1));
+      mt[i] = fmaxf(mt[i], __shfl_xor_sync(0xffffffffu, mt[i], 2));
+      const float mn = fmaxf(m[i], mt[i]);
+      mref[i] = mn == -INFINITY ? 0.0f : mn; /* a row with nothing visible yet: exp2(-inf - 0) = 0 */
+      alpha[i] = exp2f(m[i] - mref[i]);
+      m[i] = mn;
+    }
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+      for (int c = 0; c < 4; c++) {
+        p[j][c] = exp2f(p[j][c] - mref[c >> 1]);
+        rs[c >> 1] += p[j][c];
+      }
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+      l[i] = l[i] * alpha[i] + rs[i];
+#pragma unroll
+    for (int n = 0; n < DT; n++) {
+      o[n][0] *= alpha[0], o[n][1] *= alpha[0];
+      o[n][2] *= alpha[1], o[n][3] *= alpha[1];
+    }
+    /* P (bf16) as the A operand: k-step kk = keys 16 kk .. 16 kk + 15 = accumulator n-blocks 2 kk, 2 kk + 1 */
+    uint32_t pa[WA_BN / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < WA_BN / 16; kk++) {
+      pa[kk][0] = pack_bf16(p[2 * kk][0], p[2 * kk][1]);
+      pa[kk][1] = pack_bf16(p[2 * kk][2], p[2 * kk][3]);
+      pa[kk][2] = pack_bf16(p[2 * kk + 1][0], p[2 * kk + 1][1]);
+      pa[kk][3] = pack_bf16(p[2 * kk + 1][2], p[2 * kk + 1][3]);
+    }
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < WA_BN / 16; kk++)
+      wgmma_m64n128k16_tb(o, pa[kk], desc_mnmajor_sw128(vbase + kk * 2048, WA_BN * 128), 1);
+    wg_commit();
+    wg_wait<0>();
+    __syncwarp();
+    if (lane == 0)
+      mbar_arrive(empty + 8 * st); /* this warp's reads of stage st are done */
+  }
+
+#pragma unroll
+  for (int i = 0; i < 2; i++) {
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+    const int qt = wrow0 + g + 8 * i;
+    if (qt >= tile.q_len)
+      continue;
+    const int64_t tok = (int64_t)tile.q0 + qt;
+    const float inv = 1.0f / l[i]; /* every row sees at least its own key */
+    bf16_t *orow = (bf16_t *)a.out + tok * a.o_s0 + (int64_t)hq * a.o_s1;
+#pragma unroll
+    for (int n = 0; n < DT; n++)
+      *reinterpret_cast<__nv_bfloat162 *>(orow + n * 8 + t4 * 2) =
+          __floats2bfloat162_rn(o[n][2 * i] * inv, o[n][2 * i + 1] * inv);
+    if (a.lse && t4 == 0)
+      a.lse[tok * a.hq + hq] = (m[i] + log2f(l[i])) * FA_LN2;
+  }
+#else
+  __trap(); /* built without sm_90a: the host never launches this */
+#endif
+}
+
 /* Merges the split chunks of one tile in chunk order: weights exp(lse_s - max lse). */
 template <typename T> __global__ void __launch_bounds__(256) attn_combine_kernel(const __grid_constant__ attn_args a) {
   const attn_group gr = a.groups[blockIdx.x];
@@ -1007,6 +1239,28 @@ template <int D, int BN, int STAGES, bool PAGED> upf_status launch_fa2(attn_args
   return UPF_OK;
 }
 
+upf_status launch_wgmma(attn_args &a, int ntiles) {
+  if (WA_SMEM > upf_cuda_smem_optin())
+    return upf_fail(UPF_ERR_UNSUPPORTED, "attn (cuda): the wgmma prefill needs %zu bytes of shared memory, the "
+                    "device has %zu", WA_SMEM, upf_cuda_smem_optin());
+  if ((int64_t)ntiles * a.hq > INT32_MAX)
+    return upf_fail(UPF_ERR_SHAPE, "attn (cuda): %d tiles x %d heads exceed the grid", ntiles, a.hq);
+  UPF_CUDA_TRY(cudaFuncSetAttribute(attn_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)WA_SMEM));
+  attn_wgmma_kernel<<<(unsigned)(ntiles * a.hq), WA_THREADS, WA_SMEM, upf_cuda_stream()>>>(a);
+  UPF_CUDA_LAUNCH_TRY("attn_wgmma_kernel");
+  return UPF_OK;
+}
+
+/* UPF_ATTN_PREFILL=wgmma (read once per process) sends bf16 D = 128 prefill over contiguous K/V to
+ * attn_wgmma_kernel; unset or any other value: attn_fa2_kernel. */
+bool prefill_wgmma_selected() {
+  static const bool on = [] {
+    const char *e = getenv("UPF_ATTN_PREFILL");
+    return e && strcmp(e, "wgmma") == 0;
+  }();
+  return on;
+}
+
 /* Heaviest tiles (longest key span) first, ties in plan order: the last wave holds short tiles. */
 int tile_heavier_first(const void *x, const void *y) {
   const attn_tile *p = (const attn_tile *)x, *q = (const attn_tile *)y;
@@ -1048,6 +1302,8 @@ template <bool PAGED> upf_status mma_plan_and_run(attn_args &a, const req_info *
   free(tiles);
   UPF_TRY(st);
   a.tiles = (const attn_tile *)ws;
+  if (!PAGED && a.d == WA_D && prefill_wgmma_selected())
+    return launch_wgmma(a, (int)ntiles);
   if (a.d == 64)
     return launch_fa2<64, 128, 3, PAGED>(a, (int)ntiles);
   if (a.d == 128)

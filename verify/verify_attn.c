@@ -342,6 +342,7 @@ static const attn_case prefill_cases[] = {
     {"cached prefill kv > q", 4, {1, 17, 37, 64}, {99, 300, 0, 1000}, 8, 2, 128, 0, 0, 0, 0, AC_QUICK},
     {"cached prefill, window 64", 3, {17, 37, 5}, {500, 3, 200}, 8, 2, 64, 64, 0, 0, 0, 0},
     {"odd D=80, GQA 3", 2, {17, 97}, {0, 20}, 6, 2, 80, 0, 0, 0, 0, AC_QUICK},
+    {"softcap 30, D=128, GQA 2, cached", 2, {200, 77}, {0, 50}, 8, 4, 128, 0, 30.0f, 0, 0, AC_QUICK},
 };
 
 static const attn_case paged_cases[] = {
