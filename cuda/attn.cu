@@ -793,7 +793,9 @@ __global__ void __launch_bounds__(DEC_THREADS, 1) attn_decode_v2_kernel(const __
 
 /* ---- Hopper prefill (UPF_ATTN_PREFILL=wgmma; bf16, D = 128, contiguous K/V) ----
  * attn_wgmma_kernel: the FA2 kernel's tiles (WA_BM = 128 query rows of one request and one q head,
- * heaviest first) on wgmma. CTA = 2 consumer warpgroups (64 rows each) + 1 producer warp.
+ * heaviest first) on wgmma. CTA = 2 consumer warpgroups (64 rows each) + a producer warpgroup of which
+ * one warp copies; setmaxnreg moves registers from the producer (56) to the consumers (224): with
+ * the launch's 384 threads ptxas caps every thread at 168; the OVERLAP loop needs ~220-250 (no spills at 224).
  *  - the producer streams K and V tiles of WA_BN = 64 keys into a WA_NS-stage ring by cp.async, in
  *    the 128-byte-swizzle layout wgmma reads (per 64 dims: 64 rows x 128 bytes, 16-byte chunk c of
  *    row r at r * 128 + ((c ^ (r % 8)) * 16); the second 64 dims WA_BN * 128 bytes further: the
@@ -813,12 +815,15 @@ constexpr int WA_BM = 128;
 constexpr int WA_BN = 64;
 constexpr int WA_NS = 4;
 constexpr int WA_D = 128;
-constexpr int WA_THREADS = 2 * 128 + 32;
+constexpr int WA_THREADS = 3 * 128; /* 2 consumer warpgroups + the producer's (one warp of it copies) */
+constexpr int WA_CONSUMER_REGS = 224, WA_PRODUCER_REGS = 56; /* setmaxnreg: 2 x 128 x 224 + 128 x 56 = 384 x 168 */
 constexpr uint32_t WA_TILE_BYTES = WA_BN * WA_D * 2;    /* one K (or V) tile */
 constexpr uint32_t WA_STAGE_BYTES = 2 * WA_TILE_BYTES;  /* K then V */
 constexpr size_t WA_SMEM = 1024 + (size_t)WA_NS * WA_STAGE_BYTES + 2 * WA_NS * 8;
 static_assert(FA_BM == WA_BM, "the wgmma kernel runs the FA2 kernel's plan");
+static_assert(WA_NS >= 3, "OVERLAP waits for tile t + 1 before it releases tile t - 1");
 
+template <bool OVERLAP>
 __global__ void __launch_bounds__(WA_THREADS, 1) attn_wgmma_kernel(const __grid_constant__ attn_args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace upf_wgmma;
@@ -845,7 +850,10 @@ __global__ void __launch_bounds__(WA_THREADS, 1) attn_wgmma_kernel(const __grid_
   }
   __syncthreads();
 
-  if (warp == 8) {
+  if (warp >= 8) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(WA_PRODUCER_REGS));
+    if (warp != 8)
+      return;
     /* Producer: lane copies 16-byte chunk c of rows r0, r0 + 2, ... of every K and V tile. */
     constexpr int CPR = WA_D / 8, RPI = 32 / CPR, J = WA_BN / RPI;
     const int c = lane % CPR, r0 = lane / CPR, cc = c & 7;
@@ -873,6 +881,7 @@ __global__ void __launch_bounds__(WA_THREADS, 1) attn_wgmma_kernel(const __grid_
   }
 
   /* Consumers: warpgroup wg, warp w4 of it; this thread's rows g and g + 8 of the warp's 16. */
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(WA_CONSUMER_REGS));
   const int wg = warp >> 2, w4 = warp & 3, g = lane >> 2, t4 = lane & 3;
   const int off = tile.kv_len - tile.q_len;
   const int wrow0 = tile.row0 + wg * 64 + w4 * 16;
@@ -910,20 +919,30 @@ __global__ void __launch_bounds__(WA_THREADS, 1) attn_wgmma_kernel(const __grid_
 #pragma unroll
   for (int n = 0; n < DT; n++)
     o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-  float s[NT][4];
-
-  for (int t = 0; t < ntiles; t++) {
-    const int st = t % WA_NS, kv0 = kv_lo + t * WA_BN;
-    mbar_wait(full + 8 * st, (uint32_t)((t / WA_NS) & 1));
+  /* Tile t's K/V have landed; their cp.async (generic proxy) writes are ordered before the wgmma
+   * (async proxy) reads. */
+  auto ready = [&](int t) {
+    mbar_wait(full + 8 * (t % WA_NS), (uint32_t)((t / WA_NS) & 1));
     fence_proxy_async();
-    const uint32_t kbase = sbase + st * WA_STAGE_BYTES, vbase = kbase + WA_TILE_BYTES;
+  };
+  auto issue_s = [&](float (&sacc)[NT][4], int t) { /* S(t) = Q K(t)^T, one commit group */
+    const uint32_t kbase = sbase + (t % WA_NS) * WA_STAGE_BYTES;
     wg_fence();
 #pragma unroll
     for (int ks = 0; ks < KS; ks++)
-      wgmma_m64n64k16(s, qa[ks], desc_kmajor_sw128(kbase + (ks >> 2) * (WA_BN * 128) + (ks & 3) * 32), ks);
+      wgmma_m64n64k16(sacc, qa[ks], desc_kmajor_sw128(kbase + (ks >> 2) * (WA_BN * 128) + (ks & 3) * 32), ks);
     wg_commit();
-    wg_wait<0>();
-
+  };
+  auto release = [&](int t) { /* this warp's wgmma reads of tile t's stage are complete */
+    __syncwarp();
+    if (lane == 0)
+      mbar_arrive(empty + 8 * (t % WA_NS));
+  };
+  /* Softmax of S(t) (complete; read, never written: the logits go to p), O rescale (every earlier P V
+   * complete), then O += P V(t) issued as one commit group. */
+  auto softmax_pv = [&](const float (&sacc)[NT][4], int t) {
+    const int kv0 = kv_lo + t * WA_BN;
+    const uint32_t vbase = sbase + (t % WA_NS) * WA_STAGE_BYTES + WA_TILE_BYTES;
     /* logits to base-2 exponents; masks only where the tile crosses a diagonal, window edge or end */
     const bool masked = kv0 + WA_BN - 1 > wpos_first || kv0 + WA_BN > tile.kv_hi || (a.window > 0 && kv0 < wlo_last);
     float p[NT][4];
@@ -932,13 +951,13 @@ __global__ void __launch_bounds__(WA_THREADS, 1) attn_wgmma_kernel(const __grid_
       for (int j = 0; j < NT; j++)
 #pragma unroll
         for (int c = 0; c < 4; c++)
-          p[j][c] = cap2 * tanhf(s[j][c] * mul);
+          p[j][c] = cap2 * tanhf(sacc[j][c] * mul);
     } else {
 #pragma unroll
       for (int j = 0; j < NT; j++)
 #pragma unroll
         for (int c = 0; c < 4; c++)
-          p[j][c] = s[j][c] * mul;
+          p[j][c] = sacc[j][c] * mul;
     }
     if (masked) {
 #pragma unroll
@@ -994,10 +1013,43 @@ __global__ void __launch_bounds__(WA_THREADS, 1) attn_wgmma_kernel(const __grid_
     for (int kk = 0; kk < WA_BN / 16; kk++)
       wgmma_m64n128k16_tb(o, pa[kk], desc_mnmajor_sw128(vbase + kk * 2048, WA_BN * 128), 1);
     wg_commit();
+  };
+
+  float sA[NT][4];
+  if constexpr (!OVERLAP) {
+    for (int t = 0; t < ntiles; t++) {
+      ready(t);
+      issue_s(sA, t);
+      wg_wait<0>();
+      softmax_pv(sA, t);
+      wg_wait<0>();
+      release(t);
+    }
+  } else {
+    /* S(t + 1) runs on the tensor cores while the warpgroup does the softmax of tile t. Commit order
+     * S(t), P V(t - 1), S(t + 1): wait_group 1 leaves only S(t + 1) in flight. */
+    float sB[NT][4];
+    auto step = [&](float (&cur)[NT][4], float (&nxt)[NT][4], int t) {
+      if (t + 1 < ntiles) {
+        ready(t + 1);
+        issue_s(nxt, t + 1);
+        wg_wait<1>();
+      } else {
+        wg_wait<0>();
+      }
+      if (t > 0)
+        release(t - 1);
+      softmax_pv(cur, t);
+    };
+    ready(0);
+    issue_s(sA, 0);
+    for (int t = 0; t < ntiles; t += 2) {
+      step(sA, sB, t);
+      if (t + 1 < ntiles)
+        step(sB, sA, t + 1);
+    }
     wg_wait<0>();
-    __syncwarp();
-    if (lane == 0)
-      mbar_arrive(empty + 8 * st); /* this warp's reads of stage st are done */
+    release(ntiles - 1);
   }
 
 #pragma unroll
@@ -1239,26 +1291,28 @@ template <int D, int BN, int STAGES, bool PAGED> upf_status launch_fa2(attn_args
   return UPF_OK;
 }
 
-upf_status launch_wgmma(attn_args &a, int ntiles) {
+template <bool OVERLAP> upf_status launch_wgmma(attn_args &a, int ntiles) {
   if (WA_SMEM > upf_cuda_smem_optin())
     return upf_fail(UPF_ERR_UNSUPPORTED, "attn (cuda): the wgmma prefill needs %zu bytes of shared memory, the "
                     "device has %zu", WA_SMEM, upf_cuda_smem_optin());
   if ((int64_t)ntiles * a.hq > INT32_MAX)
     return upf_fail(UPF_ERR_SHAPE, "attn (cuda): %d tiles x %d heads exceed the grid", ntiles, a.hq);
-  UPF_CUDA_TRY(cudaFuncSetAttribute(attn_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)WA_SMEM));
-  attn_wgmma_kernel<<<(unsigned)(ntiles * a.hq), WA_THREADS, WA_SMEM, upf_cuda_stream()>>>(a);
+  UPF_CUDA_TRY(cudaFuncSetAttribute(attn_wgmma_kernel<OVERLAP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)WA_SMEM));
+  attn_wgmma_kernel<OVERLAP><<<(unsigned)(ntiles * a.hq), WA_THREADS, WA_SMEM, upf_cuda_stream()>>>(a);
   UPF_CUDA_LAUNCH_TRY("attn_wgmma_kernel");
   return UPF_OK;
 }
 
-/* UPF_ATTN_PREFILL=wgmma (read once per process) sends bf16 D = 128 prefill over contiguous K/V to
- * attn_wgmma_kernel; unset or any other value: attn_fa2_kernel. */
-bool prefill_wgmma_selected() {
-  static const bool on = [] {
+/* UPF_ATTN_PREFILL (read once per process) sends bf16 D = 128 prefill over contiguous K/V to
+ * attn_wgmma_kernel: "wgmma" = each wgmma group waited for at once, "wgmma-overlap" = S(t + 1) in
+ * flight during the softmax of tile t; unset or any other value: attn_fa2_kernel (0). */
+int prefill_wgmma_selected() {
+  static const int mode = [] {
     const char *e = getenv("UPF_ATTN_PREFILL");
-    return e && strcmp(e, "wgmma") == 0;
+    return !e ? 0 : strcmp(e, "wgmma") == 0 ? 1 : strcmp(e, "wgmma-overlap") == 0 ? 2 : 0;
   }();
-  return on;
+  return mode;
 }
 
 /* Heaviest tiles (longest key span) first, ties in plan order: the last wave holds short tiles. */
@@ -1303,7 +1357,7 @@ template <bool PAGED> upf_status mma_plan_and_run(attn_args &a, const req_info *
   UPF_TRY(st);
   a.tiles = (const attn_tile *)ws;
   if (!PAGED && a.d == WA_D && prefill_wgmma_selected())
-    return launch_wgmma(a, (int)ntiles);
+    return prefill_wgmma_selected() == 2 ? launch_wgmma<true>(a, (int)ntiles) : launch_wgmma<false>(a, (int)ntiles);
   if (a.d == 64)
     return launch_fa2<64, 128, 3, PAGED>(a, (int)ntiles);
   if (a.d == 128)

@@ -8,14 +8,16 @@
 #   3. correctness side by side (they time nothing): full `upf verify attn` (+ kv_cache) on the
 #      default, full `upf verify attn` under each variant that passed --quick, compute-sanitizer
 #      memcheck and racecheck over `verify attn --quick` under each variant, test_upf.
-# A failing variant stops nothing. Steps are capped so the whole stays inside BUDGET_S seconds.
+# A failing variant stops nothing. Steps 1-2 are capped to TIMING_S seconds in all, step 3 to CHECK_S.
 # What comes back (<= 8 files): summary.txt, compare-attn.txt, bench-attn-default.json,
 # bench-attn-<variant>.json each, torch-sdpa.json, logs.tar.xz (every log).
-#   OUT=dir BUDGET_S=230 bash attn-device-run.sh
+#   OUT=dir TIMING_S=140 CHECK_S=100 bash attn-device-run.sh
 set -u
 cd "$(dirname "$0")"
 OUT=${OUT:?set OUT}
-BUDGET_S=${BUDGET_S:-230}
+TIMING_S=${TIMING_S:-140}
+CHECK_S=${CHECK_S:-100}
+BUDGET_S=$TIMING_S
 export LD_LIBRARY_PATH=$PWD/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} PYTHONUNBUFFERED=1
 L=$OUT/logs; mkdir -p "$L"
 t0=$(date +%s)
@@ -27,6 +29,7 @@ say() { echo "[$(($(date +%s) - t0)) s] $*" | tee -a "$OUT/summary.txt"; }
 VARIANTS=(
   "decode-v2|UPF_ATTN_DECODE=v2|attn_paged/cuda|copy"
   "prefill-wgmma|UPF_ATTN_PREFILL=wgmma|attn_prefill/cuda/bf16/llama"
+  "prefill-wgmma-overlap|UPF_ATTN_PREFILL=wgmma-overlap|attn_prefill/cuda/bf16/llama"
 )
 vfield() { echo "$1" | cut -d'|' -f"$2"; }
 vfilter() { echo "$1" | cut -d'|' -f3-; }
@@ -35,7 +38,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=c
 declare -A QUICK_OK QUICK_RC
 for v in "${VARIANTS[@]}"; do
   n=$(vfield "$v" 1) sw=$(vfield "$v" 2)
-  env "$sw" timeout "$(left 40)" bin/upf verify attn --quick >"$L/verify-attn-quick-$n.log" 2>&1
+  env "$sw" timeout "$(left 30)" bin/upf verify attn --quick >"$L/verify-attn-quick-$n.log" 2>&1
   rc=$?; QUICK_RC[$n]=$rc QUICK_OK[$n]=$([ $rc = 0 ] && echo 1 || echo 0)
   say "quick verify $n ($sw) rc=$rc: $(grep -E '^# .*checks' "$L/verify-attn-quick-$n.log" | tr '\n' ' ')"
   grep -E "^FAIL" "$L/verify-attn-quick-$n.log" | cut -c1-200 | head -8 | tee -a "$OUT/summary.txt"
@@ -45,15 +48,15 @@ say "bench"
 for v in "${VARIANTS[@]}"; do
   n=$(vfield "$v" 1) sw=$(vfield "$v" 2)
   [ "${QUICK_OK[$n]}" = 1 ] || { say "bench $n skipped (quick verify failed)"; continue; }
-  env "$sw" timeout "$(left 40)" bin/bench_upf --benchmark_filter="$(vfilter "$v")" \
+  env "$sw" timeout "$(left 30)" bin/bench_upf --benchmark_filter="$(vfilter "$v")" \
     --benchmark_out="$OUT/bench-attn-$n.json" --benchmark_out_format=json >"$L/bench-attn-$n.log" 2>&1
   say "bench $n rc=$?"
 done
-timeout "$(left 90)" bin/bench_upf --benchmark_filter='attn_|kv_cache|copy' --benchmark_out="$OUT/bench-attn-default.json" \
+timeout "$(left 75)" bin/bench_upf --benchmark_filter='attn_|kv_cache|copy' --benchmark_out="$OUT/bench-attn-default.json" \
   --benchmark_out_format=json >"$L/bench-attn-default.log" 2>&1
 say "bench default rc=$?"
 say "sdpa peer"
-(cd peers && timeout "$(left 70)" python3 torch_sdpa.py --out "$OUT/torch-sdpa.json" >"$L/torch-sdpa.log" 2>&1)
+(cd peers && timeout "$(left 75)" python3 torch_sdpa.py --out "$OUT/torch-sdpa.json" >"$L/torch-sdpa.log" 2>&1)
 say "sdpa rc=$?"
 for f in "$OUT"/bench-attn-*.json; do
   echo "=== $(basename "$f")" >>"$OUT/compare-attn.txt"
@@ -62,7 +65,8 @@ done
 grep -E "^===|^llama|^d64|^gemma|  (llama|gemma)_decode" "$OUT/compare-attn.txt" | cut -c1-130
 
 say "correctness, side by side"
-cap=$(left 200)
+BUDGET_S=$(($(date +%s) - t0 + CHECK_S))
+cap=$(left "$CHECK_S")
 ( timeout "$cap" bin/upf verify attn >"$L/verify-attn-default.log" 2>&1; echo "# upf verify attn rc=$?" >>"$L/verify-attn-default.log"
   timeout "$(left 40)" bin/upf verify kv_cache >>"$L/verify-attn-default.log" 2>&1
   echo "# upf verify kv_cache rc=$?" >>"$L/verify-attn-default.log" ) &
