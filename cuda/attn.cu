@@ -795,7 +795,8 @@ __global__ void __launch_bounds__(DEC_THREADS, 1) attn_decode_v2_kernel(const __
  * attn_wgmma_kernel: the FA2 kernel's tiles (WA_BM = 128 query rows of one request and one q head,
  * heaviest first) on wgmma. CTA = 2 consumer warpgroups (64 rows each) + a producer warpgroup of which
  * one warp copies; setmaxnreg moves registers from the producer (56) to the consumers (224): with
- * the launch's 384 threads ptxas caps every thread at 168; the OVERLAP loop needs ~220-250 (no spills at 224).
+ * the launch's 384 threads ptxas caps every thread at 168; the OVERLAP loop needs more (no spills
+ * at 224).
  *  - the producer streams K and V tiles of WA_BN = 64 keys into a WA_NS-stage ring by cp.async, in
  *    the 128-byte-swizzle layout wgmma reads (per 64 dims: 64 rows x 128 bytes, 16-byte chunk c of
  *    row r at r * 128 + ((c ^ (r % 8)) * 16); the second 64 dims WA_BN * 128 bytes further: the
@@ -807,8 +808,11 @@ __global__ void __launch_bounds__(DEC_THREADS, 1) attn_decode_v2_kernel(const __
  *    exactly as attn_fa2_kernel (base 2, scale folded, masks only on tiles crossing a diagonal, window
  *    edge or the range end; mref = 0 for rows that have seen nothing); P rounded to bf16 becomes the A
  *    operand of 4 wgmma m64n128k16 with the V tile as an MN-major B (imm-trans-b), O += P V in fp32.
- *  - no overlap inside a warpgroup yet (each wgmma group is waited for at once); the two warpgroups
- *    overlap each other's softmax and tensor work through the warp schedulers.
+ *  - OVERLAP = false: each wgmma group is waited for at once; the two warpgroups overlap each
+ *    other's softmax and tensor work through the warp schedulers only. OVERLAP = true: S(t + 1) is
+ *    issued before the softmax of tile t (two S accumulator sets), so a warpgroup's exponentials run
+ *    while its own next QK^T is on the tensor cores (FlashAttention-3's intra-warpgroup overlap; no
+ *    ping-pong between the warpgroups yet).
  * Warpgroups compute every tile of the CTA's key range (a wgmma is warpgroup-wide: no per-warp skip);
  * fully masked rows of a tile contribute p = 0. */
 constexpr int WA_BM = 128;

@@ -62,7 +62,8 @@ __device__ __forceinline__ uint64_t desc_mnmajor_sw128(uint32_t addr, uint32_t m
 }
 
 /* D (64 x 64, f32) (+)= A (64 x 16 bf16, registers) * B (K-major, 64 x 16, descriptor)^T; scale_d = 0: D = A B. */
-__device__ __forceinline__ void wgmma_m64n64k16(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc, int scale_d) {
+__device__ __forceinline__ void wgmma_m64n64k16(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc,
+                                                int scale_d) {
   asm volatile("{\n"
                ".reg .pred p;\n"
                "setp.ne.b32 p, %37, 0;\n"
@@ -80,7 +81,8 @@ __device__ __forceinline__ void wgmma_m64n64k16(float (&d)[8][4], const uint32_t
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d));
 }
 /* D (64 x 128, f32) (+)= A (64 x 16 bf16, registers) * B (16 x 128, MN-major descriptor: imm-trans-b 1). */
-__device__ __forceinline__ void wgmma_m64n128k16_tb(float (&d)[16][4], const uint32_t (&a)[4], uint64_t desc, int scale_d) {
+__device__ __forceinline__ void wgmma_m64n128k16_tb(float (&d)[16][4], const uint32_t (&a)[4], uint64_t desc,
+                                                    int scale_d) {
   asm volatile("{\n"
                ".reg .pred p;\n"
                "setp.ne.b32 p, %69, 0;\n"
