@@ -3,20 +3,21 @@
 # perf/reports/H200/README.md). The default kernels and each new variant (a runtime switch, see
 # VARIANTS) are checked and timed in the same call:
 #   1. `upf verify attn --quick` under each variant's switch (gates its timing and full verify);
-#   2. timings on an otherwise idle GPU: every variant's own benchmark cases, the default's whole
-#      attention set, the torch SDPA peer, compare_attn.py ratios for each variant;
+#   2. timings on an otherwise idle GPU: every variant's own benchmark cases, the torch SDPA peer
+#      (5 timed calls per backend and shape), the default kernels' GPU attention cases,
+#      compare_attn.py ratios for each bench JSON;
 #   3. correctness side by side (they time nothing): full `upf verify attn` (+ kv_cache) on the
 #      default, full `upf verify attn` under each variant that passed --quick, compute-sanitizer
 #      memcheck and racecheck over `verify attn --quick` under each variant, test_upf.
 # A failing variant stops nothing. Steps 1-2 are capped to TIMING_S seconds in all, step 3 to CHECK_S.
 # What comes back (<= 8 files): summary.txt, compare-attn.txt, bench-attn-default.json,
 # bench-attn-<variant>.json each, torch-sdpa.json, logs.tar.xz (every log).
-#   OUT=dir TIMING_S=140 CHECK_S=100 bash attn-device-run.sh
+#   OUT=dir TIMING_S=150 CHECK_S=80 bash attn-device-run.sh
 set -u
 cd "$(dirname "$0")"
 OUT=${OUT:?set OUT}
-TIMING_S=${TIMING_S:-140}
-CHECK_S=${CHECK_S:-100}
+TIMING_S=${TIMING_S:-150}
+CHECK_S=${CHECK_S:-80}
 BUDGET_S=$TIMING_S
 export LD_LIBRARY_PATH=$PWD/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} PYTHONUNBUFFERED=1
 L=$OUT/logs; mkdir -p "$L"
@@ -52,12 +53,14 @@ for v in "${VARIANTS[@]}"; do
     --benchmark_out="$OUT/bench-attn-$n.json" --benchmark_out_format=json >"$L/bench-attn-$n.log" 2>&1
   say "bench $n rc=$?"
 done
-timeout "$(left 75)" bin/bench_upf --benchmark_filter='attn_|kv_cache|copy' --benchmark_out="$OUT/bench-attn-default.json" \
-  --benchmark_out_format=json >"$L/bench-attn-default.log" 2>&1
-say "bench default rc=$?"
 say "sdpa peer"
-(cd peers && timeout "$(left 75)" python3 torch_sdpa.py --out "$OUT/torch-sdpa.json" >"$L/torch-sdpa.log" 2>&1)
+(cd peers && timeout "$(left 70)" python3 torch_sdpa.py --iters 5 --warmup 2 --out "$OUT/torch-sdpa.json" \
+  >"$L/torch-sdpa.log" 2>&1)
 say "sdpa rc=$?"
+# the default kernels (unchanged since d6b2582) again, for same-run ratios: GPU prefill and decode cases
+timeout "$(left 70)" bin/bench_upf --benchmark_filter='attn_prefill/cuda/bf16|attn_paged/cuda|copy' \
+  --benchmark_out="$OUT/bench-attn-default.json" --benchmark_out_format=json >"$L/bench-attn-default.log" 2>&1
+say "bench default rc=$?"
 for f in "$OUT"/bench-attn-*.json; do
   echo "=== $(basename "$f")" >>"$OUT/compare-attn.txt"
   python3 peers/compare_attn.py "$f" "$OUT/torch-sdpa.json" >>"$OUT/compare-attn.txt" 2>&1
