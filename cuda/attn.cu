@@ -16,15 +16,17 @@
  * their LSE to the workspace; attn_combine_kernel merges them in chunk order (no atomics, so the
  * result does not depend on scheduling).
  * Paged variants read K/V rows through the block table (PAGED = true), everything else is shared.
- * attn_mma_kernel<D, BN, PAGED>: the bf16 tensor-core prefill (FlashAttention-2 forward with
- * mma.sync m16n8k16, fp32 accumulation) for D = 64/128/256 with 16-byte aligned rows; see its comment.
- * attn.prefill takes it for bf16 at those head dims, the FFMA kernel otherwise (f32, odd D, unaligned
- * views); attn.paged takes it (PAGED) for requests of at least MMA_MIN_Q_ROWS query rows (prefill
- * against the cache) and the FFMA kernel for the rest (decode rows: GQA packing and split-KV matter
- * more there), two launches writing disjoint rows.
+ * attn_fa2_kernel<D, BN, STAGES, PAGED>: the bf16 tensor-core prefill (FlashAttention-2 forward with
+ * mma.sync m16n8k16, fp32 accumulation, 128-row tiles, cp.async K/V ring) for D = 64/128/256 with
+ * 16-byte aligned rows; see its comment.
+ * attn.prefill takes the tensor-core path for bf16 at those head dims, the FFMA kernel otherwise (f32,
+ * odd D, unaligned views); attn.paged takes it (PAGED) for requests of at least MMA_MIN_Q_ROWS query
+ * rows (prefill against the cache) and the FFMA kernel for the rest (decode rows: GQA packing and
+ * split-KV matter more there), two launches writing disjoint rows.
  * kv_cache_write_kernel: one CTA per token row, k and v rows to their slot. */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -32,6 +34,7 @@
 #include "cuda/attn.cuh"
 #include "cuda/cuda_backend.cuh"
 #include "cuda/cuda_check.cuh"
+#include "cuda/wgmma.cuh"
 
 namespace {
 
@@ -42,6 +45,7 @@ constexpr int ATT_KT = 32;     /* keys per shared-memory tile = lanes of a warp 
 constexpr int ATT_WARPS = 8;   /* ATT_BR / ATT_WARPS = 2 rows per warp */
 constexpr int ATT_ROWS_PER_WARP = ATT_BR / ATT_WARPS;
 constexpr int ATT_SPLIT_MIN = 256; /* fewest keys a split-KV chunk takes */
+constexpr int ATT_SPLIT_WAVES = 4; /* split-KV fills this many CTAs per SM (41 KB of shared memory each at D=128) */
 
 /* One CTA's work: rows [row0, row0 + ATT_BR) of request req over keys [kv_lo, kv_hi). */
 struct attn_tile {
@@ -76,6 +80,7 @@ struct attn_args {
   int hq, hkv, group, d;
   float scale, softcap;
   int window;
+  int vec8;            /* bf16 K/V rows in 16-byte aligned runs of 8 (FFMA kernel: vector tile loads) */
 };
 
 __device__ __forceinline__ float to_f(float x) { return x; }
@@ -152,16 +157,36 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attn_ffma_kernel(const __grid_
 
   for (int kv0 = tile.kv_lo; kv0 < tile.kv_hi; kv0 += ATT_KT) {
     __syncthreads(); /* the previous tile is consumed (first pass: q is staged) */
-    for (int i = threadIdx.x; i < ATT_KT * d; i += blockDim.x) {
-      const int j = i / d, e = i - j * d, kj = kv0 + j;
-      float kx = 0.0f, vx = 0.0f;
-      if (kj < tile.kv_hi) {
-        int64_t ko, vo;
-        kv_offsets<PAGED>(a, tile, kj, hk, &ko, &vo);
-        kx = to_f(K[ko + e]), vx = to_f(V[vo + e]);
+    if (sizeof(T) == 2 && a.vec8) { /* 16-byte loads: 8 bf16 per thread and load */
+      const int cpr = d / 8;
+      for (int i = threadIdx.x; i < ATT_KT * cpr; i += blockDim.x) {
+        const int j = i / cpr, e = (i - j * cpr) * 8, kj = kv0 + j;
+        uint4 kx = make_uint4(0, 0, 0, 0), vx = make_uint4(0, 0, 0, 0);
+        if (kj < tile.kv_hi) {
+          int64_t ko, vo;
+          kv_offsets<PAGED>(a, tile, kj, hk, &ko, &vo);
+          kx = *reinterpret_cast<const uint4 *>(K + ko + e);
+          vx = *reinterpret_cast<const uint4 *>(V + vo + e);
+        }
+        const bf16_t *kh = reinterpret_cast<const bf16_t *>(&kx), *vh = reinterpret_cast<const bf16_t *>(&vx);
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+          ks[j * ds + e + u] = to_f(kh[u]);
+          vs[j * ds + e + u] = to_f(vh[u]);
+        }
       }
-      ks[j * ds + e] = kx;
-      vs[j * ds + e] = vx;
+    } else {
+      for (int i = threadIdx.x; i < ATT_KT * d; i += blockDim.x) {
+        const int j = i / d, e = i - j * d, kj = kv0 + j;
+        float kx = 0.0f, vx = 0.0f;
+        if (kj < tile.kv_hi) {
+          int64_t ko, vo;
+          kv_offsets<PAGED>(a, tile, kj, hk, &ko, &vo);
+          kx = to_f(K[ko + e]), vx = to_f(V[vo + e]);
+        }
+        ks[j * ds + e] = kx;
+        vs[j * ds + e] = vx;
+      }
     }
     __syncthreads();
     const int kj = kv0 + lane;
@@ -237,27 +262,21 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attn_ffma_kernel(const __grid_
   }
 }
 
-/* ---- The bf16 tensor-core path (FlashAttention-2 forward) ----
- * attn_mma_kernel<D, BN, PAGED>: a CTA of 4 warps owns 64 query rows of one request and one q head;
- * warp w owns rows [16w, 16w + 16). Per KV tile of BN keys: S (16 x BN per warp) = Q K^T by
- * mma.sync m16n8k16 (bf16 in, fp32 accumulate), scale, soft-cap and masks in registers, the online
- * softmax on the accumulator layout (a row's 4 owner lanes reduce by xor 1, 2), then P (rounded to
- * bf16, as FlashAttention does) times V by mma into O (16 x D per warp, fp32). The S accumulator
- * layout is exactly the A-operand layout of the P.V mma, so P never leaves registers. Q, K, V tiles
- * sit in shared memory with rows padded by 16 bytes: a fragment load's 32 lanes hit 32 banks.
+/* ---- The bf16 tensor-core prefill (FlashAttention-2 forward) ----
+ * Per KV tile of BN keys each warp computes S (16 x BN) = Q K^T by mma.sync m16n8k16 (bf16 in, fp32
+ * accumulate), scale, soft-cap and masks in registers, the online softmax on the accumulator layout (a
+ * row's 4 owner lanes reduce by xor 1, 2), then P (rounded to bf16, as FlashAttention does) times V
+ * by mma into O (16 x D per warp, fp32). The S accumulator layout is exactly the A-operand layout of
+ * the P.V mma, so P never leaves registers. Q, K, V tiles sit in shared memory with rows padded by 16
+ * bytes: an ldmatrix phase's 8 row addresses hit 8 distinct 16-byte bank groups.
  * Fragment layouts (PTX ISA, mma.m16n8k16 .bf16): g = lane / 4, t = lane % 4;
  *   A regs {row g, cols 2t..2t+1}, {row g+8, same}, {row g, cols 2t+8..}, {row g+8, cols 2t+8..};
- *   B regs {k 2t..2t+1, col g}, {k 2t+8.., col g};  C {row g, cols 2t, 2t+1}, {row g+8, same}.
- * V's B fragments come from ldmatrix.x4.trans (two n-tiles per instruction). Global loads are
- * synchronous 16-byte vectors: a cp.async double buffer of K/V is the next performance step. */
-constexpr int MMA_BM = 64;
-constexpr int MMA_THREADS = 128;
+ *   B regs {k 2t..2t+1, col g}, {k 2t+8.., col g};  C {row g, cols 2t, 2t+1}, {row g+8, same}. */
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t *>(&h);
 }
-__device__ __forceinline__ uint32_t lds32(const bf16_t *p) { return *reinterpret_cast<const uint32_t *>(p); }
 
 /* ldmatrix .x4 .trans: lanes 8i..8i+7 give the 16-byte rows of 8x8 matrix i; lane l receives (row 2(l%4),
  * col l/4) and (row 2(l%4)+1, col l/4) of matrix i in register i - with rows = keys and cols = dims,
@@ -278,59 +297,132 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1
                : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-template <int D, int BN, bool PAGED>
-__global__ void __launch_bounds__(MMA_THREADS) attn_mma_kernel(const __grid_constant__ attn_args a) {
+/* attn_fa2_kernel<D, BN, STAGES, PAGED>: a CTA of 8 warps owns FA_BM = 128 query rows of one request
+ * and one q head; warp w owns rows [16w, 16w + 16). (Its first version, 64-row tiles with synchronous
+ * loads, ran at 157 TFLOP/s against this one's 261 at Llama 32K: perf/NOTES.md.)
+ *  - K/V tiles stream through a STAGES-deep cp.async ring (tile t + STAGES - 1 is in flight while
+ *    tile t is computed); Q arrives with the first tile's group. Rows past the request or past the
+ *    tile's key range are zero-filled by cp.async's src-size 0 (zero V rows: P = 0 times 0, never NaN).
+ *  - every fragment comes from ldmatrix: Q (A operand, kept in registers for D <= 128), K (.x4 gives
+ *    the B fragments of two n-tiles), V (.x4.trans).
+ *  - the softmax runs in base 2 with the scale (and log2 e) folded into one multiply per logit;
+ *    LSE = (m + log2 l) ln 2.
+ *  - masks are evaluated only on tiles that cross a warp's diagonal, window edge or the range end
+ *    (warp-uniform test); a warp none of whose rows sees any key of a tile skips that tile's math.
+ *  - the launch is one-dimensional, heads fastest, over tiles sorted by decreasing key span: the
+ *    heaviest (latest causal) tiles start first, and the q heads of one kv head run side by side and
+ *    share K/V through L2. */
+constexpr int FA_BM = 128;
+constexpr int FA_WARPS = 8;
+constexpr int FA_THREADS = FA_WARPS * 32;
+constexpr float FA_LOG2E = 1.4426950408889634f;
+constexpr float FA_LN2 = 0.6931471805599453f;
+
+/* 16-byte global -> shared copy; valid = false zero-fills (src-size 0 reads nothing from src). */
+__device__ __forceinline__ void cp_async16(bf16_t *dst, const bf16_t *src, bool valid) {
+  const uint32_t s = (uint32_t)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+/* ldmatrix .x4 (no transpose): lane l gives the row address of matrix l / 8, row l % 8; lane l
+ * receives (row l / 4, cols 2(l % 4), 2(l % 4) + 1) of matrix i in register i. */
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const bf16_t *row) {
+  const uint32_t addr = (uint32_t)__cvta_generic_to_shared(row);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+template <int D, int BN, int STAGES, bool PAGED>
+__global__ void __launch_bounds__(FA_THREADS, 1) attn_fa2_kernel(const __grid_constant__ attn_args a) {
   constexpr int LD = D + 8, NT = BN / 8, DT = D / 8, KS = D / 16, CH = D / 8;
+  constexpr bool Q_IN_REGS = D <= 128;
+  static_assert(NT % 2 == 0 && DT % 2 == 0 && STAGES >= 2, "tile shape");
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  bf16_t *Qs = reinterpret_cast<bf16_t *>(smem_raw); /* [MMA_BM][LD] */
-  bf16_t *Ks = Qs + MMA_BM * LD;                     /* [BN][LD] */
-  bf16_t *Vs = Ks + BN * LD;                         /* [BN][LD] */
-  const attn_tile tile = a.tiles[blockIdx.x];
-  const int hq = blockIdx.y, hk = hq / a.group;
+  bf16_t *Qs = reinterpret_cast<bf16_t *>(smem_raw); /* [FA_BM][LD] */
+  bf16_t *Ks = Qs + FA_BM * LD;                      /* [STAGES][BN][LD] */
+  bf16_t *Vs = Ks + STAGES * BN * LD;                /* [STAGES][BN][LD] */
+  const attn_tile tile = a.tiles[blockIdx.x / a.hq];
+  const int hq = blockIdx.x % a.hq, hk = hq / a.group;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t4 = lane & 3;
   const int off = tile.kv_len - tile.q_len;
   const bf16_t *Q = (const bf16_t *)a.q, *K = (const bf16_t *)a.k, *V = (const bf16_t *)a.v;
 
-  for (int c = threadIdx.x; c < MMA_BM * CH; c += MMA_THREADS) {
-    const int r = c / CH, e = (c - r * CH) * 8, qt = tile.row0 + r;
-    uint4 x = make_uint4(0, 0, 0, 0);
-    if (qt < tile.q_len)
-      x = *reinterpret_cast<const uint4 *>(Q + (int64_t)(tile.q0 + qt) * a.q_s0 + (int64_t)hq * a.q_s1 + e);
-    *reinterpret_cast<uint4 *>(Qs + r * LD + e) = x;
+  for (int c = threadIdx.x; c < FA_BM * CH; c += FA_THREADS) {
+    const int r = c / CH, e = (c % CH) * 8, qt = tile.row0 + r;
+    const bool ok = qt < tile.q_len;
+    cp_async16(Qs + r * LD + e, ok ? Q + (int64_t)(tile.q0 + qt) * a.q_s0 + (int64_t)hq * a.q_s1 + e : Q, ok);
+  }
+  auto load_kv = [&](int stage, int kv0) {
+    bf16_t *ks = Ks + stage * BN * LD, *vs = Vs + stage * BN * LD;
+    for (int c = threadIdx.x; c < BN * CH; c += FA_THREADS) {
+      const int r = c / CH, e = (c % CH) * 8, kj = kv0 + r;
+      const bool ok = kj < tile.kv_hi;
+      int64_t ko = 0, vo = 0;
+      if (ok)
+        kv_offsets<PAGED>(a, tile, kj, hk, &ko, &vo);
+      cp_async16(ks + r * LD + e, K + ko + e, ok);
+      cp_async16(vs + r * LD + e, V + vo + e, ok);
+    }
+  };
+  const int ntiles = (tile.kv_hi - tile.kv_lo + BN - 1) / BN;
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; s++) { /* one group per stage, empty ones too: the wait count stays fixed */
+    if (s < ntiles)
+      load_kv(s, tile.kv_lo + s * BN);
+    cp_async_commit();
   }
 
-  /* This lane's two rows (g and g + 8 of its warp); rows past the request borrow the last row's
-   * position so their masks stay sane (they are never written). */
+  /* This warp's rows; rows past the request borrow the last row's position (never written). */
+  const int wrow0 = tile.row0 + warp * 16;
   int pos[2], lo[2];
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 #pragma unroll
   for (int i = 0; i < 2; i++) {
-    int qt = tile.row0 + warp * 16 + g + 8 * i;
+    int qt = wrow0 + g + 8 * i;
     qt = qt < tile.q_len ? qt : tile.q_len - 1;
     pos[i] = qt + off;
     lo[i] = a.window > 0 ? pos[i] - a.window + 1 : 0;
   }
+  const int wpos_first = (wrow0 < tile.q_len ? wrow0 : tile.q_len - 1) + off;
+  const int wpos_last = (wrow0 + 15 < tile.q_len ? wrow0 + 15 : tile.q_len - 1) + off;
+  const int wlo_first = a.window > 0 ? wpos_first - a.window + 1 : 0;
+  const int wlo_last = a.window > 0 ? wpos_last - a.window + 1 : 0;
+  const bool capped = a.softcap > 0.0f;
+  const float mul = capped ? a.scale / a.softcap : a.scale * FA_LOG2E; /* logit -> base-2 exponent */
+  const float cap2 = a.softcap * FA_LOG2E;
+
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   float o[DT][4];
 #pragma unroll
   for (int n = 0; n < DT; n++)
     o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-  const bf16_t *q_row0 = Qs + (warp * 16 + g) * LD, *q_row8 = q_row0 + 8 * LD;
+  uint32_t qf[Q_IN_REGS ? KS : 1][4];
+  /* ldmatrix lane addresses: Q rows (g, g + 8 | cols +8 for lanes 16..31), K keys (+8 for lanes
+   * 16..31 | dims +8 for lanes 8..15, 24..31), V keys (+8 for lanes 8..15, 24..31 | dims +8 for 16..31) */
+  const bf16_t *q_lane = Qs + (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + (lane >> 4) * 8;
+  const int k_lane = ((lane >> 4) * 8 + (lane & 7)) * LD + ((lane >> 3) & 1) * 8;
+  const int v_lane = (((lane >> 3) & 1) * 8 + (lane & 7)) * LD + (lane >> 4) * 8;
 
-  for (int kv0 = tile.kv_lo; kv0 < tile.kv_hi; kv0 += BN) {
-    __syncthreads(); /* the previous tile is consumed (first pass: Q is staged) */
-    for (int c = threadIdx.x; c < BN * CH; c += MMA_THREADS) {
-      const int r = c / CH, e = (c - r * CH) * 8, kj = kv0 + r;
-      uint4 kx = make_uint4(0, 0, 0, 0), vx = make_uint4(0, 0, 0, 0);
-      if (kj < tile.kv_hi) {
-        int64_t ko, vo;
-        kv_offsets<PAGED>(a, tile, kj, hk, &ko, &vo);
-        kx = *reinterpret_cast<const uint4 *>(K + ko + e);
-        vx = *reinterpret_cast<const uint4 *>(V + vo + e);
-      }
-      *reinterpret_cast<uint4 *>(Ks + r * LD + e) = kx;
-      *reinterpret_cast<uint4 *>(Vs + r * LD + e) = vx;
+  for (int it = 0; it < ntiles; it++) {
+    const int kv0 = tile.kv_lo + it * BN, stage = it % STAGES;
+    cp_async_wait<STAGES - 2>();
+    __syncthreads(); /* tile it (and Q) landed for every thread; tile it - 1's stage is consumed */
+    if (it + STAGES - 1 < ntiles)
+      load_kv((it + STAGES - 1) % STAGES, kv0 + (STAGES - 1) * BN);
+    cp_async_commit();
+    if (Q_IN_REGS && it == 0) {
+#pragma unroll
+      for (int ks = 0; ks < (Q_IN_REGS ? KS : 0); ks++)
+        ldsm_x4(qf[ks], q_lane + ks * 16);
     }
-    __syncthreads();
+    /* warp-uniform: no row of this warp sees any key of the tile */
+    if (kv0 > wpos_last || kv0 + BN <= wlo_first)
+      continue;
+    const bf16_t *ks_tile = Ks + stage * BN * LD, *vs_tile = Vs + stage * BN * LD;
 
     float s[NT][4];
 #pragma unroll
@@ -338,45 +430,67 @@ __global__ void __launch_bounds__(MMA_THREADS) attn_mma_kernel(const __grid_cons
       s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
 #pragma unroll
     for (int ks = 0; ks < KS; ks++) {
-      const int col = ks * 16 + t4 * 2;
-      const uint32_t a0 = lds32(q_row0 + col), a1 = lds32(q_row8 + col);
-      const uint32_t a2 = lds32(q_row0 + col + 8), a3 = lds32(q_row8 + col + 8);
+      uint32_t qa[4];
+      if (Q_IN_REGS) {
+        qa[0] = qf[Q_IN_REGS ? ks : 0][0], qa[1] = qf[Q_IN_REGS ? ks : 0][1];
+        qa[2] = qf[Q_IN_REGS ? ks : 0][2], qa[3] = qf[Q_IN_REGS ? ks : 0][3];
+      } else {
+        ldsm_x4(qa, q_lane + ks * 16);
+      }
 #pragma unroll
-      for (int j = 0; j < NT; j++) {
-        const bf16_t *kr = Ks + (j * 8 + g) * LD + col;
-        mma_bf16(s[j], a0, a1, a2, a3, lds32(kr), lds32(kr + 8));
+      for (int j = 0; j < NT; j += 2) {
+        uint32_t kb[4];
+        ldsm_x4(kb, ks_tile + j * 8 * LD + k_lane + ks * 16);
+        mma_bf16(s[j], qa[0], qa[1], qa[2], qa[3], kb[0], kb[1]);
+        mma_bf16(s[j + 1], qa[0], qa[1], qa[2], qa[3], kb[2], kb[3]);
       }
     }
 
+    /* logits to base-2 exponents; masks only where the tile crosses a diagonal, window edge or end */
+    const bool masked = kv0 + BN - 1 > wpos_first || kv0 + BN > tile.kv_hi || (a.window > 0 && kv0 < wlo_last);
+    if (capped) { /* warp-uniform branches: the common case is one multiply per logit */
+#pragma unroll
+      for (int j = 0; j < NT; j++)
+#pragma unroll
+        for (int c = 0; c < 4; c++)
+          s[j][c] = cap2 * tanhf(s[j][c] * mul);
+    } else {
+#pragma unroll
+      for (int j = 0; j < NT; j++)
+#pragma unroll
+        for (int c = 0; c < 4; c++)
+          s[j][c] *= mul;
+    }
+    if (masked) {
+#pragma unroll
+      for (int j = 0; j < NT; j++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+          const int i = c >> 1, kj = kv0 + j * 8 + t4 * 2 + (c & 1);
+          s[j][c] = kj < tile.kv_hi && kj <= pos[i] && kj >= lo[i] ? s[j][c] : -INFINITY;
+        }
+    }
     float mt[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int j = 0; j < NT; j++)
 #pragma unroll
-      for (int c = 0; c < 4; c++) {
-        const int i = c >> 1, kj = kv0 + j * 8 + t4 * 2 + (c & 1);
-        float x = s[j][c] * a.scale;
-        if (a.softcap > 0.0f)
-          x = a.softcap * tanhf(x / a.softcap);
-        const bool vis = kj < tile.kv_hi && kj <= pos[i] && kj >= lo[i];
-        x = vis ? x : -INFINITY;
-        s[j][c] = x;
-        mt[i] = fmaxf(mt[i], x);
-      }
+      for (int c = 0; c < 4; c++)
+        mt[c >> 1] = fmaxf(mt[c >> 1], s[j][c]);
     float mref[2], alpha[2], rs[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int i = 0; i < 2; i++) {
       mt[i] = fmaxf(mt[i], __shfl_xor_sync(0xffffffffu, mt[i], 1));
       mt[i] = fmaxf(mt[i], __shfl_xor_sync(0xffffffffu, mt[i], 2));
       const float mn = fmaxf(m[i], mt[i]);
-      mref[i] = mn == -INFINITY ? 0.0f : mn; /* a row with nothing visible yet: exp(-inf - 0) = 0 */
-      alpha[i] = expf(m[i] - mref[i]);
+      mref[i] = mn == -INFINITY ? 0.0f : mn; /* a row with nothing visible yet: exp2(-inf - 0) = 0 */
+      alpha[i] = exp2f(m[i] - mref[i]);
       m[i] = mn;
     }
 #pragma unroll
     for (int j = 0; j < NT; j++)
 #pragma unroll
       for (int c = 0; c < 4; c++) {
-        const float p = expf(s[j][c] - mref[c >> 1]);
+        const float p = exp2f(s[j][c] - mref[c >> 1]);
         s[j][c] = p;
         rs[c >> 1] += p;
       }
@@ -393,8 +507,7 @@ __global__ void __launch_bounds__(MMA_THREADS) attn_mma_kernel(const __grid_cons
       const uint32_t a0 = pack_bf16(s[2 * kk][0], s[2 * kk][1]), a1 = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
       const uint32_t a2 = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
       const uint32_t a3 = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-      /* lane's row address: matrix mi = lane / 8 is keys +8 (mi odd) of dims +8 (mi >= 2) */
-      const bf16_t *v0 = Vs + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * LD + (lane >> 4) * 8;
+      const bf16_t *v0 = vs_tile + kk * 16 * LD + v_lane;
 #pragma unroll
       for (int n = 0; n < DT; n += 2) {
         uint32_t b0, b1, b2, b3;
@@ -404,12 +517,13 @@ __global__ void __launch_bounds__(MMA_THREADS) attn_mma_kernel(const __grid_cons
       }
     }
   }
+  cp_async_wait<0>(); /* no copy outlives the CTA (the trailing groups are empty) */
 
 #pragma unroll
   for (int i = 0; i < 2; i++) {
     l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
     l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
-    const int qt = tile.row0 + warp * 16 + g + 8 * i;
+    const int qt = wrow0 + g + 8 * i;
     if (qt >= tile.q_len)
       continue;
     const int64_t tok = (int64_t)tile.q0 + qt;
@@ -420,8 +534,548 @@ __global__ void __launch_bounds__(MMA_THREADS) attn_mma_kernel(const __grid_cons
       *reinterpret_cast<__nv_bfloat162 *>(orow + n * 8 + t4 * 2) =
           __floats2bfloat162_rn(o[n][2 * i] * inv, o[n][2 * i + 1] * inv);
     if (a.lse && t4 == 0)
-      a.lse[tok * a.hq + hq] = m[i] + logf(l[i]);
+      a.lse[tok * a.hq + hq] = (m[i] + log2f(l[i])) * FA_LN2;
   }
+}
+
+/* ---- Paged decode v2 (bandwidth first; UPF_ATTN_DECODE=v2, bf16, D = 64/128/256, 16-byte rows) ----
+ * attn_decode_v2_kernel<D>: the same tiles as the FFMA kernel (ATT_BR (token, group head) rows of one
+ * request and kv head over keys [kv_lo, kv_hi), split-KV parts merged by attn_combine_kernel), but
+ * every warp loads and every warp computes:
+ *  - the tile's keys are cut into DEC_WARPS contiguous slices, one per warp; a warp step takes
+ *    DEC_KPS = 4 keys, DEC_LPK = 8 lanes per key, lane c of a key's 8 owning dims 8 (c + 8 i) .. + 7
+ *    (i < VPL = D / 64): each warp load instruction reads four 128-byte runs of four K (V) rows.
+ *  - K and V reach shared memory by cp.async into a DEC_STAGES-deep ring that is private to each lane
+ *    (a lane reads back only what it copied itself: cp.async.wait_group alone orders it, no barrier);
+ *    DEC_STAGES - 1 steps are in flight per warp while one is computed.
+ *  - the block table is read 32 entries at a time (one per lane) and shuffled to the key's lanes; a
+ *    lane advances its (block, slot) pair by adds, no division in the loop.
+ *  - RB = 512 / D rows of the tile sit in registers as fp32 (q and the accumulator: 64 values each per
+ *    lane at every D); the GQA rows of a decode step share each K/V load. A tile of more valid rows
+ *    runs its rows RB at a time (a pass over the keys each: K/V come again, from L2).
+ *  - each group of 8 lanes (one key per step) runs its own online softmax in base 2 (running max m,
+ *    sum l, accumulator over its dims; rescaled only when the max grows): dot products reduce over
+ *    the 8 lanes by xor 1, 2, 4. At the end the 4 key groups of a warp merge by xor 8, 16, the 8 warps
+ *    through shared memory in warp order: a fixed order, so the result does not depend on scheduling.
+ * Keys past the slice are zero-filled by cp.async (src-size 0) and masked; so are causal and window
+ * masks per row (rows of a multi-token step see different key ranges). */
+constexpr int DEC_WARPS = 8;
+constexpr int DEC_THREADS = DEC_WARPS * 32;
+constexpr int DEC_LPK = 8;              /* lanes per key */
+constexpr int DEC_KPS = 32 / DEC_LPK;   /* keys per warp step */
+constexpr int DEC_STAGES = 4;           /* cp.async ring depth (steps) */
+constexpr int DEC_SPLIT_WAVES = 8;      /* split-KV target: CTAs per SM (one resident at a time) */
+
+template <int D> struct dec_shape {
+  static constexpr int VPL = D / (8 * DEC_LPK); /* 16-byte vectors per lane per K (and per V) row */
+  static constexpr int NE = VPL * 8;            /* dims per lane */
+  static constexpr int RB = 512 / D;            /* rows held in registers: 8, 4, 2 */
+  static constexpr size_t ring_bytes = (size_t)DEC_STAGES * 2 * VPL * DEC_THREADS * sizeof(uint4);
+  static constexpr size_t smem = ring_bytes + (size_t)DEC_WARPS * RB * (D + 2) * sizeof(float);
+};
+
+/* cp.async issue and wait with a "memory" clobber: with no block barrier in the loop, these are what
+ * keeps the compiler from moving the ring's shared loads across the copies that fill it. */
+__device__ __forceinline__ void cp_async16_ordered(void *dst, const bf16_t *src, bool valid) {
+  const uint32_t s = (uint32_t)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+template <int N> __device__ __forceinline__ void cp_async_wait_ordered() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+/* 8 bf16 (one 16-byte vector) to fp32: the bf16 bits are the high half of the float. */
+__device__ __forceinline__ void bf16x8_to_f32(const uint4 &x, float *f) {
+  const uint32_t w[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    f[2 * i] = __uint_as_float(w[i] << 16);
+    f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+  }
+}
+
+template <int D>
+__global__ void __launch_bounds__(DEC_THREADS, 1) attn_decode_v2_kernel(const __grid_constant__ attn_args a) {
+  typedef dec_shape<D> S;
+  constexpr int VPL = S::VPL, NE = S::NE, RB = S::RB;
+  static_assert(ATT_BR % RB == 0 && VPL >= 1, "decode v2 shape");
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  uint4 *ring = reinterpret_cast<uint4 *>(smem_raw);                  /* [STAGES][2 VPL][THREADS] */
+  float *wacc = reinterpret_cast<float *>(smem_raw + S::ring_bytes); /* [WARPS][RB][D] */
+  float *wm = wacc + DEC_WARPS * RB * D;                              /* [WARPS][RB] */
+  float *wl = wm + DEC_WARPS * RB;                                    /* [WARPS][RB] */
+  const attn_tile tile = a.tiles[blockIdx.x];
+  const int hk = blockIdx.y;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, kg = lane / DEC_LPK, c = lane % DEC_LPK;
+  const int pos_off = tile.kv_len - tile.q_len;
+  const bf16_t *Q = (const bf16_t *)a.q, *K = (const bf16_t *)a.k, *V = (const bf16_t *)a.v;
+  const int32_t *bt_row = a.block_table + (int64_t)tile.req * a.max_blocks;
+  const int P = a.page_size;
+  const int span = tile.kv_hi - tile.kv_lo;
+  const int slice = ((span + DEC_WARPS - 1) / DEC_WARPS + DEC_KPS - 1) / DEC_KPS * DEC_KPS;
+  const int w_lo = tile.kv_lo + warp * slice;
+  const int w_hi = min(tile.kv_hi, w_lo + slice);
+  const int nsteps = w_hi > w_lo ? (w_hi - w_lo + DEC_KPS - 1) / DEC_KPS : 0;
+  const bool capped = a.softcap > 0.0f;
+  const float mul = capped ? a.scale / a.softcap : a.scale * FA_LOG2E; /* logit -> base-2 exponent */
+  const float cap2 = a.softcap * FA_LOG2E;
+  const int valid_rows = min(ATT_BR, tile.q_len * a.group - tile.row0);
+  uint4 *my_ring = ring + threadIdx.x; /* [stage][j] at my_ring[(stage * 2 VPL + j) * THREADS] */
+
+  for (int rc = 0; rc < valid_rows; rc += RB) {
+    /* This pass's rows: q in registers (rows past the tile: zeros, never written). */
+    float q[RB][NE];
+    int pos[RB], lo[RB];
+#pragma unroll
+    for (int r = 0; r < RB; r++) {
+      const int ridx = tile.row0 + rc + r, t = ridx / a.group, g = ridx - t * a.group;
+      const bool ok = rc + r < valid_rows;
+      pos[r] = ok ? t + pos_off : -1; /* -1: no key visible */
+      lo[r] = a.window > 0 ? pos[r] - a.window + 1 : 0;
+      const bf16_t *qrow = Q + (int64_t)(tile.q0 + t) * a.q_s0 + (int64_t)(hk * a.group + g) * a.q_s1;
+#pragma unroll
+      for (int i = 0; i < VPL; i++) {
+        const uint4 x = ok ? *reinterpret_cast<const uint4 *>(qrow + 8 * (c + DEC_LPK * i)) : make_uint4(0, 0, 0, 0);
+        bf16x8_to_f32(x, &q[r][8 * i]);
+      }
+    }
+
+    /* Issue state: the key, block and slot of this lane's next step to issue; the warp's cached
+     * window of the block table (entries blk0 + lane). */
+    int kj_issue = w_lo + kg;
+    int blk = kj_issue / P, slot = kj_issue - blk * P;
+    int blk0 = w_lo / P;
+    int tbl = nsteps > 0 && blk0 + lane < a.max_blocks ? bt_row[blk0 + lane] : 0;
+    auto issue = [&](int s) { /* steps in increasing order, each once (past the slice: zero-fill) */
+      uint4 *dst = my_ring + (s % DEC_STAGES) * 2 * VPL * DEC_THREADS;
+      const bool ok = kj_issue < w_hi;
+      if (__any_sync(0xffffffffu, ok && blk - blk0 >= 32)) { /* lane 0 holds the step's first (valid) key */
+        blk0 = __shfl_sync(0xffffffffu, blk, 0);
+        tbl = blk0 + lane < a.max_blocks ? bt_row[blk0 + lane] : 0;
+      }
+      const int page = __shfl_sync(0xffffffffu, tbl, ok ? blk - blk0 : 0);
+      const int64_t ko = ok ? (int64_t)page * a.k_s0 + (int64_t)slot * a.k_s1 + (int64_t)hk * a.k_s2 : 0;
+      const int64_t vo = ok ? (int64_t)page * a.v_s0 + (int64_t)slot * a.v_s1 + (int64_t)hk * a.v_s2 : 0;
+#pragma unroll
+      for (int i = 0; i < VPL; i++) {
+        const int e = 8 * (c + DEC_LPK * i);
+        cp_async16_ordered(dst + i * DEC_THREADS, K + ko + e, ok);
+        cp_async16_ordered(dst + (VPL + i) * DEC_THREADS, V + vo + e, ok);
+      }
+      kj_issue += DEC_KPS, slot += DEC_KPS;
+      while (slot >= P)
+        slot -= P, blk++;
+    };
+#pragma unroll
+    for (int s = 0; s < DEC_STAGES - 1; s++) {
+      issue(s);
+      cp_async_commit();
+    }
+
+    float m[RB], l[RB], acc[RB][NE];
+#pragma unroll
+    for (int r = 0; r < RB; r++) {
+      m[r] = -INFINITY, l[r] = 0.0f;
+#pragma unroll
+      for (int j = 0; j < NE; j++)
+        acc[r][j] = 0.0f;
+    }
+    for (int s = 0; s < nsteps; s++) {
+      cp_async_wait_ordered<DEC_STAGES - 2>(); /* step s landed (this lane's own copies) */
+      const uint4 *src = my_ring + (s % DEC_STAGES) * 2 * VPL * DEC_THREADS;
+      uint4 kx[VPL], vx[VPL];
+#pragma unroll
+      for (int i = 0; i < VPL; i++)
+        kx[i] = src[i * DEC_THREADS], vx[i] = src[(VPL + i) * DEC_THREADS];
+      issue(s + DEC_STAGES - 1); /* into the stage step s - 1 used: consumed by this lane last iteration */
+      cp_async_commit();
+      const int kj = w_lo + s * DEC_KPS + kg;
+      const bool kin = kj < w_hi;
+      float f[NE];
+#pragma unroll
+      for (int i = 0; i < VPL; i++)
+        bf16x8_to_f32(kx[i], &f[8 * i]);
+      float p[RB];
+#pragma unroll
+      for (int r = 0; r < RB; r++) {
+        float dot = 0.0f;
+#pragma unroll
+        for (int j = 0; j < NE; j++)
+          dot = fmaf(q[r][j], f[j], dot);
+        dot += __shfl_xor_sync(0xffffffffu, dot, 1);
+        dot += __shfl_xor_sync(0xffffffffu, dot, 2);
+        dot += __shfl_xor_sync(0xffffffffu, dot, 4);
+        float x = capped ? cap2 * tanhf(dot * mul) : dot * mul;
+        const bool vis = kin && kj <= pos[r] && kj >= lo[r];
+        x = vis ? x : -INFINITY;
+        if (x > m[r]) { /* the running max grows (first visible key: alpha = exp2(-inf) = 0) */
+          const float alpha = exp2f(m[r] - x);
+          l[r] *= alpha;
+#pragma unroll
+          for (int j = 0; j < NE; j++)
+            acc[r][j] *= alpha;
+          m[r] = x;
+        }
+        p[r] = vis ? exp2f(x - m[r]) : 0.0f;
+        l[r] += p[r];
+      }
+#pragma unroll
+      for (int i = 0; i < VPL; i++)
+        bf16x8_to_f32(vx[i], &f[8 * i]);
+#pragma unroll
+      for (int r = 0; r < RB; r++)
+#pragma unroll
+        for (int j = 0; j < NE; j++)
+          acc[r][j] = fmaf(p[r], f[j], acc[r][j]);
+    }
+    cp_async_wait_ordered<0>(); /* the zero-fills past the slice too: the next pass reuses the ring */
+
+    /* The warp's 4 key groups merge (xor 8, 16); lanes 0..7 write the warp's rows. */
+#pragma unroll
+    for (int r = 0; r < RB; r++) {
+      float mx = fmaxf(m[r], __shfl_xor_sync(0xffffffffu, m[r], 8));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+      const float w = m[r] == -INFINITY ? 0.0f : exp2f(m[r] - mx);
+      float lr = l[r] * w;
+      lr += __shfl_xor_sync(0xffffffffu, lr, 8);
+      lr += __shfl_xor_sync(0xffffffffu, lr, 16);
+#pragma unroll
+      for (int j = 0; j < NE; j++) {
+        float x = acc[r][j] * w;
+        x += __shfl_xor_sync(0xffffffffu, x, 8);
+        x += __shfl_xor_sync(0xffffffffu, x, 16);
+        acc[r][j] = x;
+      }
+      if (lane < DEC_LPK) {
+        float *dst = wacc + (warp * RB + r) * D;
+#pragma unroll
+        for (int i = 0; i < VPL; i++)
+#pragma unroll
+          for (int u = 0; u < 8; u++)
+            dst[8 * (c + DEC_LPK * i) + u] = acc[r][8 * i + u];
+        if (lane == 0)
+          wm[warp * RB + r] = mx, wl[warp * RB + r] = lr;
+      }
+    }
+    __syncthreads();
+    /* The 8 warps merge in warp order; a thread per (row, dim). */
+    const int nrows = min(RB, valid_rows - rc);
+    for (int i = threadIdx.x; i < nrows * D; i += DEC_THREADS) {
+      const int r = i / D, e = i - r * D;
+      float M = -INFINITY;
+#pragma unroll
+      for (int w = 0; w < DEC_WARPS; w++)
+        M = fmaxf(M, wm[w * RB + r]);
+      float L = 0.0f, O = 0.0f;
+#pragma unroll
+      for (int w = 0; w < DEC_WARPS; w++) {
+        const float mw = wm[w * RB + r], f = mw == -INFINITY ? 0.0f : exp2f(mw - M);
+        L = fmaf(f, wl[w * RB + r], L);
+        O = fmaf(f, wacc[(w * RB + r) * D + e], O);
+      }
+      const int ridx = tile.row0 + rc + r, t = ridx / a.group, hq = hk * a.group + (ridx - t * a.group);
+      const int64_t tok = (int64_t)tile.q0 + t;
+      if (tile.part < 0) { /* every row sees at least its own key: L > 0 */
+        bf16_t *orow = (bf16_t *)a.out + tok * a.o_s0 + (int64_t)hq * a.o_s1;
+        orow[e] = __float2bfloat16_rn(O / L);
+        if (a.lse && e == 0)
+          a.lse[tok * a.hq + hq] = (M + log2f(L)) * FA_LN2;
+      } else { /* a part may hold none of this row's keys: L = 0, lse = -inf, weight 0 in the merge */
+        const int64_t pslot = ((int64_t)tile.part * a.hkv + hk) * ATT_BR + rc + r;
+        a.part_o[pslot * D + e] = L > 0.0f ? O / L : 0.0f;
+        if (e == 0)
+          a.part_lse[pslot] = L > 0.0f ? (M + log2f(L)) * FA_LN2 : -INFINITY;
+      }
+    }
+    __syncthreads(); /* the next pass rewrites wacc */
+  }
+}
+
+/* ---- Hopper prefill (UPF_ATTN_PREFILL=wgmma; bf16, D = 128, contiguous K/V) ----
+ * attn_wgmma_kernel: the FA2 kernel's tiles (WA_BM = 128 query rows of one request and one q head,
+ * heaviest first) on wgmma. CTA = 2 consumer warpgroups (64 rows each) + a producer warpgroup of which
+ * one warp copies; setmaxnreg moves registers from the producer (56) to the consumers (224): with
+ * the launch's 384 threads ptxas caps every thread at 168; the OVERLAP loop needs more (no spills
+ * at 224).
+ *  - the producer streams K and V tiles of WA_BN = 64 keys into a WA_NS-stage ring by cp.async, in
+ *    the 128-byte-swizzle layout wgmma reads (per 64 dims: 64 rows x 128 bytes, 16-byte chunk c of
+ *    row r at r * 128 + ((c ^ (r % 8)) * 16); the second 64 dims WA_BN * 128 bytes further: the
+ *    layout of cuda/select.cu's score kernel), and signals full[s] by cp.async.mbarrier.arrive; the
+ *    consumer warps release a stage on empty[s] once the wgmma reading it has completed. Rows past
+ *    the tile's key range are zero-filled (src-size 0).
+ *  - S (64 x 64 per warpgroup) = Q K^T by 8 wgmma m64n64k16 (Q as the A operand from registers, the
+ *    fragment layout of mma.sync's A; K tile K-major from the ring); softmax on the accumulator
+ *    exactly as attn_fa2_kernel (base 2, scale folded, masks only on tiles crossing a diagonal, window
+ *    edge or the range end; mref = 0 for rows that have seen nothing); P rounded to bf16 becomes the A
+ *    operand of 4 wgmma m64n128k16 with the V tile as an MN-major B (imm-trans-b), O += P V in fp32.
+ *  - OVERLAP = false: each wgmma group is waited for at once; the two warpgroups overlap each
+ *    other's softmax and tensor work through the warp schedulers only. OVERLAP = true: S(t + 1) is
+ *    issued before the softmax of tile t (two S accumulator sets), so a warpgroup's exponentials run
+ *    while its own next QK^T is on the tensor cores (FlashAttention-3's intra-warpgroup overlap; no
+ *    ping-pong between the warpgroups yet).
+ * Warpgroups compute every tile of the CTA's key range (a wgmma is warpgroup-wide: no per-warp skip);
+ * fully masked rows of a tile contribute p = 0. */
+constexpr int WA_BM = 128;
+constexpr int WA_BN = 64;
+constexpr int WA_NS = 4;
+constexpr int WA_D = 128;
+constexpr int WA_THREADS = 3 * 128; /* 2 consumer warpgroups + the producer's (one warp of it copies) */
+constexpr int WA_CONSUMER_REGS = 224, WA_PRODUCER_REGS = 56; /* setmaxnreg: 2 x 128 x 224 + 128 x 56 = 384 x 168 */
+constexpr uint32_t WA_TILE_BYTES = WA_BN * WA_D * 2;    /* one K (or V) tile */
+constexpr uint32_t WA_STAGE_BYTES = 2 * WA_TILE_BYTES;  /* K then V */
+constexpr size_t WA_SMEM = 1024 + (size_t)WA_NS * WA_STAGE_BYTES + 2 * WA_NS * 8;
+static_assert(FA_BM == WA_BM, "the wgmma kernel runs the FA2 kernel's plan");
+static_assert(WA_NS >= 3, "OVERLAP waits for tile t + 1 before it releases tile t - 1");
+
+template <bool OVERLAP>
+__global__ void __launch_bounds__(WA_THREADS, 1) attn_wgmma_kernel(const __grid_constant__ attn_args a) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using namespace upf_wgmma;
+  constexpr int KS = WA_D / 16, NT = WA_BN / 8, DT = WA_D / 8;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const uint32_t sraw = (uint32_t)__cvta_generic_to_shared(smem_raw);
+  const uint32_t sbase = (sraw + 1023u) & ~1023u; /* swizzle atoms need 1024-byte alignment */
+  const uint32_t full = sbase + WA_NS * WA_STAGE_BYTES, empty = full + WA_NS * 8;
+  const attn_tile tile = a.tiles[blockIdx.x / a.hq];
+  const int hq = blockIdx.x % a.hq, hk = hq / a.group;
+  /* Broadcasts make the role and the loop bounds provably warp-uniform for ptxas (else it serialises
+   * the wgmma: C7518). */
+  const int warp = __shfl_sync(0xffffffffu, (int)(threadIdx.x >> 5), 0), lane = threadIdx.x & 31;
+  const int kv_lo = __shfl_sync(0xffffffffu, tile.kv_lo, 0);
+  const int ntiles = __shfl_sync(0xffffffffu, (tile.kv_hi - tile.kv_lo + WA_BN - 1) / WA_BN, 0);
+  const bf16_t *Q = (const bf16_t *)a.q, *K = (const bf16_t *)a.k, *V = (const bf16_t *)a.v;
+
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int i = 0; i < WA_NS; i++) {
+      mbar_init(full + 8 * i, 32);  /* the producer's 32 lanes, each once its copies landed */
+      mbar_init(empty + 8 * i, 8);  /* the 8 consumer warps */
+    }
+  }
+  __syncthreads();
+
+  if (warp >= 8) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(WA_PRODUCER_REGS));
+    if (warp != 8)
+      return;
+    /* Producer: lane copies 16-byte chunk c of rows r0, r0 + 2, ... of every K and V tile. */
+    constexpr int CPR = WA_D / 8, RPI = 32 / CPR, J = WA_BN / RPI;
+    const int c = lane % CPR, r0 = lane / CPR, cc = c & 7;
+    const uint32_t coff = (uint32_t)(c >> 3) * (WA_BN * 128);
+    const bf16_t *kb0 = K + (int64_t)tile.kv_base * a.k_s0 + (int64_t)hk * a.k_s1 + c * 8;
+    const bf16_t *vb0 = V + (int64_t)tile.kv_base * a.v_s0 + (int64_t)hk * a.v_s1 + c * 8;
+    for (int t = 0; t < ntiles; t++) {
+      const int st = t % WA_NS;
+      if (t >= WA_NS)
+        mbar_wait(empty + 8 * st, (uint32_t)((t / WA_NS - 1) & 1));
+      const int kv0 = kv_lo + t * WA_BN;
+      const uint32_t kdst0 = sbase + st * WA_STAGE_BYTES + coff, vdst0 = kdst0 + WA_TILE_BYTES;
+#pragma unroll 8
+      for (int j = 0; j < J; j++) {
+        const int kk = r0 + j * RPI, kj = kv0 + kk;
+        const bool in = kj < tile.kv_hi;
+        const uint32_t off = kk * 128 + ((cc ^ (kk & 7)) << 4);
+        cp_async16_to(kdst0 + off, in ? kb0 + (int64_t)kj * a.k_s0 : kb0, in);
+        cp_async16_to(vdst0 + off, in ? vb0 + (int64_t)kj * a.v_s0 : vb0, in);
+      }
+      cp_async_mbar_arrive(full + 8 * st);
+    }
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    return;
+  }
+
+  /* Consumers: warpgroup wg, warp w4 of it; this thread's rows g and g + 8 of the warp's 16. */
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(WA_CONSUMER_REGS));
+  const int wg = warp >> 2, w4 = warp & 3, g = lane >> 2, t4 = lane & 3;
+  const int off = tile.kv_len - tile.q_len;
+  const int wrow0 = tile.row0 + wg * 64 + w4 * 16;
+  int pos[2], lo[2];
+  uint32_t qa[KS][4];
+  {
+    const uint32_t *rp[2];
+    bool ok[2];
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+      const int qt = wrow0 + g + 8 * i;
+      ok[i] = qt < tile.q_len;
+      const int qc = ok[i] ? qt : tile.q_len - 1; /* rows past the request: the last row's position */
+      pos[i] = qc + off;
+      lo[i] = a.window > 0 ? pos[i] - a.window + 1 : 0;
+      rp[i] = reinterpret_cast<const uint32_t *>(Q + (int64_t)(tile.q0 + qc) * a.q_s0 + (int64_t)hq * a.q_s1);
+    }
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++) { /* A fragment: {row g, k 2t4..}, {row g+8}, {row g, k 2t4+8..}, {row g+8} */
+      qa[ks][0] = ok[0] ? __ldg(rp[0] + ks * 8 + t4) : 0u;
+      qa[ks][1] = ok[1] ? __ldg(rp[1] + ks * 8 + t4) : 0u;
+      qa[ks][2] = ok[0] ? __ldg(rp[0] + ks * 8 + 4 + t4) : 0u;
+      qa[ks][3] = ok[1] ? __ldg(rp[1] + ks * 8 + 4 + t4) : 0u;
+    }
+  }
+  const int wpos_first = (wrow0 < tile.q_len ? wrow0 : tile.q_len - 1) + off;
+  const int wpos_last = (wrow0 + 15 < tile.q_len ? wrow0 + 15 : tile.q_len - 1) + off;
+  const int wlo_last = a.window > 0 ? wpos_last - a.window + 1 : 0;
+  const bool capped = a.softcap > 0.0f;
+  const float mul = capped ? a.scale / a.softcap : a.scale * FA_LOG2E;
+  const float cap2 = a.softcap * FA_LOG2E;
+
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  float o[DT][4];
+#pragma unroll
+  for (int n = 0; n < DT; n++)
+    o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  /* Tile t's K/V have landed; their cp.async (generic proxy) writes are ordered before the wgmma
+   * (async proxy) reads. */
+  auto ready = [&](int t) {
+    mbar_wait(full + 8 * (t % WA_NS), (uint32_t)((t / WA_NS) & 1));
+    fence_proxy_async();
+  };
+  auto issue_s = [&](float (&sacc)[NT][4], int t) { /* S(t) = Q K(t)^T, one commit group */
+    const uint32_t kbase = sbase + (t % WA_NS) * WA_STAGE_BYTES;
+    wg_fence();
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++)
+      wgmma_m64n64k16(sacc, qa[ks], desc_kmajor_sw128(kbase + (ks >> 2) * (WA_BN * 128) + (ks & 3) * 32), ks);
+    wg_commit();
+  };
+  auto release = [&](int t) { /* this warp's wgmma reads of tile t's stage are complete */
+    __syncwarp();
+    if (lane == 0)
+      mbar_arrive(empty + 8 * (t % WA_NS));
+  };
+  /* Softmax of S(t) (complete; read, never written: the logits go to p), O rescale (every earlier P V
+   * complete), then O += P V(t) issued as one commit group. */
+  auto softmax_pv = [&](const float (&sacc)[NT][4], int t) {
+    const int kv0 = kv_lo + t * WA_BN;
+    const uint32_t vbase = sbase + (t % WA_NS) * WA_STAGE_BYTES + WA_TILE_BYTES;
+    /* logits to base-2 exponents; masks only where the tile crosses a diagonal, window edge or end */
+    const bool masked = kv0 + WA_BN - 1 > wpos_first || kv0 + WA_BN > tile.kv_hi || (a.window > 0 && kv0 < wlo_last);
+    float p[NT][4];
+    if (capped) {
+#pragma unroll
+      for (int j = 0; j < NT; j++)
+#pragma unroll
+        for (int c = 0; c < 4; c++)
+          p[j][c] = cap2 * tanhf(sacc[j][c] * mul);
+    } else {
+#pragma unroll
+      for (int j = 0; j < NT; j++)
+#pragma unroll
+        for (int c = 0; c < 4; c++)
+          p[j][c] = sacc[j][c] * mul;
+    }
+    if (masked) {
+#pragma unroll
+      for (int j = 0; j < NT; j++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+          const int i = c >> 1, kj = kv0 + j * 8 + t4 * 2 + (c & 1);
+          p[j][c] = kj < tile.kv_hi && kj <= pos[i] && kj >= lo[i] ? p[j][c] : -INFINITY;
+        }
+    }
+    float mt[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+      for (int c = 0; c < 4; c++)
+        mt[c >> 1] = fmaxf(mt[c >> 1], p[j][c]);
+    float mref[2], alpha[2], rs[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+      mt[i] = fmaxf(mt[i], __shfl_xor_sync(0xffffffffu, mt[i], 1));
+      mt[i] = fmaxf(mt[i], __shfl_xor_sync(0xffffffffu, mt[i], 2));
+      const float mn = fmaxf(m[i], mt[i]);
+      mref[i] = mn == -INFINITY ? 0.0f : mn; /* a row with nothing visible yet: exp2(-inf - 0) = 0 */
+      alpha[i] = exp2f(m[i] - mref[i]);
+      m[i] = mn;
+    }
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+      for (int c = 0; c < 4; c++) {
+        p[j][c] = exp2f(p[j][c] - mref[c >> 1]);
+        rs[c >> 1] += p[j][c];
+      }
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+      l[i] = l[i] * alpha[i] + rs[i];
+#pragma unroll
+    for (int n = 0; n < DT; n++) {
+      o[n][0] *= alpha[0], o[n][1] *= alpha[0];
+      o[n][2] *= alpha[1], o[n][3] *= alpha[1];
+    }
+    /* P (bf16) as the A operand: k-step kk = keys 16 kk .. 16 kk + 15 = accumulator n-blocks 2 kk, 2 kk + 1 */
+    uint32_t pa[WA_BN / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < WA_BN / 16; kk++) {
+      pa[kk][0] = pack_bf16(p[2 * kk][0], p[2 * kk][1]);
+      pa[kk][1] = pack_bf16(p[2 * kk][2], p[2 * kk][3]);
+      pa[kk][2] = pack_bf16(p[2 * kk + 1][0], p[2 * kk + 1][1]);
+      pa[kk][3] = pack_bf16(p[2 * kk + 1][2], p[2 * kk + 1][3]);
+    }
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < WA_BN / 16; kk++)
+      wgmma_m64n128k16_tb(o, pa[kk], desc_mnmajor_sw128(vbase + kk * 2048, WA_BN * 128), 1);
+    wg_commit();
+  };
+
+  float sA[NT][4];
+  if constexpr (!OVERLAP) {
+    for (int t = 0; t < ntiles; t++) {
+      ready(t);
+      issue_s(sA, t);
+      wg_wait<0>();
+      softmax_pv(sA, t);
+      wg_wait<0>();
+      release(t);
+    }
+  } else {
+    /* S(t + 1) runs on the tensor cores while the warpgroup does the softmax of tile t. Commit order
+     * S(t), P V(t - 1), S(t + 1): wait_group 1 leaves only S(t + 1) in flight. */
+    float sB[NT][4];
+    auto step = [&](float (&cur)[NT][4], float (&nxt)[NT][4], int t) {
+      if (t + 1 < ntiles) {
+        ready(t + 1);
+        issue_s(nxt, t + 1);
+        wg_wait<1>();
+      } else {
+        wg_wait<0>();
+      }
+      if (t > 0)
+        release(t - 1);
+      softmax_pv(cur, t);
+    };
+    ready(0);
+    issue_s(sA, 0);
+    for (int t = 0; t < ntiles; t += 2) {
+      step(sA, sB, t);
+      if (t + 1 < ntiles)
+        step(sB, sA, t + 1);
+    }
+    wg_wait<0>();
+    release(ntiles - 1);
+  }
+
+#pragma unroll
+  for (int i = 0; i < 2; i++) {
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+    const int qt = wrow0 + g + 8 * i;
+    if (qt >= tile.q_len)
+      continue;
+    const int64_t tok = (int64_t)tile.q0 + qt;
+    const float inv = 1.0f / l[i]; /* every row sees at least its own key */
+    bf16_t *orow = (bf16_t *)a.out + tok * a.o_s0 + (int64_t)hq * a.o_s1;
+#pragma unroll
+    for (int n = 0; n < DT; n++)
+      *reinterpret_cast<__nv_bfloat162 *>(orow + n * 8 + t4 * 2) =
+          __floats2bfloat162_rn(o[n][2 * i] * inv, o[n][2 * i + 1] * inv);
+    if (a.lse && t4 == 0)
+      a.lse[tok * a.hq + hq] = (m[i] + log2f(l[i])) * FA_LN2;
+  }
+#else
+  __trap(); /* built without sm_90a: the host never launches this */
+#endif
 }
 
 /* Merges the split chunks of one tile in chunk order: weights exp(lse_s - max lse). */
@@ -480,6 +1134,15 @@ struct req_info {
 
 size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 
+/* The fixed-order merge of split tiles' parts (none: nothing to launch). */
+template <typename T> upf_status launch_combine(attn_args &a, int ngroups) {
+  if (ngroups > 0) {
+    attn_combine_kernel<T><<<dim3((unsigned)ngroups, (unsigned)a.hkv), 128, 0, upf_cuda_stream()>>>(a);
+    UPF_CUDA_LAUNCH_TRY("attn_combine_kernel");
+  }
+  return UPF_OK;
+}
+
 template <typename T, int DPL, bool PAGED> upf_status launch_attn(attn_args &a, int ntiles, int ngroups) {
   const size_t smem = (size_t)(ATT_BR * a.d + 2 * ATT_KT * (a.d + 1)) * sizeof(float);
   if (smem > upf_cuda_smem_optin())
@@ -487,14 +1150,21 @@ template <typename T, int DPL, bool PAGED> upf_status launch_attn(attn_args &a, 
                     a.d, smem, upf_cuda_smem_optin());
   UPF_CUDA_TRY(cudaFuncSetAttribute(attn_ffma_kernel<T, DPL, PAGED>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)smem));
-  cudaStream_t stream = upf_cuda_stream();
-  attn_ffma_kernel<T, DPL, PAGED><<<dim3((unsigned)ntiles, (unsigned)a.hkv), ATT_WARPS * 32, smem, stream>>>(a);
+  attn_ffma_kernel<T, DPL, PAGED><<<dim3((unsigned)ntiles, (unsigned)a.hkv), ATT_WARPS * 32, smem,
+                                    upf_cuda_stream()>>>(a);
   UPF_CUDA_LAUNCH_TRY("attn_ffma_kernel");
-  if (ngroups > 0) {
-    attn_combine_kernel<T><<<dim3((unsigned)ngroups, (unsigned)a.hkv), 128, 0, stream>>>(a);
-    UPF_CUDA_LAUNCH_TRY("attn_combine_kernel");
-  }
-  return UPF_OK;
+  return launch_combine<T>(a, ngroups);
+}
+
+template <int D> upf_status launch_decode_v2(attn_args &a, int ntiles, int ngroups) {
+  constexpr size_t smem = dec_shape<D>::smem;
+  if (smem > upf_cuda_smem_optin())
+    return upf_fail(UPF_ERR_UNSUPPORTED, "attn (cuda): decode v2 at D=%d needs %zu bytes of shared memory, the "
+                    "device has %zu", D, smem, upf_cuda_smem_optin());
+  UPF_CUDA_TRY(cudaFuncSetAttribute(attn_decode_v2_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+  attn_decode_v2_kernel<D><<<dim3((unsigned)ntiles, (unsigned)a.hkv), DEC_THREADS, smem, upf_cuda_stream()>>>(a);
+  UPF_CUDA_LAUNCH_TRY("attn_decode_v2_kernel");
+  return launch_combine<bf16_t>(a, ngroups);
 }
 
 template <typename T, bool PAGED> upf_status launch_d(attn_args &a, int ntiles, int ngroups) {
@@ -506,17 +1176,21 @@ template <typename T, bool PAGED> upf_status launch_d(attn_args &a, int ntiles, 
 }
 
 /* Tiles every request's (token, group head) rows in ATT_BR blocks, splits long KV ranges when the
- * tiles alone would leave the GPU idle, uploads the plan and launches. `a` has everything but the
- * plan pointers. */
-upf_status attn_plan_and_run(attn_args &a, const req_info *reqs, int32_t num_reqs, upf_dtype dtype, bool paged) {
+ * tiles alone would leave the GPU idle, uploads the plan and launches the FFMA kernel, or (decode_v2:
+ * paged bf16 with D = 64/128/256 and 16-byte rows, see decode_v2_selected) attn_decode_v2_kernel.
+ * `a` has everything but the plan pointers. */
+upf_status attn_plan_and_run(attn_args &a, const req_info *reqs, int32_t num_reqs, upf_dtype dtype, bool paged,
+                             bool decode_v2) {
   const int G = a.group;
   int64_t nbase = 0;
   for (int32_t r = 0; r < num_reqs; r++)
     nbase += ((int64_t)reqs[r].q_len * G + ATT_BR - 1) / ATT_BR;
   if (nbase == 0)
     return UPF_OK;
-  /* Split only when fewer than two waves of CTAs would run; a chunk keeps at least ATT_SPLIT_MIN keys. */
-  const int64_t target = 2 * (int64_t)upf_cuda_num_sms();
+  /* Split only when fewer than ATT_SPLIT_WAVES waves of CTAs would run (decode: memory-bound, and several
+   * resident CTAs per SM overlap one's loads with another's math); a chunk keeps at least ATT_SPLIT_MIN
+   * keys. */
+  const int64_t target = (decode_v2 ? DEC_SPLIT_WAVES : ATT_SPLIT_WAVES) * (int64_t)upf_cuda_num_sms();
   const int64_t want_split = nbase * a.hkv < target ? (target + nbase * a.hkv - 1) / (nbase * a.hkv) : 1;
   /* Pass 1 counts, pass 2 fills. */
   attn_tile *tiles = NULL;
@@ -594,6 +1268,10 @@ upf_status attn_plan_and_run(attn_args &a, const req_info *reqs, int32_t num_req
   }
   free(tiles), free(groups);
   UPF_TRY(st);
+  if (decode_v2)
+    return a.d == 64 ? launch_decode_v2<64>(a, (int)ntiles, (int)ngroups)
+           : a.d == 128 ? launch_decode_v2<128>(a, (int)ntiles, (int)ngroups)
+                        : launch_decode_v2<256>(a, (int)ntiles, (int)ngroups);
   if (dtype == UPF_DTYPE_BF16)
     return paged ? launch_d<bf16_t, true>(a, (int)ntiles, (int)ngroups)
                  : launch_d<bf16_t, false>(a, (int)ntiles, (int)ngroups);
@@ -601,26 +1279,61 @@ upf_status attn_plan_and_run(attn_args &a, const req_info *reqs, int32_t num_req
                : launch_d<float, false>(a, (int)ntiles, (int)ngroups);
 }
 
-/* The tensor-core path: tiles of MMA_BM query rows per (request, q head), no split (a prefill has rows
+/* The tensor-core path: tiles of FA_BM query rows per (request, q head), no split (a prefill has rows
  * enough to fill the GPU). */
-template <int D, int BN, bool PAGED>
-upf_status launch_mma(attn_args &a, int ntiles) {
-  constexpr size_t smem = (size_t)(MMA_BM + 2 * BN) * (D + 8) * sizeof(bf16_t);
+template <int D, int BN, int STAGES, bool PAGED> upf_status launch_fa2(attn_args &a, int ntiles) {
+  constexpr size_t smem = (size_t)(FA_BM + 2 * STAGES * BN) * (D + 8) * sizeof(bf16_t);
   if (smem > upf_cuda_smem_optin())
-    return upf_fail(UPF_ERR_UNSUPPORTED, "attn (cuda): D=%d mma tiles need %zu bytes of shared memory, the device "
-                    "has %zu", D, smem, upf_cuda_smem_optin());
-  UPF_CUDA_TRY(cudaFuncSetAttribute(attn_mma_kernel<D, BN, PAGED>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)smem));
-  attn_mma_kernel<D, BN, PAGED>
-      <<<dim3((unsigned)ntiles, (unsigned)a.hq), MMA_THREADS, smem, upf_cuda_stream()>>>(a);
-  UPF_CUDA_LAUNCH_TRY("attn_mma_kernel");
+    return upf_fail(UPF_ERR_UNSUPPORTED, "attn (cuda): D=%d pipelined tiles need %zu bytes of shared memory, the "
+                    "device has %zu", D, smem, upf_cuda_smem_optin());
+  if ((int64_t)ntiles * a.hq > INT32_MAX)
+    return upf_fail(UPF_ERR_SHAPE, "attn (cuda): %d tiles x %d heads exceed the grid", ntiles, a.hq);
+  UPF_CUDA_TRY(cudaFuncSetAttribute(attn_fa2_kernel<D, BN, STAGES, PAGED>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+  attn_fa2_kernel<D, BN, STAGES, PAGED><<<(unsigned)(ntiles * a.hq), FA_THREADS, smem, upf_cuda_stream()>>>(a);
+  UPF_CUDA_LAUNCH_TRY("attn_fa2_kernel");
   return UPF_OK;
+}
+
+template <bool OVERLAP> upf_status launch_wgmma(attn_args &a, int ntiles) {
+  if (WA_SMEM > upf_cuda_smem_optin())
+    return upf_fail(UPF_ERR_UNSUPPORTED, "attn (cuda): the wgmma prefill needs %zu bytes of shared memory, the "
+                    "device has %zu", WA_SMEM, upf_cuda_smem_optin());
+  if ((int64_t)ntiles * a.hq > INT32_MAX)
+    return upf_fail(UPF_ERR_SHAPE, "attn (cuda): %d tiles x %d heads exceed the grid", ntiles, a.hq);
+  UPF_CUDA_TRY(cudaFuncSetAttribute(attn_wgmma_kernel<OVERLAP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)WA_SMEM));
+  attn_wgmma_kernel<OVERLAP><<<(unsigned)(ntiles * a.hq), WA_THREADS, WA_SMEM, upf_cuda_stream()>>>(a);
+  UPF_CUDA_LAUNCH_TRY("attn_wgmma_kernel");
+  return UPF_OK;
+}
+
+/* UPF_ATTN_PREFILL (read once per process) sends bf16 D = 128 prefill over contiguous K/V to
+ * attn_wgmma_kernel: "wgmma" = each wgmma group waited for at once, "wgmma-overlap" = S(t + 1) in
+ * flight during the softmax of tile t; unset or any other value: attn_fa2_kernel (0). */
+int prefill_wgmma_selected() {
+  static const int mode = [] {
+    const char *e = getenv("UPF_ATTN_PREFILL");
+    return !e ? 0 : strcmp(e, "wgmma") == 0 ? 1 : strcmp(e, "wgmma-overlap") == 0 ? 2 : 0;
+  }();
+  return mode;
+}
+
+/* Heaviest tiles (longest key span) first, ties in plan order: the last wave holds short tiles. */
+int tile_heavier_first(const void *x, const void *y) {
+  const attn_tile *p = (const attn_tile *)x, *q = (const attn_tile *)y;
+  const int32_t sp = p->kv_hi - p->kv_lo, sq = q->kv_hi - q->kv_lo;
+  if (sp != sq)
+    return sp > sq ? -1 : 1;
+  if (p->q0 != q->q0)
+    return p->q0 < q->q0 ? -1 : 1;
+  return p->row0 < q->row0 ? -1 : p->row0 > q->row0;
 }
 
 template <bool PAGED> upf_status mma_plan_and_run(attn_args &a, const req_info *reqs, int32_t num_reqs) {
   int64_t ntiles = 0;
   for (int32_t r = 0; r < num_reqs; r++)
-    ntiles += (reqs[r].q_len + MMA_BM - 1) / MMA_BM;
+    ntiles += (reqs[r].q_len + FA_BM - 1) / FA_BM;
   if (ntiles == 0)
     return UPF_OK;
   if (ntiles > INT32_MAX)
@@ -632,13 +1345,14 @@ template <bool PAGED> upf_status mma_plan_and_run(attn_args &a, const req_info *
   for (int32_t r = 0; r < num_reqs; r++) {
     const req_info &q = reqs[r];
     const int32_t off = q.kv_len - q.q_len;
-    for (int32_t row0 = 0; row0 < q.q_len; row0 += MMA_BM) {
-      const int32_t last = (row0 + MMA_BM < q.q_len ? row0 + MMA_BM : q.q_len) - 1;
+    for (int32_t row0 = 0; row0 < q.q_len; row0 += FA_BM) {
+      const int32_t last = (row0 + FA_BM < q.q_len ? row0 + FA_BM : q.q_len) - 1;
       int32_t lo = a.window > 0 ? row0 + off - a.window + 1 : 0;
       lo = lo < 0 ? 0 : lo;
       tiles[n++] = attn_tile{q.q0, q.q_len, q.kv_len, q.kv_base, q.req, row0, lo, last + off + 1, -1};
     }
   }
+  qsort(tiles, (size_t)ntiles, sizeof *tiles, tile_heavier_first);
   void *ws = NULL;
   upf_status st = upf_cuda_workspace((size_t)ntiles * sizeof(attn_tile), &ws);
   if (st == UPF_OK)
@@ -646,11 +1360,13 @@ template <bool PAGED> upf_status mma_plan_and_run(attn_args &a, const req_info *
   free(tiles);
   UPF_TRY(st);
   a.tiles = (const attn_tile *)ws;
+  if (!PAGED && a.d == WA_D && prefill_wgmma_selected())
+    return prefill_wgmma_selected() == 2 ? launch_wgmma<true>(a, (int)ntiles) : launch_wgmma<false>(a, (int)ntiles);
   if (a.d == 64)
-    return launch_mma<64, 64, PAGED>(a, (int)ntiles);
+    return launch_fa2<64, 128, 3, PAGED>(a, (int)ntiles);
   if (a.d == 128)
-    return launch_mma<128, 64, PAGED>(a, (int)ntiles);
-  return launch_mma<256, 32, PAGED>(a, (int)ntiles);
+    return launch_fa2<128, 64, 3, PAGED>(a, (int)ntiles);
+  return launch_fa2<256, 64, 2, PAGED>(a, (int)ntiles);
 }
 
 /* The mma path takes bf16 with D = 64/128/256 and 16-byte rows: every base pointer 16-byte aligned,
@@ -671,6 +1387,18 @@ bool mma_ok(const upf_tensor *q, const upf_tensor *k, const upf_tensor *v, const
   return true;
 }
 
+/* UPF_ATTN_DECODE=v2 (read once per process) sends the paged rows that the FFMA kernel takes (decode
+ * steps and chunks of fewer than MMA_MIN_Q_ROWS query rows) to attn_decode_v2_kernel wherever the mma
+ * path's layout conditions hold (bf16, D = 64/128/256, 16-byte rows); unset or any other value: the
+ * FFMA kernel. */
+bool decode_v2_selected() {
+  static const bool v2 = [] {
+    const char *e = getenv("UPF_ATTN_DECODE");
+    return e && strcmp(e, "v2") == 0;
+  }();
+  return v2;
+}
+
 /* Paged requests with at least this many query rows (prefill against the cache) take the mma path
  * when it applies; decode rows and short chunks stay on the FFMA kernel's GQA-packed tiles. */
 constexpr int MMA_MIN_Q_ROWS = 16;
@@ -684,6 +1412,21 @@ void args_common(attn_args &a, const upf_tensor *q, const upf_attn_params *p, co
   a.scale = (float)upf_attn_scale(p, q->shape[2]);
   a.softcap = p->softcap;
   a.window = p->window;
+}
+
+/* Every K/V row of the FFMA kernel starts 16-byte aligned and holds whole runs of 8 bf16. */
+bool kv_vec8(const upf_tensor *k, const upf_tensor *v) {
+  if (k->dtype != UPF_DTYPE_BF16 || k->shape[k->ndim - 1] % 8 != 0)
+    return false;
+  const upf_tensor *ts[2] = {k, v};
+  for (int i = 0; i < 2; i++) {
+    if ((uintptr_t)ts[i]->data % 16 != 0 || ts[i]->stride[ts[i]->ndim - 1] != 1)
+      return false;
+    for (int j = 0; j < ts[i]->ndim - 1; j++)
+      if (ts[i]->stride[j] % 8 != 0)
+        return false;
+  }
+  return true;
 }
 
 upf_status check_dims(const char *op, const upf_tensor *q, int64_t hkv) {
@@ -716,8 +1459,9 @@ extern "C" upf_status upf_cuda_attn_prefill(const upf_attn_varlen *b, const upf_
   args_common(a, q, p, out, lse, k->shape[1]);
   a.k = k->data, a.k_s0 = k->stride[0], a.k_s1 = k->stride[1];
   a.v = v->data, a.v_s0 = v->stride[0], a.v_s1 = v->stride[1];
+  a.vec8 = kv_vec8(k, v);
   upf_status st = mma_ok(q, k, v, out) ? mma_plan_and_run<false>(a, reqs, b->num_reqs)
-                                       : attn_plan_and_run(a, reqs, b->num_reqs, q->dtype, false);
+                                       : attn_plan_and_run(a, reqs, b->num_reqs, q->dtype, false, false);
   free(reqs);
   return st;
 }
@@ -751,9 +1495,10 @@ extern "C" upf_status upf_cuda_attn_paged(const upf_attn_paged *b, const upf_ten
   a.k = k_cache->data, a.k_s0 = k_cache->stride[0], a.k_s1 = k_cache->stride[1], a.k_s2 = k_cache->stride[2];
   a.v = v_cache->data, a.v_s0 = v_cache->stride[0], a.v_s1 = v_cache->stride[1], a.v_s2 = v_cache->stride[2];
   a.block_table = b->block_table, a.max_blocks = b->max_blocks, a.page_size = b->page_size;
+  a.vec8 = kv_vec8(k_cache, v_cache);
   upf_status st = n_long ? mma_plan_and_run<true>(a, reqs, n_long) : UPF_OK;
   if (st == UPF_OK && n_long < b->num_reqs)
-    st = attn_plan_and_run(a, reqs + n_long, b->num_reqs - n_long, q->dtype, true);
+    st = attn_plan_and_run(a, reqs + n_long, b->num_reqs - n_long, q->dtype, true, mma && decode_v2_selected());
   free(reqs);
   return st;
 }

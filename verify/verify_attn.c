@@ -342,6 +342,7 @@ static const attn_case prefill_cases[] = {
     {"cached prefill kv > q", 4, {1, 17, 37, 64}, {99, 300, 0, 1000}, 8, 2, 128, 0, 0, 0, 0, AC_QUICK},
     {"cached prefill, window 64", 3, {17, 37, 5}, {500, 3, 200}, 8, 2, 64, 64, 0, 0, 0, 0},
     {"odd D=80, GQA 3", 2, {17, 97}, {0, 20}, 6, 2, 80, 0, 0, 0, 0, AC_QUICK},
+    {"softcap 30, D=128, GQA 2, cached", 2, {200, 77}, {0, 50}, 8, 4, 128, 0, 30.0f, 0, 0, AC_QUICK},
 };
 
 static const attn_case paged_cases[] = {
@@ -355,6 +356,10 @@ static const attn_case paged_cases[] = {
      AC_QUICK},
     {"cached prefill, page 64, softcap 30", 2, {17, 577}, {200, 64}, 4, 4, 64, 0, 30.0f, 0, 64, 0},
     {"mixed, window 64, page 1, GQA 8", 3, {1, 17, 1}, {300, 40, 0}, 8, 1, 64, 64, 0, 0, 1, 0},
+    /* query runs of 2..15 tokens (speculative decode) stay on the decode kernels: masks per row */
+    {"multi-token steps q 2-7, softcap 30, page 16", 3, {2, 7, 5}, {100, 40, 3000}, 8, 2, 128, 0, 30.0f, 0, 16,
+     AC_QUICK},
+    {"multi-token steps q 3-9, window 600, GQA 8, page 1", 3, {3, 1, 9}, {50, 7, 2000}, 16, 2, 64, 600, 0, 0, 1, 0},
 };
 
 #define NCASES(a) ((int)(sizeof(a) / sizeof((a)[0])))
