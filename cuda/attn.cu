@@ -1308,13 +1308,15 @@ template <bool OVERLAP> upf_status launch_wgmma(attn_args &a, int ntiles) {
   return UPF_OK;
 }
 
-/* UPF_ATTN_PREFILL (read once per process) sends bf16 D = 128 prefill over contiguous K/V to
- * attn_wgmma_kernel: "wgmma" = each wgmma group waited for at once, "wgmma-overlap" = S(t + 1) in
- * flight during the softmax of tile t; unset or any other value: attn_fa2_kernel (0). */
+/* UPF_ATTN_PREFILL (read once per process) picks the kernel of bf16 D = 128 prefill over contiguous
+ * K/V: unset or "wgmma" = attn_wgmma_kernel with each wgmma group waited for at once (1, the
+ * default since the H200 run at 3a43ec8: 0.52x SDPA against the FA2 kernel's 0.46x),
+ * "wgmma-overlap" = S(t + 1) in flight during the softmax of tile t (2; measured no faster),
+ * "fa2" = attn_fa2_kernel (0), which every other shape takes anyway. */
 int prefill_wgmma_selected() {
   static const int mode = [] {
     const char *e = getenv("UPF_ATTN_PREFILL");
-    return !e ? 0 : strcmp(e, "wgmma") == 0 ? 1 : strcmp(e, "wgmma-overlap") == 0 ? 2 : 0;
+    return !e || strcmp(e, "wgmma") == 0 ? 1 : strcmp(e, "wgmma-overlap") == 0 ? 2 : strcmp(e, "fa2") == 0 ? 0 : 1;
   }();
   return mode;
 }
@@ -1387,14 +1389,15 @@ bool mma_ok(const upf_tensor *q, const upf_tensor *k, const upf_tensor *v, const
   return true;
 }
 
-/* UPF_ATTN_DECODE=v2 (read once per process) sends the paged rows that the FFMA kernel takes (decode
- * steps and chunks of fewer than MMA_MIN_Q_ROWS query rows) to attn_decode_v2_kernel wherever the mma
- * path's layout conditions hold (bf16, D = 64/128/256, 16-byte rows); unset or any other value: the
- * FFMA kernel. */
+/* UPF_ATTN_DECODE (read once per process): unset or "v2" sends the paged rows that the FFMA kernel
+ * takes (decode steps and chunks of fewer than MMA_MIN_Q_ROWS query rows) to attn_decode_v2_kernel
+ * wherever the mma path's layout conditions hold (bf16, D = 64/128/256, 16-byte rows) — the default
+ * since the H200 run at 3a43ec8 (0.51-0.54 of copy bandwidth against 0.19); "ffma" keeps them on
+ * the FFMA kernel, which every other shape takes anyway. */
 bool decode_v2_selected() {
   static const bool v2 = [] {
     const char *e = getenv("UPF_ATTN_DECODE");
-    return e && strcmp(e, "v2") == 0;
+    return !e || strcmp(e, "ffma") != 0;
   }();
   return v2;
 }
