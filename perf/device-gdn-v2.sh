@@ -4,11 +4,14 @@
 #   split   = UPF_GDN_STATE=split      (v1 prep; state pass without O + chunk_out_kernel)
 #   both    = UPF_GDN_PREP=v2 UPF_GDN_STATE=split
 # From an unpacked bundle (bin/, lib/, COMMIT, fla_gdn.py, peer_common.py, this script), about 75 s:
-#   A  quick verify gdn under each variant, in parallel                                (~10 s)
-#   B  full verify gdn.scan for each variant that passed A (background, CPU-bound), and
+#   A  quick verify gdn under each variant and the default, in parallel                (~10 s)
+#   B  full verify gdn.scan for the default and each variant that passed A (background, CPU-bound), and
 #      memcheck + racecheck over the quick verify of `both` (all three new kernels)     (<= 28 s)
 #   C  bench_upf, the chunked gdn.scan cases, default and each variant that passed A    (~5 s each)
 #   D  the FLA peer (same shapes), last: a timeout there loses only the peer           (<= 25 s)
+# The variants keep every rounding and summation order of the default, so each variant's verify log
+# should carry the default's nmse / max_err figures digit for digit: the summary says "same metrics as
+# default" per variant (a difference is not a failure, but it means the bits moved).
 # A failing or timed-out step never stops the script. Everything lands in ONE archive $OUT/gdn-v2.tar
 # plus the short $OUT/gdn-v2-summary.txt (also inside the archive). rc 124 = timed out (not a failure).
 # Usage: bash device-gdn-v2.sh OUTDIR
@@ -32,8 +35,8 @@ envof() {
 NEW="prep_v2 split both"
 
 say "commit $UPF_COMMIT; $(nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader 2>&1)"
-stamp "A: quick verify gdn, each variant"
-for v in $NEW; do
+stamp "A: quick verify gdn, default and each variant"
+for v in default $NEW; do
   (env $(envof $v) timeout 25 $B/upf verify gdn --quick --log $W/verify-quick-$v.log > /dev/null 2>&1
    echo $? > $W/rc-quick-$v) &
 done
@@ -46,8 +49,17 @@ for v in $NEW; do
   [ "$rc" = 0 ] && PASSED="$PASSED $v"
 done
 
-stamp "B: full verify gdn.scan [${PASSED# }] (background) + memcheck/racecheck over quick verify [both]"
-for v in $PASSED; do
+same_as_default() { # $1 = log kind (quick|full), $2 = variant: do the check lines match the default's?
+  local a=$W/verify-$1-default.log b=$W/verify-$1-$2.log
+  [ -s "$a" ] && [ -s "$b" ] || { echo "n/a"; return; }
+  if diff -q <(grep -E "^(PASS|FAIL)" "$a") <(grep -E "^(PASS|FAIL)" "$b") > /dev/null; then echo "same metrics as default";
+  else echo "DIFFERENT metrics from default ($(diff <(grep -E "^(PASS|FAIL)" "$a") <(grep -E "^(PASS|FAIL)" "$b") | grep -c '^>') lines)"; fi
+}
+say "quick [default] rc=$(cat $W/rc-quick-default 2>/dev/null): $(tail -n1 $W/verify-quick-default.log 2>/dev/null)"
+for v in $NEW; do say "quick [$v] vs default: $(same_as_default quick $v)"; done
+
+stamp "B: full verify gdn.scan [default${PASSED}] (background) + memcheck/racecheck over quick verify [both]"
+for v in default $PASSED; do
   (env $(envof $v) timeout 55 $B/upf verify gdn.scan --log $W/verify-full-$v.log > /dev/null 2>&1
    echo $? > $W/rc-full-$v) &
 done
@@ -75,9 +87,13 @@ say "fla rc=$?"
 
 stamp "waiting for the full verifies"
 wait
-for v in $PASSED; do
-  say "full [$v] rc=$(cat $W/rc-full-$v 2>/dev/null): $(grep -cE '^PASS' $W/verify-full-$v.log 2>/dev/null) PASS lines; $(tail -n2 $W/verify-full-$v.log 2>/dev/null | tr '\n' ' ')"
+for v in default $PASSED; do
+  say "full [$v] rc=$(cat $W/rc-full-$v 2>/dev/null): $(tail -n1 $W/verify-full-$v.log 2>/dev/null)$([ $v != default ] && echo "; $(same_as_default full $v)")"
   grep -E "^FAIL" $W/verify-full-$v.log 2>/dev/null | cut -c1-260 | head -4 | tee -a "$S"
+done
+say "largest budget use, bf16 chunked scan checks (default, then each variant):"
+for v in default $PASSED; do
+  grep -E "^PASS gdn.scan .*bf16" $W/verify-full-$v.log 2>/dev/null | grep -oE "budget= *[0-9.]+%" | sort -t= -k2 -n | tail -n1 | sed "s/^/  [$v] /" | tee -a "$S"
 done
 
 say "== medians (ms) of the chunked gdn.scan cases; ratio = variant / default, FLA = variant / FLA"
