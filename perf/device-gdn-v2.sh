@@ -5,10 +5,11 @@
 #   both    = UPF_GDN_PREP=v2 UPF_GDN_STATE=split
 # From an unpacked bundle (bin/, lib/, COMMIT, fla_gdn.py, peer_common.py, this script), about 75 s:
 #   A  quick verify gdn under each variant and the default, in parallel                (~10 s)
-#   B  full verify gdn.scan for the default and each variant that passed A (background, CPU-bound), and
-#      memcheck + racecheck over the quick verify of `both` (all three new kernels)     (<= 28 s)
+#   B  full verify gdn.scan (~40 s of single-thread CPU reference) for the default and each variant that
+#      passed A, in the background (timeout 60 s), and
+#      memcheck + racecheck over `verify gdn.scan --quick` under `both` (all 3 new kernels) (<= 25 s)
 #   C  bench_upf, the chunked gdn.scan cases, default and each variant that passed A    (~5 s each)
-#   D  the FLA peer (same shapes), last: a timeout there loses only the peer           (<= 25 s)
+#   D  the FLA peer (same shapes), last: a timeout there loses only the peer           (<= 22 s)
 # The variants keep every rounding and summation order of the default, so each variant's verify log
 # should carry the default's nmse / max_err figures digit for digit: the summary says "same metrics as
 # default" per variant (a difference is not a failure, but it means the bits moved).
@@ -58,14 +59,14 @@ same_as_default() { # $1 = log kind (quick|full), $2 = variant: do the check lin
 say "quick [default] rc=$(cat $W/rc-quick-default 2>/dev/null): $(tail -n1 $W/verify-quick-default.log 2>/dev/null)"
 for v in $NEW; do say "quick [$v] vs default: $(same_as_default quick $v)"; done
 
-stamp "B: full verify gdn.scan [default${PASSED}] (background) + memcheck/racecheck over quick verify [both]"
+stamp "B: full verify gdn.scan [default${PASSED}] (background) + memcheck/racecheck over quick verify gdn.scan [both]"
 for v in default $PASSED; do
-  (env $(envof $v) timeout 55 $B/upf verify gdn.scan --log $W/verify-full-$v.log > /dev/null 2>&1
+  (env $(envof $v) timeout 60 $B/upf verify gdn.scan --log $W/verify-full-$v.log > /dev/null 2>&1
    echo $? > $W/rc-full-$v) &
 done
 SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 for tool in memcheck racecheck; do
-  (env $(envof both) timeout 28 $SAN --tool $tool --error-exitcode 9 $B/upf verify gdn --quick > $W/sanitizer-$tool-both.log 2>&1
+  (env $(envof both) timeout 25 $SAN --tool $tool --error-exitcode 9 $B/upf verify gdn.scan --quick > $W/sanitizer-$tool-both.log 2>&1
    echo $? > $W/rc-$tool) &
   eval "P_$tool=\$!"
 done
@@ -82,7 +83,7 @@ for v in default $PASSED; do
 done
 
 stamp "D: FLA peer"
-PYTHONUNBUFFERED=1 timeout 25 python3 fla_gdn.py --iters 10 --warmup 2 --out $W/fla-gdn.json > $W/fla-gdn.log 2>&1
+PYTHONUNBUFFERED=1 timeout 22 python3 fla_gdn.py --iters 10 --warmup 2 --out $W/fla-gdn.json > $W/fla-gdn.log 2>&1
 say "fla rc=$?"
 
 stamp "waiting for the full verifies"
