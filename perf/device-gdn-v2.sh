@@ -9,7 +9,9 @@
 #      passed A, in the background (timeout 60 s), and
 #      memcheck + racecheck over `verify gdn.scan --quick` under `both` (all 3 new kernels) (<= 25 s)
 #   C  bench_upf, the chunked gdn.scan cases, default and each variant that passed A    (~5 s each)
-#   D  the FLA peer (same shapes), last: a timeout there loses only the peer           (<= 22 s)
+#   D  the FLA peer (same shapes): a timeout there loses only the peer                 (<= 22 s)
+#   E  ncu kernel durations (prep v2, split state pass, out kernel) at 32K under `both`, only if at
+#      least 12 s of the 72 s are left (one launch of each; the prep/state split of the card)
 # The variants keep every rounding and summation order of the default, so each variant's verify log
 # should carry the default's nmse / max_err figures digit for digit: the summary says "same metrics as
 # default" per variant (a difference is not a failure, but it means the bits moved).
@@ -85,6 +87,18 @@ done
 stamp "D: FLA peer"
 PYTHONUNBUFFERED=1 timeout 22 python3 fla_gdn.py --iters 10 --warmup 2 --out $W/fla-gdn.json > $W/fla-gdn.log 2>&1
 say "fla rc=$?"
+
+stamp "E: ncu kernel durations at T=32K under both (only with 12 s or more left of 72)"
+LEFT=$((72 - ($(date +%s) - T0)))
+if [ $LEFT -ge 12 ]; then
+  NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+  env $(envof both) timeout $LEFT $NCU --clock-control none --metrics gpu__time_duration.sum -k regex:chunk_ \
+    --launch-skip 30 --launch-count 3 $B/bench_upf --benchmark_filter='prefill/chunked/T:32768' > $W/ncu-both-32k.log 2>&1
+  say "ncu rc=$?"
+  grep -E "chunk_[a-z0-9_]+kernel|gpu__time_duration" $W/ncu-both-32k.log | sed -E 's/ +/ /g; s/\(state_args\)|\(prep_args\)//' | cut -c1-120 | head -6 | tee -a "$S"
+else
+  say "ncu skipped: $LEFT s left"
+fi
 
 stamp "waiting for the full verifies"
 wait
