@@ -24,6 +24,15 @@
  *                       update. The next chunk's W, Q, K^T, P, U, G stream in by cp.async (double buffer)
  *                       while this one computes. 4 x 32 CTAs per request at 32 value heads fill the
  *                       132 SMs with a single long request.
+ * Switches (read once; the verified kernels above stay the default until the device has verified and timed
+ * the others):
+ *   UPF_GDN_PREP=v2      chunk_prep_v2_kernel (8 warps, cp.async tiles, unrolled inverse, 89 KB of shared
+ *                        memory): the same workspace bit for bit, scheduled for latency.
+ *   UPF_GDN_STATE=split  FLA's split: the state pass leaves O out (all 8 warps on V', half the W S chain a
+ *                        warp) and stores each chunk's S^T and V'^T (bf16, the operands it rounds anyway);
+ *                        chunk_out_kernel then computes O over (chunk, value head), fully parallel, with
+ *                        the same sums in the same order (the same bits).
+ *   UPF_GDN_STATE_WARPS=4  the first, 4-warp state pass.
  * Precision: bf16 operands, fp32 accumulation and fp32 state (FLA's chunk_gated_delta_rule makes the same
  * choices); the long-reduction rule of SPEC 7 applies (see verify/verify_gdn.c). No atomics and every sum
  * in a fixed order: the same inputs give the same bits on every run. */
@@ -66,6 +75,8 @@ struct chunk_ws {
   float *gcum;               /* (n_chunks, Hv, CH) */
   bf16 *qn;                  /* (n_chunks, Hk, CH, D) normalised q times scale */
   bf16 *kt;                  /* (n_chunks, Hk, D, CH) normalised k, transposed */
+  bf16 *st;                  /* split state pass only: (n_chunks, Hv, D, D) S^T before the chunk, bf16 */
+  bf16 *vpt;                 /* split state pass only: (n_chunks, Hv, D, CH) V'^T, bf16 */
 };
 
 struct prep_args {
@@ -74,6 +85,7 @@ struct prep_args {
   const float *a_log, *dt_bias;
   int hk, hv;
   float scale;
+  int rows16; /* prep v2: bit 0, 1, 2 set where q, k, v rows may be copied in 16-byte pieces */
   chunk_ws ws;
 };
 
@@ -81,19 +93,96 @@ constexpr int TB = 16; /* block size of the triangular inverse */
 constexpr size_t PREP_SMEM = (size_t)(2 * CH * LDA + 2 * D * LDB) * sizeof(bf16) +
                              (size_t)(2 * CH * LDF + 3 * CH + (CH / TB - 1) * TB * TB) * sizeof(float);
 
-/* out (CH x D, bf16, global) = T (fp32 shared, rounded to bf16) times B (given as Bt (D rows, CH
- * contiguous)); warp w writes rows 16w..16w+15. */
-__device__ __forceinline__ void product_t_times(const float *Xm, const bf16 *bt, bf16 *out) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
-  float acc[16][4] = {};
-  upf_mma::warp_mma_af32<16, CH>(acc, Xm + 16 * warp * LDF, LDF, bt, LDB);
+/* A 16 x 8NT block of (T times B) to global bf16: rows `xrows` of T (fp32 shared, rounded to bf16 as it is
+ * loaded, stride LDF) times B given as Bt (8NT rows of `bt`, CH contiguous, stride LDB); the calling warp
+ * writes its 16 rows x 8NT columns at `out` (row stride D). */
+template <int NT> __device__ __forceinline__ void product_t_times(const float *xrows, const bf16 *bt, bf16 *out) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+  float acc[NT][4] = {};
+  upf_mma::warp_mma_af32<NT, CH>(acc, xrows, LDF, bt, LDB);
 #pragma unroll
-  for (int nt = 0; nt < 16; nt++)
+  for (int nt = 0; nt < NT; nt++)
 #pragma unroll
     for (int half = 0; half < 2; half++) {
-      const int i = 16 * warp + g + 8 * half, c = 8 * nt + 2 * t4;
+      const int i = g + 8 * half, c = 8 * nt + 2 * t4;
       *reinterpret_cast<uint32_t *>(out + i * D + c) = pack_bf16(acc[nt][2 * half], acc[nt][2 * half + 1]);
     }
+}
+
+/* Gate g = -exp(A_log) softplus(a + dt_bias) and beta = sigmoid(b) of token t, value head h. */
+template <typename T>
+__device__ __forceinline__ void gate_beta(const prep_args &a, int h, int64_t t, float &gv, float &beta) {
+  const float x = ld((const T *)a.a + t * a.a_s0 + h) + a.dt_bias[h];
+  const float sp = x > 20.0f ? x : log1pf(expf(x)); /* softplus, torch's threshold */
+  gv = -expf(a.a_log[h]) * sp;
+  beta = 1.0f / (1.0f + expf(-ld((const T *)a.b + t * a.b_s0 + h)));
+}
+
+/* From the calling warp's K K^T and Q K^T blocks (rows i0 + g (+8), columns j1 + 8 nt + 2 t4 (+1)): A (fp32,
+ * shared, strictly lower, row i scaled by beta_i) and P (bf16, global, lower), both decayed by exp(G_i - G_j). */
+template <int NT>
+__device__ __forceinline__ void store_a_p(const float (&kk)[NT][4], const float (&qk)[NT][4], int i0, int j1,
+                                          const float *Gs, const float *bs, float *Am, bf16 *po) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+#pragma unroll
+  for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+      const int i = i0 + g + 8 * half, j0 = j1 + 8 * nt + 2 * t4;
+      float av[2], pv[2];
+#pragma unroll
+      for (int c = 0; c < 2; c++) {
+        const int j = j0 + c;
+        const float dec = expf(fminf(Gs[i] - Gs[j], 0.0f)); /* used only for j <= i, where it is <= 0 */
+        av[c] = j < i ? bs[i] * kk[nt][2 * half + c] * dec : 0.0f;
+        pv[c] = j <= i ? qk[nt][2 * half + c] * dec : 0.0f;
+      }
+      Am[i * LDF + j0] = av[0], Am[i * LDF + j0 + 1] = av[1];
+      *reinterpret_cast<uint32_t *>(po + i * CH + j0) = pack_bf16(pv[0], pv[1]);
+    }
+}
+
+/* Column c of the inverse of the unit lower-triangular diagonal block at (b0, b0) of I + A, by forward
+ * substitution (x_i = -sum_{j<i} A_ij x_j, in index order), into Xm. */
+__device__ __forceinline__ void invert_diagonal_column(const float *Am, float *Xm, int b0, int c) {
+  float x[TB];
+#pragma unroll
+  for (int i = 0; i < TB; i++) {
+    float s = 0.0f; /* x_j = 0 for j < c: those terms add exact zeros */
+#pragma unroll
+    for (int j = 0; j < i; j++)
+      s += Am[(b0 + i) * LDF + b0 + j] * x[j];
+    x[i] = i < c ? 0.0f : i == c ? 1.0f : -s;
+  }
+#pragma unroll
+  for (int i = 0; i < TB; i++)
+    Xm[(b0 + i) * LDF + b0 + c] = x[i];
+}
+
+/* The L2-norm scales of one row of q and k held 4 dims a lane (dims lane + 32 e): rq = scale / |q|,
+ * rk = 1 / |k|; squares summed in e order, then an xor tree over the lanes. */
+__device__ __forceinline__ void row_norm_scales(const float (&qx)[4], const float (&kx)[4], float scale, float &rq,
+                                                float &rk) {
+  float qq = 0.0f, kk = 0.0f;
+#pragma unroll
+  for (int e = 0; e < 4; e++) {
+    qq += qx[e] * qx[e];
+    kk += kx[e] * kx[e];
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    qq += __shfl_xor_sync(0xffffffffu, qq, off);
+    kk += __shfl_xor_sync(0xffffffffu, kk, off);
+  }
+  rq = scale / sqrtf(qq + UPF_GDN_L2_EPS), rk = 1.0f / sqrtf(kk + UPF_GDN_L2_EPS);
+}
+
+/* The normalised q tile (CH x D, shared, stride LDA) to the workspace by NTHREADS threads, 16 bytes each. */
+template <int NTHREADS> __device__ __forceinline__ void copy_q_rows(const bf16 *Qn, bf16 *qo) {
+  for (int e = threadIdx.x; e < CH * D / 8; e += NTHREADS) {
+    const int r = e / (D / 8), c = (e % (D / 8)) * 8;
+    *reinterpret_cast<uint4 *>(qo + r * D + c) = *reinterpret_cast<const uint4 *>(Qn + r * LDA + c);
+  }
 }
 
 template <typename T> __global__ void __launch_bounds__(THREADS) chunk_prep_kernel(const __grid_constant__ prep_args a) {
@@ -115,13 +204,8 @@ template <typename T> __global__ void __launch_bounds__(THREADS) chunk_prep_kern
 
   if (tid < CH) {
     float gv = 0.0f, beta = 0.0f;
-    if (tid < len) {
-      const int64_t t = tok0 + tid;
-      const float x = ld((const T *)a.a + t * a.a_s0 + h) + a.dt_bias[h];
-      const float sp = x > 20.0f ? x : log1pf(expf(x)); /* softplus, torch's threshold */
-      gv = -expf(a.a_log[h]) * sp;
-      beta = 1.0f / (1.0f + expf(-ld((const T *)a.b + t * a.b_s0 + h)));
-    }
+    if (tid < len)
+      gate_beta<T>(a, h, tok0 + tid, gv, beta);
     gs[tid] = gv, bs[tid] = beta;
   }
   __syncthreads();
@@ -157,18 +241,8 @@ template <typename T> __global__ void __launch_bounds__(THREADS) chunk_prep_kern
 #pragma unroll
     for (int rr = 0; rr < 4; rr++) {
       const int j = j0 + 4 * rr;
-      float qq = 0.0f, kk = 0.0f;
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        qq += qx[rr][e] * qx[rr][e];
-        kk += kx[rr][e] * kx[rr][e];
-      }
-#pragma unroll
-      for (int off = 16; off > 0; off >>= 1) {
-        qq += __shfl_xor_sync(0xffffffffu, qq, off);
-        kk += __shfl_xor_sync(0xffffffffu, kk, off);
-      }
-      const float rq = a.scale / sqrtf(qq + UPF_GDN_L2_EPS), rk = 1.0f / sqrtf(kk + UPF_GDN_L2_EPS);
+      float rq, rk;
+      row_norm_scales(qx[rr], kx[rr], a.scale, rq, rk);
       const float wb = bs[j] * expf(Gs[j]), vb = bs[j];
 #pragma unroll
       for (int e = 0; e < 4; e++) {
@@ -184,11 +258,8 @@ template <typename T> __global__ void __launch_bounds__(THREADS) chunk_prep_kern
   __syncthreads();
 
   if (h % ratio == 0) { /* the first value head of a key head writes the shared q and k^T */
-    bf16 *qo = a.ws.qn + ch_k * CH * D, *ko = a.ws.kt + ch_k * D * CH;
-    for (int e = tid; e < CH * D / 8; e += THREADS) {
-      const int r = e / (D / 8), c = (e % (D / 8)) * 8;
-      *reinterpret_cast<uint4 *>(qo + r * D + c) = *reinterpret_cast<const uint4 *>(Qn + r * LDA + c);
-    }
+    bf16 *ko = a.ws.kt + ch_k * D * CH;
+    copy_q_rows<THREADS>(Qn, a.ws.qn + ch_k * CH * D);
     for (int e = tid; e < D * CH; e += THREADS) {
       const int d = e / CH, j = e % CH;
       ko[d * CH + j] = Kn[j * LDA + d];
@@ -199,23 +270,7 @@ template <typename T> __global__ void __launch_bounds__(THREADS) chunk_prep_kern
     float kk[8][4] = {}, qk[8][4] = {};
     warp_mma<8, D>(kk, Kn + 16 * warp * LDA, LDA, Kn, LDA);
     warp_mma<8, D>(qk, Qn + 16 * warp * LDA, LDA, Kn, LDA);
-    bf16 *po = a.ws.p + ch_h * CH * CH;
-#pragma unroll
-    for (int nt = 0; nt < 8; nt++)
-#pragma unroll
-      for (int half = 0; half < 2; half++) {
-        const int i = 16 * warp + g + 8 * half, j0 = 8 * nt + 2 * t4;
-        float av[2], pv[2];
-#pragma unroll
-        for (int c = 0; c < 2; c++) {
-          const int j = j0 + c;
-          const float dec = expf(fminf(Gs[i] - Gs[j], 0.0f)); /* used only for j <= i, where it is <= 0 */
-          av[c] = j < i ? bs[i] * kk[nt][2 * half + c] * dec : 0.0f;
-          pv[c] = j <= i ? qk[nt][2 * half + c] * dec : 0.0f;
-        }
-        Am[i * LDF + j0] = av[0], Am[i * LDF + j0 + 1] = av[1];
-        *reinterpret_cast<uint32_t *>(po + i * CH + j0) = pack_bf16(pv[0], pv[1]);
-      }
+    store_a_p<8>(kk, qk, 16 * warp, 0, Gs, bs, Am, a.ws.p + ch_h * CH * CH);
   }
   __syncthreads();
 
@@ -226,21 +281,8 @@ template <typename T> __global__ void __launch_bounds__(THREADS) chunk_prep_kern
   for (int e = tid; e < CH * CH; e += THREADS)
     Xm[(e / CH) * LDF + e % CH] = 0.0f;
   __syncthreads();
-  if (lane < TB) {
-    const int b0 = TB * warp, c = lane;
-    float x[TB];
-#pragma unroll
-    for (int i = 0; i < TB; i++) {
-      float s = 0.0f; /* x_j = 0 for j < c: those terms add exact zeros */
-#pragma unroll
-      for (int j = 0; j < i; j++)
-        s += Am[(b0 + i) * LDF + b0 + j] * x[j];
-      x[i] = i < c ? 0.0f : i == c ? 1.0f : -s;
-    }
-#pragma unroll
-    for (int i = 0; i < TB; i++)
-      Xm[(b0 + i) * LDF + b0 + c] = x[i];
-  }
+  if (lane < TB)
+    invert_diagonal_column(Am, Xm, TB * warp, lane);
   __syncthreads();
 #pragma unroll 1
   for (int I = 1; I < CH / TB; I++) {
@@ -265,8 +307,198 @@ template <typename T> __global__ void __launch_bounds__(THREADS) chunk_prep_kern
   }
 
   /* W = T (beta exp(G) K) and U = T (beta V), T rounded to bf16 as it is loaded. */
-  product_t_times(Xm, KbT, a.ws.w + ch_h * CH * D);
-  product_t_times(Xm, VbT, a.ws.u + ch_h * CH * D);
+  product_t_times<16>(Xm + 16 * warp * LDF, KbT, a.ws.w + ch_h * CH * D + 16 * warp * D);
+  product_t_times<16>(Xm + 16 * warp * LDF, VbT, a.ws.u + ch_h * CH * D + 16 * warp * D);
+}
+
+/* Prep v2 (UPF_GDN_PREP=v2): the same workspace, bit for bit (every sum and rounding as in
+ * chunk_prep_kernel, only the work is spread and scheduled differently), from 8 warps:
+ *   - the raw q, k, v tiles arrive by cp.async, all 12 pieces of a thread in flight at once and while
+ *     the gates and the cumsum run (v1: four rounds of 2-byte loads, each a full memory latency);
+ *   - the cumsum reads the 64 gates unrolled (v1: a 64-trip loop with a shared load a trip);
+ *   - the block rows of the inverse run with compile-time bounds (unrolled, loads off the FMA chain);
+ *   - each warp takes a 16-row x half-width block of K K^T, Q K^T, W and U (v1: 16 rows, full width);
+ *   - the transposed tiles are written two rows at a time (32-bit stores), k^T to the workspace
+ *     through a conflict-free (8 dims x 4 row pairs) lane map;
+ *   - shared memory 88.8 KB (v1 110 KB) by reusing regions whose lifetimes do not overlap:
+ *       R0 = [Kn | Qn] (2 CH LDA bf16), then T (CH LDF fp32) and the block-row sums Ys after K K^T, Q K^T;
+ *       R1 = [KbT | VbT] (2 D LDB bf16);  R2 = raw v (CH LDA bf16), then A (CH LDF fp32) after the norms.
+ * Two CTAs (16 warps) an SM. A tensor whose rows are not 16-byte aligned (verify's padded q/k views) is
+ * read by 2-byte loads into the same pieces instead (a.rows16). */
+constexpr int PREP2_THREADS = 256;
+constexpr size_t PREP2_R0 = (size_t)2 * CH * LDA * sizeof(bf16);
+constexpr size_t PREP2_R1 = (size_t)2 * D * LDB * sizeof(bf16);
+constexpr size_t PREP2_R2 = (size_t)CH * LDF * sizeof(float);
+constexpr size_t PREP2_SMEM = PREP2_R0 + PREP2_R1 + PREP2_R2 + 3 * CH * sizeof(float);
+static_assert((size_t)(CH * LDF + (CH / TB - 1) * TB * TB) * sizeof(float) <= PREP2_R0, "T and Ys fit in R0");
+static_assert((size_t)CH * LDA * sizeof(bf16) <= PREP2_R2, "raw v fits in R2");
+static_assert(PREP2_R0 % 16 == 0 && PREP2_R1 % 16 == 0 && PREP2_R2 % 16 == 0, "16-byte aligned regions");
+static_assert(PREP2_THREADS == TB * TB && CH / 16 * 2 == PREP2_THREADS / 32, "block-row and warp maps");
+
+/* 8 bf16 from global to a 16-byte aligned shared piece: by cp.async where the source is 16-byte aligned,
+ * else by 2-byte loads. */
+__device__ __forceinline__ void load_piece(bf16 *dst, const bf16 *src, bool aligned16) {
+  if (aligned16) {
+    upf_mma::cp_async16(dst, src);
+  } else {
+    const unsigned short *p = reinterpret_cast<const unsigned short *>(src);
+    uint32_t w[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+      w[i] = (uint32_t)p[2 * i] | (uint32_t)p[2 * i + 1] << 16;
+    *reinterpret_cast<uint4 *>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+
+__global__ void __launch_bounds__(PREP2_THREADS, 2) chunk_prep_v2_kernel(const __grid_constant__ prep_args a) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  bf16 *Kn = reinterpret_cast<bf16 *>(smem); /* [CH][LDA] raw, then normalised k */
+  bf16 *Qn = Kn + CH * LDA;                  /* [CH][LDA] raw, then normalised q * scale */
+  float *Xm = reinterpret_cast<float *>(smem); /* [CH][LDF] T, over Kn and Qn once they are read */
+  float *Ys = Xm + CH * LDF;                   /* [(CH/TB - 1) TB TB] partial sums of one block row of T */
+  bf16 *KbT = reinterpret_cast<bf16 *>(smem + PREP2_R0); /* [D][LDB] (beta exp(G) k)^T */
+  bf16 *VbT = KbT + D * LDB;                               /* [D][LDB] (beta v)^T */
+  bf16 *Vr = reinterpret_cast<bf16 *>(smem + PREP2_R0 + PREP2_R1); /* [CH][LDA] raw v */
+  float *Am = reinterpret_cast<float *>(smem + PREP2_R0 + PREP2_R1); /* [CH][LDF] A, over Vr */
+  float *gs = reinterpret_cast<float *>(smem + PREP2_R0 + PREP2_R1 + PREP2_R2), *Gs = gs + CH, *bs = Gs + CH;
+  const int n = blockIdx.x, h = blockIdx.y, ratio = a.hv / a.hk, kh = h / ratio;
+  const int2 chunk = a.ws.chunks[n];
+  const int64_t tok0 = chunk.x;
+  const int len = chunk.y;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int mt = warp & 3, nh = warp >> 2; /* this warp's 16-row block and column half in the products */
+  const int64_t ch_h = (int64_t)n * a.hv + h, ch_k = (int64_t)n * a.hk + kh;
+
+  /* Raw rows in flight first; rows past the request's end are zeros (v1 loads 0 for them). */
+  for (int e = tid; e < CH * D / 8; e += PREP2_THREADS) {
+    const int j = e / (D / 8), c = (e % (D / 8)) * 8;
+    if (j < len) {
+      const int64_t t = tok0 + j;
+      load_piece(Qn + j * LDA + c, (const bf16 *)a.q + t * a.q_s0 + (int64_t)kh * a.q_s1 + c, a.rows16 & 1);
+      load_piece(Kn + j * LDA + c, (const bf16 *)a.k + t * a.k_s0 + (int64_t)kh * a.k_s1 + c, a.rows16 & 2);
+      load_piece(Vr + j * LDA + c, (const bf16 *)a.v + t * a.v_s0 + (int64_t)h * a.v_s1 + c, a.rows16 & 4);
+    } else {
+      const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+      *reinterpret_cast<uint4 *>(Qn + j * LDA + c) = zero;
+      *reinterpret_cast<uint4 *>(Kn + j * LDA + c) = zero;
+      *reinterpret_cast<uint4 *>(Vr + j * LDA + c) = zero;
+    }
+  }
+  upf_mma::cp_async_commit();
+
+  if (tid < CH) {
+    float gv = 0.0f, beta = 0.0f;
+    if (tid < len)
+      gate_beta<bf16>(a, h, tok0 + tid, gv, beta);
+    gs[tid] = gv, bs[tid] = beta;
+  }
+  __syncthreads();
+  if (tid < CH) { /* the serial cumsum's bits: the prefix left to right, the trips past tid predicated off */
+    float G = 0.0f;
+#pragma unroll
+    for (int j = 0; j < CH; j++)
+      if (j <= tid)
+        G += gs[j];
+    Gs[tid] = G;
+    a.ws.gcum[ch_h * CH + tid] = G;
+  }
+  upf_mma::cp_async_wait<0>();
+  __syncthreads(); /* raw tiles and G visible to every warp */
+
+  /* Norms in place: warp w takes the row pairs (j, j + 1), j = 2w + 16m; lane holds dims lane + 32 e. */
+#pragma unroll 1
+  for (int j = 2 * warp; j < CH; j += 16) {
+    float qx[2][4], kx[2][4], vx[2][4], kb[2][4], vbv[2][4];
+#pragma unroll
+    for (int rr = 0; rr < 2; rr++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int o = (j + rr) * LDA + lane + 32 * e;
+        qx[rr][e] = __bfloat162float(Qn[o]), kx[rr][e] = __bfloat162float(Kn[o]), vx[rr][e] = __bfloat162float(Vr[o]);
+      }
+#pragma unroll
+    for (int rr = 0; rr < 2; rr++) {
+      float rq, rk;
+      row_norm_scales(qx[rr], kx[rr], a.scale, rq, rk);
+      const float wb = bs[j + rr] * expf(Gs[j + rr]), vb = bs[j + rr];
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int o = (j + rr) * LDA + lane + 32 * e;
+        const float kn = kx[rr][e] * rk;
+        Kn[o] = __float2bfloat16_rn(kn);
+        Qn[o] = __float2bfloat16_rn(qx[rr][e] * rq);
+        kb[rr][e] = wb * kn;
+        vbv[rr][e] = vb * vx[rr][e];
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      const int d = lane + 32 * e;
+      *reinterpret_cast<uint32_t *>(KbT + d * LDB + j) = pack_bf16(kb[0][e], kb[1][e]);
+      *reinterpret_cast<uint32_t *>(VbT + d * LDB + j) = pack_bf16(vbv[0][e], vbv[1][e]);
+    }
+  }
+  __syncthreads();
+
+  if (h % ratio == 0) { /* the first value head of a key head writes the shared q and k^T */
+    copy_q_rows<PREP2_THREADS>(Qn, a.ws.qn + ch_k * CH * D);
+    bf16 *ko = a.ws.kt + ch_k * D * CH;
+    /* a warp covers 8 dims x 4 row pairs: the shared reads hit 16 banks, 2 lanes a word */
+    for (int e = tid; e < D * CH / 2; e += PREP2_THREADS) {
+      const int blk = e >> 5, l = e & 31;
+      const int d = (blk & 15) * 8 + (l & 7), j = 2 * ((blk >> 4) * 4 + (l >> 3));
+      *reinterpret_cast<__nv_bfloat162 *>(ko + d * CH + j) = __halves2bfloat162(Kn[j * LDA + d], Kn[(j + 1) * LDA + d]);
+    }
+  }
+
+  { /* A (fp32, shared, over the raw v) and P (bf16, global): warp (mt, nh) owns rows 16mt.., columns 32nh.. */
+    float kk[4][4] = {}, qk[4][4] = {};
+    warp_mma<4, D>(kk, Kn + 16 * mt * LDA, LDA, Kn + 32 * nh * LDA, LDA);
+    warp_mma<4, D>(qk, Qn + 16 * mt * LDA, LDA, Kn + 32 * nh * LDA, LDA);
+    store_a_p<4>(kk, qk, 16 * mt, 32 * nh, Gs, bs, Am, a.ws.p + ch_h * CH * CH);
+  }
+  __syncthreads(); /* A complete; Kn and Qn free for T */
+
+  /* T = (I + A)^-1 as in v1: the blocks above the diagonal zeroed while warps 0-3 invert the diagonal
+   * blocks, then block rows I = 1, 2, 3 (thread = (row r, column c) of each 16 x 16 block). */
+  for (int e = tid; e < CH * CH; e += PREP2_THREADS) {
+    const int i = e / CH, j = e % CH;
+    if (j / TB > i / TB)
+      Xm[i * LDF + j] = 0.0f;
+  }
+  if (warp < CH / TB && lane < TB)
+    invert_diagonal_column(Am, Xm, TB * warp, lane);
+  __syncthreads();
+  const int r = tid / TB, c = tid % TB;
+#pragma unroll
+  for (int I = 1; I < CH / TB; I++) {
+    const float *ar = Am + (TB * I + r) * LDF;
+#pragma unroll
+    for (int J = 0; J < I; J++) {
+      float y = 0.0f;
+#pragma unroll
+      for (int k = TB * J; k < TB * I; k++)
+        y += ar[k] * Xm[k * LDF + TB * J + c];
+      Ys[J * TB * TB + r * TB + c] = y;
+    }
+    __syncthreads();
+    const float *tr = Xm + (TB * I + r) * LDF + TB * I; /* row r of T_II */
+#pragma unroll
+    for (int J = 0; J < I; J++) {
+      float t = 0.0f;
+#pragma unroll
+      for (int k = 0; k < TB; k++)
+        if (k <= r)
+          t += tr[k] * Ys[J * TB * TB + k * TB + c];
+      Xm[(TB * I + r) * LDF + TB * J + c] = -t;
+    }
+    __syncthreads();
+  }
+
+  /* W = T (beta exp(G) K) and U = T (beta V): warp (mt, nh) writes rows 16mt.., columns 64nh.. */
+  const int64_t wu0 = ch_h * CH * D + 16 * mt * D + 64 * nh;
+  product_t_times<8>(Xm + 16 * mt * LDF, KbT + 64 * nh * LDB, a.ws.w + wu0);
+  product_t_times<8>(Xm + 16 * mt * LDF, VbT + 64 * nh * LDB, a.ws.u + wu0);
 }
 
 struct state_args {
@@ -284,9 +516,18 @@ constexpr size_t STAGE_BYTES = (size_t)STAGE_BF16 * sizeof(bf16) + CH * sizeof(f
 constexpr size_t STATE_SMEM = 2 * STAGE_BYTES + (size_t)(BV * LDA + 2 * BV * LDB) * sizeof(bf16);
 static_assert(STAGE_BYTES % 16 == 0, "stages must keep 16-byte alignment");
 
-/* cp.async of chunk n's tiles for (value head h, key head kh, columns v0..v0+BV) into one stage, by
+/* BV rows of W elements (shared, stride lds) to global rows of W elements, 16 bytes a piece, by
  * NTHREADS threads. */
-template <int NTHREADS>
+template <int NTHREADS, int W> __device__ __forceinline__ void copy_tile_rows(const bf16 *src, int lds, bf16 *dst) {
+  for (int e = threadIdx.x; e < BV * W / 8; e += NTHREADS) {
+    const int r = e / (W / 8), c = (e % (W / 8)) * 8;
+    *reinterpret_cast<uint4 *>(dst + r * W + c) = *reinterpret_cast<const uint4 *>(src + r * lds + c);
+  }
+}
+
+/* cp.async of chunk n's tiles for (value head h, key head kh, columns v0..v0+BV) into one stage, by
+ * NTHREADS threads; WITH_O false (the split state pass) leaves out Q and P. */
+template <int NTHREADS, bool WITH_O>
 __device__ __forceinline__ void load_stage(const state_args &a, unsigned char *stage, int64_t n, int h, int kh, int v0) {
   bf16 *Ws = reinterpret_cast<bf16 *>(stage), *Qs = Ws + CH * LDA, *Ks = Qs + CH * LDA, *Ps = Ks + D * LDB;
   bf16 *Us = Ps + CH * LDB;
@@ -298,13 +539,14 @@ __device__ __forceinline__ void load_stage(const state_args &a, unsigned char *s
   for (int e = threadIdx.x; e < CH * D / 8; e += NTHREADS) {
     const int r = e >> 4, c = (e & 15) * 8;
     upf_mma::cp_async16(Ws + r * LDA + c, w + r * D + c);
-    upf_mma::cp_async16(Qs + r * LDA + c, q + r * D + c);
+    if (WITH_O)
+      upf_mma::cp_async16(Qs + r * LDA + c, q + r * D + c);
   }
   for (int e = threadIdx.x; e < D * CH / 8; e += NTHREADS) {
     const int r = e >> 3, c = (e & 7) * 8;
     upf_mma::cp_async16(Ks + r * LDB + c, k + r * CH + c);
   }
-  for (int e = threadIdx.x; e < CH * CH / 8; e += NTHREADS) {
+  for (int e = threadIdx.x; WITH_O && e < CH * CH / 8; e += NTHREADS) {
     const int r = e >> 3, c = (e & 7) * 8;
     upf_mma::cp_async16(Ps + r * LDB + c, p + r * CH + c);
   }
@@ -318,11 +560,15 @@ __device__ __forceinline__ void load_stage(const state_args &a, unsigned char *s
 
 /* WARPS = 4: warp w owns chunk rows 16w..16w+15 for both V' (W S) and O (Q S, P V'), and state rows
  * 32w..32w+31. WARPS = 8: warps 0-3 compute V' and warps 4-7 O for chunk rows 16 (w mod 4).., in
- * parallel; warp w owns state rows 16w..16w+15. Same sums in the same order either way. */
-template <typename TO, int WARPS>
+ * parallel; warp w owns state rows 16w..16w+15. Same sums in the same order either way.
+ * SPLIT (8 warps, UPF_GDN_STATE=split): no O here; all 8 warps compute V' (rows 16 (w mod 4)..,
+ * columns 16 (w / 4)..), and each chunk's S^T (bf16, as rounded for W S) and V'^T go to the workspace
+ * for chunk_out_kernel. The chain per chunk loses Q S and P V', and W S halves per warp. */
+template <typename TO, int WARPS, bool SPLIT = false>
 __global__ void __launch_bounds__(32 * WARPS, 1) chunk_state_kernel(const __grid_constant__ state_args a) {
   constexpr int NT = BV / 8, NVB = D / BV, RS = D / WARPS, MT = RS / 16;
   static_assert(WARPS == 4 || WARPS == 8, "4 or 8 warps");
+  static_assert(!SPLIT || WARPS == 8, "the split form has 8 warps");
   extern __shared__ __align__(16) unsigned char smem[];
   bf16 *St = reinterpret_cast<bf16 *>(smem + 2 * STAGE_BYTES); /* [BV][LDA] S^T rounded to bf16 */
   bf16 *VpT = St + BV * LDA;                                    /* [BV][LDB] V'^T */
@@ -346,13 +592,13 @@ __global__ void __launch_bounds__(32 * WARPS, 1) chunk_state_kernel(const __grid
 
   const int c0 = a.ws.req_chunk0[r], c1 = a.ws.req_chunk0[r + 1];
   if (c0 < c1) {
-    load_stage<32 * WARPS>(a, smem, c0, h, kh, v0);
+    load_stage<32 * WARPS, !SPLIT>(a, smem, c0, h, kh, v0);
     upf_mma::cp_async_commit();
   }
   for (int n = c0, it = 0; n < c1; n++, it++) {
     unsigned char *stage = smem + (size_t)(it & 1) * STAGE_BYTES;
     if (n + 1 < c1) {
-      load_stage<32 * WARPS>(a, smem + (size_t)((it + 1) & 1) * STAGE_BYTES, n + 1, h, kh, v0);
+      load_stage<32 * WARPS, !SPLIT>(a, smem + (size_t)((it + 1) & 1) * STAGE_BYTES, n + 1, h, kh, v0);
       upf_mma::cp_async_commit();
       upf_mma::cp_async_wait<1>();
     } else {
@@ -375,7 +621,27 @@ __global__ void __launch_bounds__(32 * WARPS, 1) chunk_state_kernel(const __grid
     const int i0 = 16 * (warp & 3);
     const float GL = Gs[CH - 1];
     float o[NT][4] = {};
-    if (does_v) {
+    if constexpr (SPLIT) {
+      const int64_t ch_h = (int64_t)n * a.hv + h;
+      copy_tile_rows<256, D>(St, LDA, a.ws.st + (ch_h * D + v0) * D); /* S^T rows v0.. (read-only till the end) */
+      const int cw = 16 * (warp >> 2);
+      float vp[2][4] = {};
+      warp_mma<2, D>(vp, Ws + i0 * LDA, LDA, St + cw * LDA, LDA); /* W S, columns cw..cw+15 */
+#pragma unroll
+      for (int half = 0; half < 2; half++) {
+        const int i = i0 + g + 8 * half;
+        const float ed = expf(GL - Gs[i]);
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+          for (int c = 0; c < 2; c++) {
+            const int col = cw + 8 * nt + 2 * t4 + c;
+            const float val = __bfloat162float(Us[i * LDU + col]) - vp[nt][2 * half + c];
+            VpT[col * LDB + i] = __float2bfloat16_rn(val);
+            VdT[col * LDB + i] = __float2bfloat16_rn(val * ed);
+          }
+      }
+    } else if (does_v) {
       float vp[NT][4] = {};
       warp_mma<NT, D>(vp, Ws + i0 * LDA, LDA, St, LDA); /* W S */
 #pragma unroll
@@ -393,7 +659,7 @@ __global__ void __launch_bounds__(32 * WARPS, 1) chunk_state_kernel(const __grid
           }
       }
     }
-    if (does_o) {
+    if (!SPLIT && does_o) {
       warp_mma<NT, D>(o, Qs + i0 * LDA, LDA, St, LDA); /* Q S */
 #pragma unroll
       for (int half = 0; half < 2; half++) {
@@ -404,7 +670,9 @@ __global__ void __launch_bounds__(32 * WARPS, 1) chunk_state_kernel(const __grid
       }
     }
     __syncthreads(); /* V' complete */
-    if (does_o) {
+    if constexpr (SPLIT)
+      copy_tile_rows<256, CH>(VpT, LDB, a.ws.vpt + (((int64_t)n * a.hv + h) * D + v0) * CH);
+    if (!SPLIT && does_o) {
       warp_mma<NT, CH>(o, Ps + i0 * LDB, LDB, VpT, LDB); /* + P V' */
 #pragma unroll
       for (int half = 0; half < 2; half++) {
@@ -443,18 +711,108 @@ __global__ void __launch_bounds__(32 * WARPS, 1) chunk_state_kernel(const __grid
         }
 }
 
+/* O of the split form (UPF_GDN_STATE=split), one CTA (8 warps) per (chunk, value head), all independent:
+ * O = diag(exp(G)) Q S + P V' from the workspace's normalised q, P, G and the state pass's S^T and V'^T
+ * (bf16, exactly the operands chunk_state_kernel's own O uses: the same sums in the same order, so the
+ * same bits). Warp (mt, nh) owns rows 16mt.., columns 64nh... */
+constexpr int OUT_THREADS = 256;
+constexpr size_t OUT_SMEM = (size_t)(CH * LDA + D * LDA + CH * LDB + D * LDB) * sizeof(bf16) + CH * sizeof(float);
+
+template <typename TO> __global__ void __launch_bounds__(OUT_THREADS, 2) chunk_out_kernel(const __grid_constant__ state_args a) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  bf16 *Qs = reinterpret_cast<bf16 *>(smem); /* [CH][LDA] */
+  bf16 *St = Qs + CH * LDA;                  /* [D][LDA] S^T */
+  bf16 *Ps = St + D * LDA;                   /* [CH][LDB] */
+  bf16 *VpT = Ps + CH * LDB;                 /* [D][LDB] V'^T */
+  float *Gs = reinterpret_cast<float *>(VpT + D * LDB);
+  const int n = blockIdx.x, h = blockIdx.y, kh = h / (a.hv / a.hk);
+  const int64_t ch_h = (int64_t)n * a.hv + h, ch_k = (int64_t)n * a.hk + kh;
+  const bf16 *q = a.ws.qn + ch_k * CH * D, *sT = a.ws.st + ch_h * D * D;
+  const bf16 *p = a.ws.p + ch_h * CH * CH, *vpt = a.ws.vpt + ch_h * D * CH;
+  for (int e = threadIdx.x; e < D * D / 8; e += OUT_THREADS) {
+    const int r = e >> 4, c = (e & 15) * 8;
+    upf_mma::cp_async16(St + r * LDA + c, sT + r * D + c);
+    if (r < CH)
+      upf_mma::cp_async16(Qs + r * LDA + c, q + r * D + c);
+  }
+  for (int e = threadIdx.x; e < D * CH / 8; e += OUT_THREADS) {
+    const int r = e >> 3, c = (e & 7) * 8;
+    upf_mma::cp_async16(VpT + r * LDB + c, vpt + r * CH + c);
+    if (r < CH)
+      upf_mma::cp_async16(Ps + r * LDB + c, p + r * CH + c);
+  }
+  if (threadIdx.x < CH / 4)
+    upf_mma::cp_async16(Gs + 4 * threadIdx.x, a.ws.gcum + ch_h * CH + 4 * threadIdx.x);
+  upf_mma::cp_async_commit();
+  upf_mma::cp_async_wait<0>();
+  __syncthreads();
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+  const int i0 = 16 * (warp & 3), c0 = 64 * (warp >> 2);
+  float o[8][4] = {};
+  warp_mma<8, D>(o, Qs + i0 * LDA, LDA, St + c0 * LDA, LDA); /* Q S */
+#pragma unroll
+  for (int half = 0; half < 2; half++) {
+    const float eg = expf(Gs[i0 + g + 8 * half]);
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++)
+      o[nt][2 * half] *= eg, o[nt][2 * half + 1] *= eg;
+  }
+  warp_mma<8, CH>(o, Ps + i0 * LDB, LDB, VpT + c0 * LDB, LDB); /* + P V' */
+  const int2 chunk = a.ws.chunks[n];
+#pragma unroll
+  for (int half = 0; half < 2; half++) {
+    const int i = i0 + g + 8 * half;
+    if (i < chunk.y) {
+      TO *orow = (TO *)a.o + (int64_t)(chunk.x + i) * a.o_s0 + (int64_t)h * a.o_s1 + c0;
+#pragma unroll
+      for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+        for (int c = 0; c < 2; c++)
+          st(orow + 8 * nt + 2 * t4 + c, o[nt][2 * half + c]);
+    }
+  }
+}
+
 size_t align256(size_t x) { return (x + 255) & ~(size_t)255; }
 
-template <typename TO, int WARPS> upf_status launch_state(const state_args &s, unsigned grid) {
+template <typename TO, int WARPS, bool SPLIT = false> upf_status launch_state(const state_args &s, unsigned grid) {
   static bool attr_set;
   if (!attr_set) {
-    UPF_CUDA_TRY(cudaFuncSetAttribute(chunk_state_kernel<TO, WARPS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      (int)STATE_SMEM));
+    UPF_CUDA_TRY(cudaFuncSetAttribute(chunk_state_kernel<TO, WARPS, SPLIT>,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize, (int)STATE_SMEM));
     attr_set = true;
   }
-  chunk_state_kernel<TO, WARPS><<<grid, 32 * WARPS, STATE_SMEM, upf_cuda_stream()>>>(s);
+  chunk_state_kernel<TO, WARPS, SPLIT><<<grid, 32 * WARPS, STATE_SMEM, upf_cuda_stream()>>>(s);
   UPF_CUDA_LAUNCH_TRY("chunk_state_kernel");
   return UPF_OK;
+}
+
+/* The split form: the state pass without O, then chunk_out_kernel over (chunk, value head). */
+template <typename TO> upf_status launch_split(const state_args &s, unsigned grid, int64_t nch) {
+  UPF_TRY((launch_state<TO, 8, true>(s, grid)));
+  static bool attr_set;
+  if (!attr_set) {
+    UPF_CUDA_TRY(cudaFuncSetAttribute(chunk_out_kernel<TO>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)OUT_SMEM));
+    attr_set = true;
+  }
+  if (nch > 0) {
+    chunk_out_kernel<TO><<<dim3((unsigned)nch, (unsigned)s.hv), OUT_THREADS, OUT_SMEM, upf_cuda_stream()>>>(s);
+    UPF_CUDA_LAUNCH_TRY("chunk_out_kernel");
+  }
+  return UPF_OK;
+}
+
+/* State pass: the fused form (O inside, the verified default) or the split form where
+ * UPF_GDN_STATE=split asks for it (kept behind the switch until the device has verified and timed it).
+ * Read once. */
+bool state_split() {
+  static int split = -1;
+  if (split < 0) {
+    const char *env = getenv("UPF_GDN_STATE");
+    split = env && strcmp(env, "split") == 0;
+  }
+  return split != 0;
 }
 
 /* Warps of the state pass: 8 (V' and O on separate warps), or 4 where UPF_GDN_STATE_WARPS=4 asks for
@@ -468,11 +826,35 @@ int state_warps() {
   return warps;
 }
 
+/* Prep kernel: 1 (chunk_prep_kernel, the verified default) or 2 where UPF_GDN_PREP=v2 asks for
+ * chunk_prep_v2_kernel (same workspace bits, kept behind the switch until the device has verified and
+ * timed it). Read once. */
+int prep_version() {
+  static int version;
+  if (!version) {
+    const char *env = getenv("UPF_GDN_PREP");
+    version = env && strcmp(env, "v2") == 0 ? 2 : 1;
+  }
+  return version;
+}
+
+/* prep_args.rows16: which of q, k, v (bits 0, 1, 2) have 16-byte aligned rows (base, token and head
+ * strides), so that prep v2 may copy them by cp.async. */
+int rows_16byte_aligned(const upf_gdn_scan_inputs *in) {
+  const upf_tensor *t[3] = {in->q, in->k, in->v};
+  int mask = 0;
+  for (int i = 0; i < 3; i++)
+    if (((uintptr_t)t[i]->data & 15) == 0 && t[i]->stride[0] % 8 == 0 && t[i]->stride[1] % 8 == 0)
+      mask |= 1 << i;
+  return mask;
+}
+
 } // namespace
 
 extern "C" int upf_cuda_gdn_scan_chunked_fits(const upf_gdn_scan_inputs *in) {
   return in->v->dtype == UPF_DTYPE_BF16 && in->q->shape[2] == D && in->v->shape[2] == D &&
-         upf_cuda_smem_optin() >= STATE_SMEM && upf_cuda_smem_optin() >= PREP_SMEM;
+         upf_cuda_smem_optin() >= STATE_SMEM && upf_cuda_smem_optin() >= PREP_SMEM &&
+         upf_cuda_smem_optin() >= PREP2_SMEM && upf_cuda_smem_optin() >= OUT_SMEM;
 }
 
 extern "C" upf_status upf_cuda_gdn_scan_chunked(const upf_gdn_batch *batch, const upf_gdn_scan_inputs *in,
@@ -498,8 +880,11 @@ extern "C" upf_status upf_cuda_gdn_scan_chunked(const upf_gdn_batch *batch, cons
   const size_t p_bytes = align256((size_t)nch * Hv * CH * CH * sizeof(bf16));
   const size_t g_bytes = align256((size_t)nch * Hv * CH * sizeof(float));
   const size_t qk_bytes = align256((size_t)nch * Hk * CH * D * sizeof(bf16));
+  const bool split = state_split();
+  const size_t st_bytes = split ? align256((size_t)nch * Hv * D * D * sizeof(bf16)) : 0;
+  const size_t vpt_bytes = split ? align256((size_t)nch * Hv * D * CH * sizeof(bf16)) : 0;
   void *wsp = nullptr;
-  UPF_TRY(upf_cuda_workspace(plan_bytes + 2 * wu_bytes + p_bytes + g_bytes + 2 * qk_bytes, &wsp));
+  UPF_TRY(upf_cuda_workspace(plan_bytes + 2 * wu_bytes + p_bytes + g_bytes + 2 * qk_bytes + st_bytes + vpt_bytes, &wsp));
   unsigned char *base = (unsigned char *)wsp;
   std::vector<unsigned char> plan(plan_bytes, 0);
   memcpy(plan.data(), chunks.data(), chunks.size() * sizeof(int2));
@@ -514,7 +899,9 @@ extern "C" upf_status upf_cuda_gdn_scan_chunked(const upf_gdn_batch *batch, cons
   ws.p = (bf16 *)cur, cur += p_bytes;
   ws.gcum = (float *)cur, cur += g_bytes;
   ws.qn = (bf16 *)cur, cur += qk_bytes;
-  ws.kt = (bf16 *)cur;
+  ws.kt = (bf16 *)cur, cur += qk_bytes;
+  ws.st = split ? (bf16 *)cur : nullptr, cur += st_bytes;
+  ws.vpt = split ? (bf16 *)cur : nullptr;
 
   if (nch > 0) {
     prep_args pa = {};
@@ -526,16 +913,29 @@ extern "C" upf_status upf_cuda_gdn_scan_chunked(const upf_gdn_batch *batch, cons
     pa.a_log = (const float *)in->a_log->data, pa.dt_bias = (const float *)in->dt_bias->data;
     pa.hk = (int)Hk, pa.hv = (int)Hv, pa.scale = in->scale;
     pa.ws = ws;
-    static bool prep_attr_set;
-    if (!prep_attr_set) {
-      UPF_CUDA_TRY(cudaFuncSetAttribute(chunk_prep_kernel<bf16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        (int)PREP_SMEM));
-      prep_attr_set = true;
-    }
     if (nch > INT32_MAX)
       return upf_fail(UPF_ERR_SHAPE, "gdn.scan (cuda, chunked): %lld chunks exceed the grid", (long long)nch);
-    chunk_prep_kernel<bf16><<<dim3((unsigned)nch, (unsigned)Hv), THREADS, PREP_SMEM, upf_cuda_stream()>>>(pa);
-    UPF_CUDA_LAUNCH_TRY("chunk_prep_kernel");
+    const dim3 grid((unsigned)nch, (unsigned)Hv);
+    pa.rows16 = rows_16byte_aligned(in);
+    if (prep_version() == 2) {
+      static bool attr_set;
+      if (!attr_set) {
+        UPF_CUDA_TRY(cudaFuncSetAttribute(chunk_prep_v2_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          (int)PREP2_SMEM));
+        attr_set = true;
+      }
+      chunk_prep_v2_kernel<<<grid, PREP2_THREADS, PREP2_SMEM, upf_cuda_stream()>>>(pa);
+      UPF_CUDA_LAUNCH_TRY("chunk_prep_v2_kernel");
+    } else {
+      static bool attr_set;
+      if (!attr_set) {
+        UPF_CUDA_TRY(cudaFuncSetAttribute(chunk_prep_kernel<bf16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          (int)PREP_SMEM));
+        attr_set = true;
+      }
+      chunk_prep_kernel<bf16><<<grid, THREADS, PREP_SMEM, upf_cuda_stream()>>>(pa);
+      UPF_CUDA_LAUNCH_TRY("chunk_prep_kernel");
+    }
   }
   state_args sa = {};
   sa.state_in = in->state_in ? (const float *)in->state_in->data : nullptr;
@@ -546,6 +946,8 @@ extern "C" upf_status upf_cuda_gdn_scan_chunked(const upf_gdn_batch *batch, cons
   const unsigned grid = (unsigned)((int64_t)B * Hv * (D / BV));
   if (grid == 0)
     return UPF_OK;
+  if (split)
+    return o->dtype == UPF_DTYPE_BF16 ? launch_split<bf16>(sa, grid, nch) : launch_split<float>(sa, grid, nch);
   if (state_warps() == 4)
     return o->dtype == UPF_DTYPE_BF16 ? launch_state<bf16, 4>(sa, grid) : launch_state<float, 4>(sa, grid);
   return o->dtype == UPF_DTYPE_BF16 ? launch_state<bf16, 8>(sa, grid) : launch_state<float, 8>(sa, grid);
