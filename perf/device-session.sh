@@ -55,7 +55,7 @@ say "C rc=$?"; cat "$OUT/gdn/gdn-v2-summary.txt" >>"$OUT/summary.txt" 2>/dev/nul
 
 say "D attention timings"
 T=$OUT/attn; mkdir -p "$T"
-timeout 40 bin/bench_upf --benchmark_filter='copy|attn_prefill/cuda/bf16/llama_causal/B:1/kv:(32768|131072)/' \
+timeout 40 bin/bench_upf --benchmark_filter='^copy|^attn_prefill/cuda/bf16/llama_causal/B:1/kv:(32768|131072)/' \
   --benchmark_out="$T/bench-attn.json" --benchmark_out_format=json >"$T/bench-attn.log" 2>&1
 say "D bench rc=$?"
 (cd peers && timeout 40 python3 torch_sdpa.py --only 'llama/T:(32768|131072)' --iters 6 --out "$T/torch-sdpa.json" \
@@ -67,11 +67,11 @@ pack attn
 
 say "E dense timings"
 E=$OUT/dense; mkdir -p "$E"
-timeout 45 bin/bench_upf \
-  --benchmark_filter='copy|gemm_ceiling|(gemm|ffn)/cuda/.*/T:(8192|32768)/|rmsnorm|qk_norm|rope/cuda' \
+timeout 40 bin/bench_upf \
+  --benchmark_filter='^copy|^gemm_ceiling|^(gemm|ffn)/cuda/.*/T:(8192|32768)/|^(rmsnorm|rmsnorm_add|qk_norm|rope)/cuda/' \
   --benchmark_repetitions=3 --benchmark_out="$E/bench-dense.json" --benchmark_out_format=json >"$E/bench-dense.log" 2>&1
 say "E bench rc=$?"; sed -n '/^summary/,$p' "$E/bench-dense.log" | cut -c1-110 >>"$OUT/summary.txt"
-(cd peers && timeout 35 python3 torch_matmul.py --out "$E/torch_matmul.json" --tokens 8192,32768 \
+(cd peers && timeout 30 python3 torch_matmul.py --out "$E/torch_matmul.json" --tokens 8192,32768 \
   --ffn-tokens 8192,32768 --iters 10 --warmup 3 >"$E/torch_matmul.log" 2>&1)
 say "E torch.matmul rc=$?"; tail -n 16 "$E/torch_matmul.log" | cut -c1-120 >>"$OUT/summary.txt"
 pack dense
