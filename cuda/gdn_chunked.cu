@@ -28,6 +28,10 @@
  * the others):
  *   UPF_GDN_PREP=v2      chunk_prep_v2_kernel (8 warps, cp.async tiles, unrolled inverse, 89 KB of shared
  *                        memory): the same workspace bit for bit, scheduled for latency.
+ *   UPF_GDN_PREP=v3      chunk_prep_v3_kernel (16 warps per chunk and PAIR of value heads of one key head:
+ *                        the q/k loads, norms, K K^T and Q K^T once per pair, then each half of the CTA
+ *                        runs v2's inverse and W, U for its head; 185.5 KB, one CTA an SM): the same
+ *                        workspace bit for bit. Hv / Hk odd falls back to v2.
  *   UPF_GDN_STATE=split  FLA's split: the state pass leaves O out (all 8 warps on V', half the W S chain a
  *                        warp) and stores each chunk's S^T and V'^T (bf16, the operands it rounds anyway);
  *                        chunk_out_kernel then computes O over (chunk, value head), fully parallel, with
@@ -501,6 +505,259 @@ __global__ void __launch_bounds__(PREP2_THREADS, 2) chunk_prep_v2_kernel(const _
   product_t_times<8>(Xm + 16 * mt * LDF, VbT + 64 * nh * LDB, a.ws.u + wu0);
 }
 
+/* Prep v3 (UPF_GDN_PREP=v3): one CTA of 16 warps per (chunk, pair of value heads of one key head), so
+ * that what the two value heads share is done once (v1 and v2 do it per value head): the q and k tiles'
+ * loads, their L2 norms and roundings, K K^T and Q K^T (only beta and the decay G differ between the two
+ * heads, and they enter after the products, elementwise). The same workspace bit for bit: every sum and
+ * rounding as in chunk_prep_kernel, and the mma order per output block as in v2 (an accumulator block's
+ * value depends only on its own k loop, not on which warp runs it). Phases:
+ *   - q, k, v(h0), v(h0+1) by cp.async (v2's load_piece) while 128 threads run both heads' gates and cumsums;
+ *   - norms: warp w takes the row pairs (j, j+1), j = 2w, 2w + 32; each lane rounds q and k in place and
+ *     writes (beta exp(G) k)^T and (beta v)^T of both heads from the same fp32 k (v2's expressions);
+ *   - K K^T on warps 0-7 and Q K^T on warps 8-15, warp (mt, nh) = (w mod 4, (w / 4) mod 2) owning rows
+ *     16mt.., columns 32nh.. (v2's map); each writes A (or P) of both heads from its one accumulator block;
+ *   - then half hh = w / 8 takes value head h0 + hh alone, exactly v2's inverse and W, U with its 256
+ *     threads, synchronised by named barrier 1 + hh (the halves never wait for each other).
+ * Shared memory 185.5 KB (one CTA an SM, 16 warps as v2's two CTAs): [Kn | Qn] and per head
+ * [KbT | VbT | raw v, then A | T | Ys | g, G, beta]. Needs Hv / Hk even (Qwen3-Next: 2); launch falls back
+ * to v2 otherwise. */
+constexpr int PREP3_THREADS = 512;
+constexpr size_t PREP3_TBF = (size_t)D * LDB * sizeof(bf16); /* one transposed (D x CH) bf16 tile */
+constexpr size_t PREP3_F = (size_t)CH * LDF * sizeof(float);  /* one CH x CH fp32 matrix */
+constexpr size_t PREP3_HEAD = 2 * PREP3_TBF + 2 * PREP3_F + (size_t)((CH / TB - 1) * TB * TB + 3 * CH) * sizeof(float);
+constexpr size_t PREP3_SMEM = PREP2_R0 + 2 * PREP3_HEAD;
+static_assert((size_t)CH * LDA * sizeof(bf16) <= PREP3_F, "raw v fits under A");
+static_assert(PREP3_TBF % 16 == 0 && PREP3_F % 16 == 0 && PREP3_HEAD % 16 == 0, "16-byte aligned regions");
+static_assert(PREP3_THREADS == 2 * PREP2_THREADS, "one v2 CTA's threads per value head");
+
+struct prep3_head {
+  bf16 *kbt, *vbt; /* [D][LDB] (beta exp(G) k)^T, (beta v)^T */
+  bf16 *vr;        /* [CH][LDA] raw v, until the norms */
+  float *am;       /* [CH][LDF] A, over vr */
+  float *xm, *ys;  /* [CH][LDF] T; [(CH/TB - 1) TB TB] block-row partial sums */
+  float *gs, *Gs, *bs; /* [CH] gates, their cumsum, beta */
+};
+
+__device__ __forceinline__ prep3_head prep3_regions(unsigned char *smem, int x) {
+  unsigned char *b = smem + PREP2_R0 + (size_t)x * PREP3_HEAD;
+  prep3_head r;
+  r.kbt = reinterpret_cast<bf16 *>(b);
+  r.vbt = r.kbt + D * LDB;
+  r.vr = reinterpret_cast<bf16 *>(b + 2 * PREP3_TBF);
+  r.am = reinterpret_cast<float *>(b + 2 * PREP3_TBF);
+  r.xm = reinterpret_cast<float *>(b + 2 * PREP3_TBF + PREP3_F);
+  r.ys = r.xm + CH * LDF;
+  r.gs = r.ys + (CH / TB - 1) * TB * TB, r.Gs = r.gs + CH, r.bs = r.Gs + CH;
+  return r;
+}
+
+/* One half of store_a_p (the same expressions, so the same bits): A (IS_A, fp32 shared, strictly lower,
+ * row i scaled by beta_i) from a K K^T block, or P (bf16 global, lower) from a Q K^T block. */
+template <int NT, bool IS_A>
+__device__ __forceinline__ void store_a_or_p(const float (&x)[NT][4], int i0, int j1, const float *Gs, const float *bs,
+                                             float *Am, bf16 *po) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+#pragma unroll
+  for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+      const int i = i0 + g + 8 * half, j0 = j1 + 8 * nt + 2 * t4;
+      float y[2];
+#pragma unroll
+      for (int c = 0; c < 2; c++) {
+        const int j = j0 + c;
+        const float dec = expf(fminf(Gs[i] - Gs[j], 0.0f)); /* used only for j <= i, where it is <= 0 */
+        if (IS_A)
+          y[c] = j < i ? bs[i] * x[nt][2 * half + c] * dec : 0.0f;
+        else
+          y[c] = j <= i ? x[nt][2 * half + c] * dec : 0.0f;
+      }
+      if (IS_A)
+        Am[i * LDF + j0] = y[0], Am[i * LDF + j0 + 1] = y[1];
+      else
+        *reinterpret_cast<uint32_t *>(po + i * CH + j0) = pack_bf16(y[0], y[1]);
+    }
+}
+
+/* Barrier of the 256 threads (8 warps) of half hh (warp-uniform): ids 1 and 2 as immediates, so that
+ * ptxas counts 3 barriers (a register id reserves all 16); id 0 stays __syncthreads'. */
+__device__ __forceinline__ void half_sync(int hh) {
+  if (hh == 0)
+    asm volatile("bar.sync 1, 256;\n" ::: "memory");
+  else
+    asm volatile("bar.sync 2, 256;\n" ::: "memory");
+}
+
+__global__ void __launch_bounds__(PREP3_THREADS, 1) chunk_prep_v3_kernel(const __grid_constant__ prep_args a) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  bf16 *Kn = reinterpret_cast<bf16 *>(smem); /* [CH][LDA] raw, then normalised k */
+  bf16 *Qn = Kn + CH * LDA;                  /* [CH][LDA] raw, then normalised q * scale */
+  const int n = blockIdx.x, h0 = 2 * blockIdx.y, ratio = a.hv / a.hk, kh = h0 / ratio;
+  const int2 chunk = a.ws.chunks[n];
+  const int64_t tok0 = chunk.x;
+  const int len = chunk.y;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int hh = warp >> 3, htid = tid & 255, wh = warp & 7, mt = wh & 3, nh = wh >> 2;
+  const prep3_head R = prep3_regions(smem, hh); /* the value head h0 + hh of this thread's half */
+  const int64_t ch_k = (int64_t)n * a.hk + kh;
+
+  /* Raw rows in flight first; rows past the request's end are zeros (v1 loads 0 for them). */
+  for (int e = tid; e < CH * D / 8; e += PREP3_THREADS) {
+    const int j = e / (D / 8), c = (e % (D / 8)) * 8;
+    if (j < len) {
+      const int64_t t = tok0 + j;
+      load_piece(Qn + j * LDA + c, (const bf16 *)a.q + t * a.q_s0 + (int64_t)kh * a.q_s1 + c, a.rows16 & 1);
+      load_piece(Kn + j * LDA + c, (const bf16 *)a.k + t * a.k_s0 + (int64_t)kh * a.k_s1 + c, a.rows16 & 2);
+#pragma unroll
+      for (int x = 0; x < 2; x++)
+        load_piece(prep3_regions(smem, x).vr + j * LDA + c,
+                   (const bf16 *)a.v + t * a.v_s0 + (int64_t)(h0 + x) * a.v_s1 + c, a.rows16 & 4);
+    } else {
+      const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+      *reinterpret_cast<uint4 *>(Qn + j * LDA + c) = zero;
+      *reinterpret_cast<uint4 *>(Kn + j * LDA + c) = zero;
+#pragma unroll
+      for (int x = 0; x < 2; x++)
+        *reinterpret_cast<uint4 *>(prep3_regions(smem, x).vr + j * LDA + c) = zero;
+    }
+  }
+  upf_mma::cp_async_commit();
+
+  /* The blocks of T above the diagonal are zeros; T has its own region, so this half may write them now. */
+  for (int e = htid; e < CH * CH; e += PREP3_THREADS / 2) {
+    const int i = e / CH, j = e % CH;
+    if (j / TB > i / TB)
+      R.xm[i * LDF + j] = 0.0f;
+  }
+
+  if (tid < 2 * CH) { /* thread x CH + j: gate and beta of token j, value head h0 + x */
+    const int x = tid / CH, j = tid % CH;
+    const prep3_head Rx = prep3_regions(smem, x);
+    float gv = 0.0f, beta = 0.0f;
+    if (j < len)
+      gate_beta<bf16>(a, h0 + x, tok0 + j, gv, beta);
+    Rx.gs[j] = gv, Rx.bs[j] = beta;
+  }
+  __syncthreads();
+  if (tid < 2 * CH) { /* the serial cumsum's bits: the prefix left to right, the trips past j predicated off */
+    const int x = tid / CH, j = tid % CH;
+    const prep3_head Rx = prep3_regions(smem, x);
+    float G = 0.0f;
+#pragma unroll
+    for (int i = 0; i < CH; i++)
+      if (i <= j)
+        G += Rx.gs[i];
+    Rx.Gs[j] = G;
+    a.ws.gcum[((int64_t)n * a.hv + h0 + x) * CH + j] = G;
+  }
+  upf_mma::cp_async_wait<0>();
+  __syncthreads(); /* raw tiles and both heads' G visible to every warp */
+
+  /* Norms in place: warp w takes the row pairs (j, j + 1), j = 2w + 32m; lane holds dims lane + 32 e. Each
+   * lane reads and rewrites only its own elements of rows j, j + 1. */
+#pragma unroll 1
+  for (int j = 2 * warp; j < CH; j += 32) {
+    float qx[2][4], kn[2][4];
+#pragma unroll
+    for (int rr = 0; rr < 2; rr++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int o = (j + rr) * LDA + lane + 32 * e;
+        qx[rr][e] = __bfloat162float(Qn[o]), kn[rr][e] = __bfloat162float(Kn[o]);
+      }
+#pragma unroll
+    for (int rr = 0; rr < 2; rr++) {
+      float rq, rk;
+      row_norm_scales(qx[rr], kn[rr], a.scale, rq, rk);
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int o = (j + rr) * LDA + lane + 32 * e;
+        kn[rr][e] *= rk; /* v2's kn = kx rk */
+        Kn[o] = __float2bfloat16_rn(kn[rr][e]);
+        Qn[o] = __float2bfloat16_rn(qx[rr][e] * rq);
+      }
+    }
+#pragma unroll
+    for (int x = 0; x < 2; x++) {
+      const prep3_head Rx = prep3_regions(smem, x);
+      float wb[2], vb[2];
+#pragma unroll
+      for (int rr = 0; rr < 2; rr++)
+        wb[rr] = Rx.bs[j + rr] * expf(Rx.Gs[j + rr]), vb[rr] = Rx.bs[j + rr];
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int d = lane + 32 * e;
+        const float v0 = __bfloat162float(Rx.vr[j * LDA + d]), v1 = __bfloat162float(Rx.vr[(j + 1) * LDA + d]);
+        *reinterpret_cast<uint32_t *>(Rx.kbt + d * LDB + j) = pack_bf16(wb[0] * kn[0][e], wb[1] * kn[1][e]);
+        *reinterpret_cast<uint32_t *>(Rx.vbt + d * LDB + j) = pack_bf16(vb[0] * v0, vb[1] * v1);
+      }
+    }
+  }
+  __syncthreads();
+
+  if (h0 % ratio == 0) { /* the pair holding the first value head of a key head writes the shared q and k^T */
+    copy_q_rows<PREP3_THREADS>(Qn, a.ws.qn + ch_k * CH * D);
+    bf16 *ko = a.ws.kt + ch_k * D * CH;
+    /* v2's map: a warp covers 8 dims x 4 row pairs */
+    for (int e = tid; e < D * CH / 2; e += PREP3_THREADS) {
+      const int blk = e >> 5, l = e & 31;
+      const int d = (blk & 15) * 8 + (l & 7), j = 2 * ((blk >> 4) * 4 + (l >> 3));
+      *reinterpret_cast<__nv_bfloat162 *>(ko + d * CH + j) = __halves2bfloat162(Kn[j * LDA + d], Kn[(j + 1) * LDA + d]);
+    }
+  }
+
+  { /* warps 0-7: K K^T -> A of both heads (over their raw v); warps 8-15: Q K^T -> P of both heads. */
+    float acc[4][4] = {};
+    warp_mma<4, D>(acc, (hh == 0 ? Kn : Qn) + 16 * mt * LDA, LDA, Kn + 32 * nh * LDA, LDA);
+#pragma unroll
+    for (int x = 0; x < 2; x++) {
+      const prep3_head Rx = prep3_regions(smem, x);
+      if (hh == 0)
+        store_a_or_p<4, true>(acc, 16 * mt, 32 * nh, Rx.Gs, Rx.bs, Rx.am, nullptr);
+      else
+        store_a_or_p<4, false>(acc, 16 * mt, 32 * nh, Rx.Gs, Rx.bs, nullptr,
+                               a.ws.p + ((int64_t)n * a.hv + h0 + x) * CH * CH);
+    }
+  }
+  __syncthreads(); /* A of both heads complete; from here each half works alone on its value head */
+
+  /* T = (I + A)^-1 exactly as v2 (thread (r, c) of each 16 x 16 block), on this half's head. */
+  if (wh < CH / TB && lane < TB)
+    invert_diagonal_column(R.am, R.xm, TB * wh, lane);
+  half_sync(hh);
+  const int r = htid / TB, c = htid % TB;
+#pragma unroll
+  for (int I = 1; I < CH / TB; I++) {
+    const float *ar = R.am + (TB * I + r) * LDF;
+#pragma unroll
+    for (int J = 0; J < I; J++) {
+      float y = 0.0f;
+#pragma unroll
+      for (int k = TB * J; k < TB * I; k++)
+        y += ar[k] * R.xm[k * LDF + TB * J + c];
+      R.ys[J * TB * TB + r * TB + c] = y;
+    }
+    half_sync(hh);
+    const float *tr = R.xm + (TB * I + r) * LDF + TB * I; /* row r of T_II */
+#pragma unroll
+    for (int J = 0; J < I; J++) {
+      float t = 0.0f;
+#pragma unroll
+      for (int k = 0; k < TB; k++)
+        if (k <= r)
+          t += tr[k] * R.ys[J * TB * TB + k * TB + c];
+      R.xm[(TB * I + r) * LDF + TB * J + c] = -t;
+    }
+    half_sync(hh);
+  }
+
+  /* W = T (beta exp(G) K) and U = T (beta V) of this half's head: warp (mt, nh) writes rows 16mt..,
+   * columns 64nh.. */
+  const int64_t wu0 = ((int64_t)n * a.hv + h0 + hh) * CH * D + 16 * mt * D + 64 * nh;
+  product_t_times<8>(R.xm + 16 * mt * LDF, R.kbt + 64 * nh * LDB, a.ws.w + wu0);
+  product_t_times<8>(R.xm + 16 * mt * LDF, R.vbt + 64 * nh * LDB, a.ws.u + wu0);
+}
+
 struct state_args {
   const float *state_in; /* (B, Hv, D, D) or NULL */
   float *state_out;      /* (B, Hv, D, D) or NULL; may be state_in */
@@ -826,14 +1083,15 @@ int state_warps() {
   return warps;
 }
 
-/* Prep kernel: 1 (chunk_prep_kernel, the verified default) or 2 where UPF_GDN_PREP=v2 asks for
- * chunk_prep_v2_kernel (same workspace bits, kept behind the switch until the device has verified and
- * timed it). Read once. */
+/* Prep kernel: 1 (chunk_prep_kernel, the verified default), 2 where UPF_GDN_PREP=v2 asks for
+ * chunk_prep_v2_kernel, 3 where UPF_GDN_PREP=v3 asks for chunk_prep_v3_kernel (value-head pairs; v2 where
+ * Hv / Hk is odd). Same workspace bits; kept behind the switch until the device has verified and timed
+ * them. Read once. */
 int prep_version() {
   static int version;
   if (!version) {
     const char *env = getenv("UPF_GDN_PREP");
-    version = env && strcmp(env, "v2") == 0 ? 2 : 1;
+    version = env && strcmp(env, "v2") == 0 ? 2 : env && strcmp(env, "v3") == 0 ? 3 : 1;
   }
   return version;
 }
@@ -917,7 +1175,17 @@ extern "C" upf_status upf_cuda_gdn_scan_chunked(const upf_gdn_batch *batch, cons
       return upf_fail(UPF_ERR_SHAPE, "gdn.scan (cuda, chunked): %lld chunks exceed the grid", (long long)nch);
     const dim3 grid((unsigned)nch, (unsigned)Hv);
     pa.rows16 = rows_16byte_aligned(in);
-    if (prep_version() == 2) {
+    const int prep = prep_version();
+    if (prep == 3 && (Hv / Hk) % 2 == 0 && upf_cuda_smem_optin() >= PREP3_SMEM) {
+      static bool attr_set;
+      if (!attr_set) {
+        UPF_CUDA_TRY(cudaFuncSetAttribute(chunk_prep_v3_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          (int)PREP3_SMEM));
+        attr_set = true;
+      }
+      chunk_prep_v3_kernel<<<dim3((unsigned)nch, (unsigned)(Hv / 2)), PREP3_THREADS, PREP3_SMEM, upf_cuda_stream()>>>(pa);
+      UPF_CUDA_LAUNCH_TRY("chunk_prep_v3_kernel");
+    } else if (prep >= 2) {
       static bool attr_set;
       if (!attr_set) {
         UPF_CUDA_TRY(cudaFuncSetAttribute(chunk_prep_v2_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
