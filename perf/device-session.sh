@@ -6,7 +6,8 @@
 #      instrumented kernels time-slice the GPU against every other process): the full verify of the
 #      attention, dense and MoE ops, the quick verify of the selection stages, test_upf;
 #   B. compute-sanitizer racecheck over the attention ops and memcheck over the norm ops (quick set);
-#   C. issue 5: device-gdn-v2.sh (the chunked scan's variants: verify, sanitizers, timings, FLA peer);
+#   C. issue 5: device-gdn-v2.sh (the chunked scan's variants incl. prep v3: verify and sanitizers first,
+#      then timings alone on the GPU, the FLA peer if time is left; logs straight into $OUT/gdn);
 #   D. timings alone on the GPU: attention prefill at 32K and 128K beside the torch SDPA peer;
 #   E. timings alone on the GPU: norms, RoPE, GEMM and FFN, then the torch.matmul peer.
 # $OUT gets summary.txt plus one archive a step (the device tool returns at most 8 files).
@@ -50,7 +51,7 @@ report "$S"; pack sanitize
 
 say "C gated deltanet"
 mkdir -p "$OUT/gdn"
-timeout 85 bash device-gdn-v2.sh "$OUT/gdn" >"$OUT/gdn/console.txt" 2>&1
+GDN_BUDGET_S=88 timeout 95 bash device-gdn-v2.sh "$OUT/gdn" >"$OUT/gdn/console.txt" 2>&1
 say "C rc=$?"; cat "$OUT/gdn/gdn-v2-summary.txt" >>"$OUT/summary.txt" 2>/dev/null; pack gdn
 
 say "D attention timings"
