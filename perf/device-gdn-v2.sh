@@ -26,10 +26,12 @@
 # loses only the step it cuts). A failing or timed-out step never stops the script; rc 124 = timed out.
 # Without the FLA peer's JSON the summary's FLA column uses the FLA medians of the 282ec2f run (H200,
 # perf/reports/H200/fla-gdn-282ec2f.json) and says so.
-# Usage: bash device-gdn-v2.sh OUTDIR
+# Usage: [GDN_BUDGET_S=88] bash /path/to/bundle/device-gdn-v2.sh OUTDIR   (from any directory)
 set -u
-O=$1
-mkdir -p "$O"
+mkdir -p "$1"
+O=$(cd "$1" && pwd)
+cd "$(dirname "$0")" # the bundle's top: bin/, lib/, COMMIT, the peers
+export LD_LIBRARY_PATH=$PWD/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 B=bin
 S=$O/gdn-v2-summary.txt
 BUDGET=${GDN_BUDGET_S:-88}
