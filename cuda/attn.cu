@@ -34,6 +34,7 @@
 #include "cuda/attn.cuh"
 #include "cuda/cuda_backend.cuh"
 #include "cuda/cuda_check.cuh"
+#include "cuda/mma_sync.cuh"
 #include "cuda/wgmma.cuh"
 
 namespace {
@@ -271,31 +272,15 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attn_ffma_kernel(const __grid_
  * bytes: an ldmatrix phase's 8 row addresses hit 8 distinct 16-byte bank groups.
  * Fragment layouts (PTX ISA, mma.m16n8k16 .bf16): g = lane / 4, t = lane % 4;
  *   A regs {row g, cols 2t..2t+1}, {row g+8, same}, {row g, cols 2t+8..}, {row g+8, cols 2t+8..};
- *   B regs {k 2t..2t+1, col g}, {k 2t+8.., col g};  C {row g, cols 2t, 2t+1}, {row g+8, same}. */
-
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t *>(&h);
-}
-
-/* ldmatrix .x4 .trans: lanes 8i..8i+7 give the 16-byte rows of 8x8 matrix i; lane l receives (row 2(l%4),
- * col l/4) and (row 2(l%4)+1, col l/4) of matrix i in register i - with rows = keys and cols = dims,
- * exactly the B fragment {k 2t..2t+1, col g} of the P.V mma. */
-__device__ __forceinline__ void ldsm_x4_trans(uint32_t &d0, uint32_t &d1, uint32_t &d2, uint32_t &d3,
-                                              const bf16_t *row) {
-  const uint32_t addr = (uint32_t)__cvta_generic_to_shared(row);
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(d0), "=r"(d1), "=r"(d2), "=r"(d3)
-               : "r"(addr));
-}
-
-__device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                         uint32_t b0, uint32_t b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-               "{%0,%1,%2,%3};\n"
-               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
+ *   B regs {k 2t..2t+1, col g}, {k 2t+8.., col g};  C {row g, cols 2t, 2t+1}, {row g+8, same}.
+ * The fragment helpers (pack_bf16, mma_bf16, ldmatrix, cp.async) are cuda/mma_sync.cuh's. */
+using upf_mma::cp_async16;
+using upf_mma::cp_async_commit;
+using upf_mma::cp_async_wait;
+using upf_mma::ldsm_x4;
+using upf_mma::ldsm_x4_trans;
+using upf_mma::mma_bf16;
+using upf_mma::pack_bf16;
 
 /* attn_fa2_kernel<D, BN, STAGES, PAGED>: a CTA of 8 warps owns FA_BM = 128 query rows of one request
  * and one q head; warp w owns rows [16w, 16w + 16). (Its first version, 64-row tiles with synchronous
@@ -317,25 +302,6 @@ constexpr int FA_WARPS = 8;
 constexpr int FA_THREADS = FA_WARPS * 32;
 constexpr float FA_LOG2E = 1.4426950408889634f;
 constexpr float FA_LN2 = 0.6931471805599453f;
-
-/* 16-byte global -> shared copy; valid = false zero-fills (src-size 0 reads nothing from src). */
-__device__ __forceinline__ void cp_async16(bf16_t *dst, const bf16_t *src, bool valid) {
-  const uint32_t s = (uint32_t)__cvta_generic_to_shared(dst);
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> __device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-/* ldmatrix .x4 (no transpose): lane l gives the row address of matrix l / 8, row l % 8; lane l
- * receives (row l / 4, cols 2(l % 4), 2(l % 4) + 1) of matrix i in register i. */
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const bf16_t *row) {
-  const uint32_t addr = (uint32_t)__cvta_generic_to_shared(row);
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
 
 template <int D, int BN, int STAGES, bool PAGED>
 __global__ void __launch_bounds__(FA_THREADS, 1) attn_fa2_kernel(const __grid_constant__ attn_args a) {
@@ -574,12 +540,10 @@ template <int D> struct dec_shape {
   static constexpr size_t smem = ring_bytes + (size_t)DEC_WARPS * RB * (D + 2) * sizeof(float);
 };
 
-/* cp.async issue and wait with a "memory" clobber: with no block barrier in the loop, these are what
- * keeps the compiler from moving the ring's shared loads across the copies that fill it. */
-__device__ __forceinline__ void cp_async16_ordered(void *dst, const bf16_t *src, bool valid) {
-  const uint32_t s = (uint32_t)__cvta_generic_to_shared(dst);
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(valid ? 16 : 0) : "memory");
-}
+/* cp.async issue (cuda/wgmma.cuh's cp_async16_to) and wait with a "memory" clobber: with no block
+ * barrier in the loop, these are what keeps the compiler from moving the ring's shared loads across the
+ * copies that fill it. */
+__device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 template <int N> __device__ __forceinline__ void cp_async_wait_ordered() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
@@ -659,8 +623,8 @@ __global__ void __launch_bounds__(DEC_THREADS, 1) attn_decode_v2_kernel(const __
 #pragma unroll
       for (int i = 0; i < VPL; i++) {
         const int e = 8 * (c + DEC_LPK * i);
-        cp_async16_ordered(dst + i * DEC_THREADS, K + ko + e, ok);
-        cp_async16_ordered(dst + (VPL + i) * DEC_THREADS, V + vo + e, ok);
+        upf_wgmma::cp_async16_to(smem_addr(dst + i * DEC_THREADS), K + ko + e, ok);
+        upf_wgmma::cp_async16_to(smem_addr(dst + (VPL + i) * DEC_THREADS), V + vo + e, ok);
       }
       kj_issue += DEC_KPS, slot += DEC_KPS;
       while (slot >= P)

@@ -5,7 +5,7 @@
  *   B (16 x 8) given as Bt (8 rows n, k contiguous): {n g, k 2t..2t+1}, {n g, k 2t+8..2t+9}
  *   C (16 x 8): c0, c1 = {row g, cols 2t, 2t+1}; c2, c3 = {row g+8, same}.
  * Rows padded by 16 bytes (row stride = 4 mod 32 words) make each fragment load hit 32 banks.
- * (cuda/attn.cu keeps its own copies of pack/lds32/mma from before this header; they can move here.) */
+ * Used by cuda/attn.cu (FlashAttention-2 prefill) and cuda/gdn_chunked.cu. */
 #ifndef UNIPREFILL_CUDA_MMA_SYNC_CUH
 #define UNIPREFILL_CUDA_MMA_SYNC_CUH
 
@@ -69,10 +69,35 @@ __device__ __forceinline__ void warp_mma_af32(float (&c)[NT][4], const float *a,
   }
 }
 
+/* ldmatrix .x4 (no transpose): lane l gives the row address of matrix l / 8, row l % 8; lane l
+ * receives (row l / 4, cols 2(l % 4), 2(l % 4) + 1) of matrix i in register i. */
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const bf16 *row) {
+  const uint32_t addr = (uint32_t)__cvta_generic_to_shared(row);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+/* ldmatrix .x4 .trans: lanes 8i..8i+7 give the 16-byte rows of 8x8 matrix i; lane l receives (row 2(l%4),
+ * col l/4) and (row 2(l%4)+1, col l/4) of matrix i in register i - with rows = k and cols = n, exactly
+ * the B fragment {k 2t..2t+1, col g} of an mma whose B is stored k-major (rows = k). */
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t &d0, uint32_t &d1, uint32_t &d2, uint32_t &d3,
+                                              const bf16 *row) {
+  const uint32_t addr = (uint32_t)__cvta_generic_to_shared(row);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(d0), "=r"(d1), "=r"(d2), "=r"(d3)
+               : "r"(addr));
+}
+
 /* 16-byte asynchronous global -> shared copy (cp.async.cg, L2 only) and its group fences. */
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
   const uint32_t dst = (uint32_t)__cvta_generic_to_shared(smem);
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem));
+}
+/* The same; valid = false zero-fills (src-size 0 reads nothing from gmem). */
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool valid) {
+  const uint32_t dst = (uint32_t)__cvta_generic_to_shared(smem);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(valid ? 16 : 0));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
