@@ -844,7 +844,7 @@ __global__ void __launch_bounds__(WA_THREADS, 1) attn_wgmma_kernel(const __grid_
       }
       cp_async_mbar_arrive(full + 8 * st);
     }
-    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    cp_async_wait_all();
     return;
   }
 

@@ -1,7 +1,7 @@
-/* Hopper (sm_90a) building blocks for the attention wgmma kernel: mbarriers, wgmma fences and the two
- * wgmma shapes it uses (A from registers, B from a shared-memory descriptor). The same instructions as
- * cuda/select.cu's score kernel, which runs on the H200. Include only from .cu files built for sm_90a
- * with the wgmma code inside #if defined(__CUDA_ARCH_FEAT_SM90_ALL). */
+/* Hopper (sm_90a) building blocks of the wgmma kernels (cuda/attn.cu's prefill, cuda/select.cu's
+ * score kernel): mbarriers, cp.async into the swizzled ring, wgmma fences, shared-memory descriptors and
+ * the two wgmma shapes they use (A from registers, B from a shared-memory descriptor). Include only from
+ * .cu files built for sm_90a with the wgmma code inside #if defined(__CUDA_ARCH_FEAT_SM90_ALL). */
 #ifndef UNIPREFILL_CUDA_WGMMA_CUH
 #define UNIPREFILL_CUDA_WGMMA_CUH
 
@@ -39,6 +39,8 @@ __device__ __forceinline__ void cp_async16_to(uint32_t dst, const void *src, boo
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
                : "memory");
 }
+/* Waits for every cp.async this thread issued (a producer's last step: no copy outlives the CTA). */
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
