@@ -99,7 +99,7 @@ constexpr size_t PREP_SMEM = (size_t)(2 * CH * LDA + 2 * D * LDB) * sizeof(bf16)
 template <int NT> __device__ __forceinline__ void product_t_times(const float *xrows, const bf16 *bt, bf16 *out) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
   float acc[NT][4] = {};
-  upf_mma::warp_mma_af32<NT, CH>(acc, xrows, LDF, bt, LDB);
+  warp_mma<NT, CH>(acc, xrows, LDF, bt, LDB); /* T rows: fp32, rounded as loaded */
 #pragma unroll
   for (int nt = 0; nt < NT; nt++)
 #pragma unroll

@@ -21,7 +21,12 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<uint32_t *>(&h);
 }
 
+/* One 32-bit fragment register: two bf16 from shared memory, or two fp32 (8-byte aligned) rounded to bf16. */
 __device__ __forceinline__ uint32_t lds32(const bf16 *p) { return *reinterpret_cast<const uint32_t *>(p); }
+__device__ __forceinline__ uint32_t lds32(const float *p) {
+  const float2 x = *reinterpret_cast<const float2 *>(p);
+  return pack_bf16(x.x, x.y);
+}
 
 __device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                          uint32_t b0, uint32_t b1) {
@@ -31,36 +36,16 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1
                : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-/* c[NT] (a 16 x 8NT block) += A (16 x K rows of `a`, stride lda) * B, B given as Bt (8NT rows n of `bt`,
- * stride ldb, k contiguous). K a multiple of 16; k runs in order 0, 16, ... (fixed summation order). */
-template <int NT, int K>
-__device__ __forceinline__ void warp_mma(float (&c)[NT][4], const bf16 *a, int lda, const bf16 *bt, int ldb) {
+/* c[NT] (a 16 x 8NT block) += A (16 x K rows of `a`, stride lda; bf16, or fp32 rounded to bf16 as it is
+ * loaded) * B, B given as Bt (8NT rows n of `bt`, stride ldb, k contiguous). K a multiple of 16; k runs in
+ * order 0, 16, ... (fixed summation order). */
+template <int NT, int K, typename TA>
+__device__ __forceinline__ void warp_mma(float (&c)[NT][4], const TA *a, int lda, const bf16 *bt, int ldb) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int ks = 0; ks < K; ks += 16) {
-    const bf16 *ar = a + g * lda + ks + 2 * t;
+    const TA *ar = a + g * lda + ks + 2 * t;
     const uint32_t a0 = lds32(ar), a1 = lds32(ar + 8 * lda), a2 = lds32(ar + 8), a3 = lds32(ar + 8 * lda + 8);
-#pragma unroll
-    for (int n = 0; n < NT; n++) {
-      const bf16 *br = bt + (8 * n + g) * ldb + ks + 2 * t;
-      mma_bf16(c[n], a0, a1, a2, a3, lds32(br), lds32(br + 8));
-    }
-  }
-}
-
-/* The same with A held in fp32 shared memory (stride lda floats, 8-byte aligned rows), rounded to bf16 as
- * it is loaded. */
-template <int NT, int K>
-__device__ __forceinline__ void warp_mma_af32(float (&c)[NT][4], const float *a, int lda, const bf16 *bt, int ldb) {
-  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-#pragma unroll
-  for (int ks = 0; ks < K; ks += 16) {
-    const float *ar = a + g * lda + ks + 2 * t;
-    const float2 x0 = *reinterpret_cast<const float2 *>(ar), x1 = *reinterpret_cast<const float2 *>(ar + 8 * lda);
-    const float2 x2 = *reinterpret_cast<const float2 *>(ar + 8);
-    const float2 x3 = *reinterpret_cast<const float2 *>(ar + 8 * lda + 8);
-    const uint32_t a0 = pack_bf16(x0.x, x0.y), a1 = pack_bf16(x1.x, x1.y), a2 = pack_bf16(x2.x, x2.y),
-                   a3 = pack_bf16(x3.x, x3.y);
 #pragma unroll
     for (int n = 0; n < NT; n++) {
       const bf16 *br = bt + (8 * n + g) * ldb + ks + 2 * t;
