@@ -303,6 +303,64 @@ constexpr int FA_THREADS = FA_WARPS * 32;
 constexpr float FA_LOG2E = 1.4426950408889634f;
 constexpr float FA_LN2 = 0.6931471805599453f;
 
+/* The parts of the FlashAttention-2 step that attn_fa2_kernel (mma.sync) and attn_wgmma_kernel share: both
+ * hold S, P and O in the m16n8 accumulator layout, where this thread owns rows g and g + 8 (i = c >> 1) of
+ * the warp's 16 and, in n-block j, keys kv0 + 8j + 2 t4 + (c & 1). */
+
+/* Logits s to base-2 exponents p (scale and soft-cap folded into mul, cap2); where `masked`, keys past
+ * kv_hi, after the row's position or before its window start become -inf. p may be s. */
+template <int NT>
+__device__ __forceinline__ void fa_exponents(const float (&s)[NT][4], float (&p)[NT][4], bool capped, float mul,
+                                             float cap2, bool masked, int kv0, int t4, int kv_hi,
+                                             const int (&pos)[2], const int (&lo)[2]) {
+  if (capped) { /* warp-uniform branches: the common case is one multiply per logit */
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+      for (int c = 0; c < 4; c++)
+        p[j][c] = cap2 * tanhf(s[j][c] * mul);
+  } else {
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+      for (int c = 0; c < 4; c++)
+        p[j][c] = s[j][c] * mul;
+  }
+  if (masked) {
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+      for (int c = 0; c < 4; c++) {
+        const int i = c >> 1, kj = kv0 + j * 8 + t4 * 2 + (c & 1);
+        p[j][c] = kj < kv_hi && kj <= pos[i] && kj >= lo[i] ? p[j][c] : -INFINITY;
+      }
+  }
+}
+
+/* O / l of this thread's rows (query rows wrow0 + g, + 8 of the tile, those inside the request) to out (bf16)
+ * and, when asked, the LSE (m + log2 l) ln 2; l's 4 parts are summed first. */
+template <int DT>
+__device__ __forceinline__ void fa_store_rows(const attn_args &a, const attn_tile &tile, int hq, int wrow0, int g,
+                                              int t4, const float (&m)[2], float (&l)[2], const float (&o)[DT][4]) {
+#pragma unroll
+  for (int i = 0; i < 2; i++) {
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+    const int qt = wrow0 + g + 8 * i;
+    if (qt >= tile.q_len)
+      continue;
+    const int64_t tok = (int64_t)tile.q0 + qt;
+    const float inv = 1.0f / l[i]; /* every row sees at least its own key */
+    bf16_t *orow = (bf16_t *)a.out + tok * a.o_s0 + (int64_t)hq * a.o_s1;
+#pragma unroll
+    for (int n = 0; n < DT; n++)
+      *reinterpret_cast<__nv_bfloat162 *>(orow + n * 8 + t4 * 2) =
+          __floats2bfloat162_rn(o[n][2 * i] * inv, o[n][2 * i + 1] * inv);
+    if (a.lse && t4 == 0)
+      a.lse[tok * a.hq + hq] = (m[i] + log2f(l[i])) * FA_LN2;
+  }
+}
+
 template <int D, int BN, int STAGES, bool PAGED>
 __global__ void __launch_bounds__(FA_THREADS, 1) attn_fa2_kernel(const __grid_constant__ attn_args a) {
   constexpr int LD = D + 8, NT = BN / 8, DT = D / 8, KS = D / 16, CH = D / 8;
@@ -414,28 +472,9 @@ __global__ void __launch_bounds__(FA_THREADS, 1) attn_fa2_kernel(const __grid_co
 
     /* logits to base-2 exponents; masks only where the tile crosses a diagonal, window edge or end */
     const bool masked = kv0 + BN - 1 > wpos_first || kv0 + BN > tile.kv_hi || (a.window > 0 && kv0 < wlo_last);
-    if (capped) { /* warp-uniform branches: the common case is one multiply per logit */
-#pragma unroll
-      for (int j = 0; j < NT; j++)
-#pragma unroll
-        for (int c = 0; c < 4; c++)
-          s[j][c] = cap2 * tanhf(s[j][c] * mul);
-    } else {
-#pragma unroll
-      for (int j = 0; j < NT; j++)
-#pragma unroll
-        for (int c = 0; c < 4; c++)
-          s[j][c] *= mul;
-    }
-    if (masked) {
-#pragma unroll
-      for (int j = 0; j < NT; j++)
-#pragma unroll
-        for (int c = 0; c < 4; c++) {
-          const int i = c >> 1, kj = kv0 + j * 8 + t4 * 2 + (c & 1);
-          s[j][c] = kj < tile.kv_hi && kj <= pos[i] && kj >= lo[i] ? s[j][c] : -INFINITY;
-        }
-    }
+    fa_exponents<NT>(s, s, capped, mul, cap2, masked, kv0, t4, tile.kv_hi, pos, lo);
+    /* The online softmax, repeated in attn_wgmma_kernel: as a shared helper it changed this kernel's
+     * register allocation (same instructions, other registers), so each kernel keeps its copy. */
     float mt[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int j = 0; j < NT; j++)
@@ -484,24 +523,7 @@ __global__ void __launch_bounds__(FA_THREADS, 1) attn_fa2_kernel(const __grid_co
     }
   }
   cp_async_wait<0>(); /* no copy outlives the CTA (the trailing groups are empty) */
-
-#pragma unroll
-  for (int i = 0; i < 2; i++) {
-    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
-    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
-    const int qt = wrow0 + g + 8 * i;
-    if (qt >= tile.q_len)
-      continue;
-    const int64_t tok = (int64_t)tile.q0 + qt;
-    const float inv = 1.0f / l[i]; /* every row sees at least its own key */
-    bf16_t *orow = (bf16_t *)a.out + tok * a.o_s0 + (int64_t)hq * a.o_s1;
-#pragma unroll
-    for (int n = 0; n < DT; n++)
-      *reinterpret_cast<__nv_bfloat162 *>(orow + n * 8 + t4 * 2) =
-          __floats2bfloat162_rn(o[n][2 * i] * inv, o[n][2 * i + 1] * inv);
-    if (a.lse && t4 == 0)
-      a.lse[tok * a.hq + hq] = (m[i] + log2f(l[i])) * FA_LN2;
-  }
+  fa_store_rows<DT>(a, tile, hq, wrow0, g, t4, m, l, o);
 }
 
 /* ---- Paged decode v2 (bandwidth first; UPF_ATTN_DECODE=v2, bf16, D = 64/128/256, 16-byte rows) ----
@@ -914,28 +936,7 @@ __global__ void __launch_bounds__(WA_THREADS, 1) attn_wgmma_kernel(const __grid_
     /* logits to base-2 exponents; masks only where the tile crosses a diagonal, window edge or end */
     const bool masked = kv0 + WA_BN - 1 > wpos_first || kv0 + WA_BN > tile.kv_hi || (a.window > 0 && kv0 < wlo_last);
     float p[NT][4];
-    if (capped) {
-#pragma unroll
-      for (int j = 0; j < NT; j++)
-#pragma unroll
-        for (int c = 0; c < 4; c++)
-          p[j][c] = cap2 * tanhf(sacc[j][c] * mul);
-    } else {
-#pragma unroll
-      for (int j = 0; j < NT; j++)
-#pragma unroll
-        for (int c = 0; c < 4; c++)
-          p[j][c] = sacc[j][c] * mul;
-    }
-    if (masked) {
-#pragma unroll
-      for (int j = 0; j < NT; j++)
-#pragma unroll
-        for (int c = 0; c < 4; c++) {
-          const int i = c >> 1, kj = kv0 + j * 8 + t4 * 2 + (c & 1);
-          p[j][c] = kj < tile.kv_hi && kj <= pos[i] && kj >= lo[i] ? p[j][c] : -INFINITY;
-        }
-    }
+    fa_exponents<NT>(sacc, p, capped, mul, cap2, masked, kv0, t4, tile.kv_hi, pos, lo);
     float mt[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int j = 0; j < NT; j++)
@@ -1020,23 +1021,7 @@ __global__ void __launch_bounds__(WA_THREADS, 1) attn_wgmma_kernel(const __grid_
     release(ntiles - 1);
   }
 
-#pragma unroll
-  for (int i = 0; i < 2; i++) {
-    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
-    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
-    const int qt = wrow0 + g + 8 * i;
-    if (qt >= tile.q_len)
-      continue;
-    const int64_t tok = (int64_t)tile.q0 + qt;
-    const float inv = 1.0f / l[i]; /* every row sees at least its own key */
-    bf16_t *orow = (bf16_t *)a.out + tok * a.o_s0 + (int64_t)hq * a.o_s1;
-#pragma unroll
-    for (int n = 0; n < DT; n++)
-      *reinterpret_cast<__nv_bfloat162 *>(orow + n * 8 + t4 * 2) =
-          __floats2bfloat162_rn(o[n][2 * i] * inv, o[n][2 * i + 1] * inv);
-    if (a.lse && t4 == 0)
-      a.lse[tok * a.hq + hq] = (m[i] + log2f(l[i])) * FA_LN2;
-  }
+  fa_store_rows<DT>(a, tile, hq, wrow0, g, t4, m, l, o);
 #else
   __trap(); /* built without sm_90a: the host never launches this */
 #endif
