@@ -56,12 +56,13 @@ __device__ __forceinline__ void warp_mma(float (&c)[NT][4], const TA *a, int lda
 
 /* ldmatrix .x4 (no transpose): lane l gives the row address of matrix l / 8, row l % 8; lane l
  * receives (row l / 4, cols 2(l % 4), 2(l % 4) + 1) of matrix i in register i. */
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const bf16 *row) {
+__device__ __forceinline__ void ldsm_x4(uint32_t &d0, uint32_t &d1, uint32_t &d2, uint32_t &d3, const bf16 *row) {
   const uint32_t addr = (uint32_t)__cvta_generic_to_shared(row);
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "=r"(d0), "=r"(d1), "=r"(d2), "=r"(d3)
                : "r"(addr));
 }
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const bf16 *row) { ldsm_x4(r[0], r[1], r[2], r[3], row); }
 
 /* ldmatrix .x4 .trans: lanes 8i..8i+7 give the 16-byte rows of 8x8 matrix i; lane l receives (row 2(l%4),
  * col l/4) and (row 2(l%4)+1, col l/4) of matrix i in register i - with rows = k and cols = n, exactly

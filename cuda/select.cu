@@ -118,6 +118,7 @@
 
 #include "cuda/cuda_backend.cuh"
 #include "cuda/cuda_check.cuh"
+#include "cuda/mma_sync.cuh"
 #include "cuda/select.cuh"
 #include "cuda/wgmma.cuh"
 
@@ -421,7 +422,7 @@ struct MmaBf16 {
       uint32_t dst = base + kk * D * 2 + ((ch0 ^ (kk & 7)) << 4);
       asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(in ? 16 : 0));
     }
-    asm volatile("cp.async.commit_group;\n" ::);
+    upf_mma::cp_async_commit();
   }
 
   /* x*0 + chk is NaN for x = NaN or +-Inf: checks this thread's slice of the tile in buffer buf. */
@@ -487,10 +488,10 @@ struct MmaBf16 {
       uint32_t dst = (uint32_t)__cvta_generic_to_shared(base + kk * D * 2 + ((ch ^ (kk & 7)) << 4));
       asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
     }
-    asm volatile("cp.async.commit_group;\n" ::);
+    upf_mma::cp_async_commit();
   }
 
-  __device__ __forceinline__ void wait_k() { asm volatile("cp.async.wait_group 0;\n" ::); }
+  __device__ __forceinline__ void wait_k() { upf_mma::cp_async_wait<0>(); }
 
   __device__ __forceinline__ void compute(const uint8_t *smem, int buf, float (&acc)[MT][8][4]) {
     const int lane = threadIdx.x & 31;
@@ -509,11 +510,8 @@ struct MmaBf16 {
       for (int np = 0; np < 4; np++) {
         int kk = np * 16 + rr + ((mi & 2) ? 8 : 0);
         int ch = ks * 2 + (mi & 1);
-        uint32_t addr = (uint32_t)__cvta_generic_to_shared(base + kk * D * 2 + ((ch ^ rr) << 4));
         uint32_t b0, b1, b2, b3;
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                     : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
-                     : "r"(addr));
+        upf_mma::ldsm_x4(b0, b1, b2, b3, (const __nv_bfloat16 *)(base + kk * D * 2 + ((ch ^ rr) << 4)));
 #pragma unroll
         for (int mt = 0; mt < MT; mt++) {
           mma(acc[mt][2 * np], a[mt][ks], b0, b1);
@@ -541,11 +539,8 @@ struct MmaBf16 {
       for (int npl = 0; npl < 2; npl++) {
         int kk = (half * 2 + npl) * 16 + rr + ((mi & 2) ? 8 : 0);
         int ch = ks * 2 + (mi & 1);
-        uint32_t addr = (uint32_t)__cvta_generic_to_shared(base + kk * D * 2 + ((ch ^ rr) << 4));
         uint32_t b0, b1, b2, b3;
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                     : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
-                     : "r"(addr));
+        upf_mma::ldsm_x4(b0, b1, b2, b3, (const __nv_bfloat16 *)(base + kk * D * 2 + ((ch ^ rr) << 4)));
 #pragma unroll
         for (int mt = 0; mt < MT; mt++) {
           mma(acc[mt][2 * npl], a[mt][ks], b0, b1);
@@ -556,10 +551,7 @@ struct MmaBf16 {
   }
 
   static __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    upf_mma::mma_bf16(d, a[0], a[1], a[2], a[3], b0, b1);
   }
 };
 
@@ -813,9 +805,9 @@ __global__ void __launch_bounds__(P::THREADS, P::MINB) sel_score_kernel(const sc
     pol.load_q(x, smem, qrow_off, valid);
     pol.check_q();
     if (ntile > 1)
-      asm volatile("cp.async.wait_group 1;\n" ::);
+      upf_mma::cp_async_wait<1>();
     else
-      asm volatile("cp.async.wait_group 0;\n" ::);
+      upf_mma::cp_async_wait<0>();
     __syncthreads();
     const bool check_k = rg == 0; /* the other row groups read the same K tiles */
     if (check_k)
@@ -834,7 +826,7 @@ __global__ void __launch_bounds__(P::THREADS, P::MINB) sel_score_kernel(const sc
       const int kb = k0 + t * KT;
       pol.compute_half(smem, t & 1, 1, acc1);
       epi_big<MT, 4>(acc0, kb, kb + 31 > n - x.L, (kb + 32) % x.SG == 0, lim, valid, R, st, x, rq, tq);
-      asm volatile("cp.async.wait_group 0;\n" ::);
+      upf_mma::cp_async_wait<0>();
       __syncthreads();
       if (t + 2 < ntile)
         pol.issue_fast(smem, t & 1, n, kb + 2 * KT);
