@@ -34,6 +34,7 @@
 #include "cuda/attn.cuh"
 #include "cuda/cuda_backend.cuh"
 #include "cuda/cuda_check.cuh"
+#include "cuda/mma_sync.cuh"
 #include "cuda/wgmma.cuh"
 
 namespace {
@@ -271,31 +272,15 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attn_ffma_kernel(const __grid_
  * bytes: an ldmatrix phase's 8 row addresses hit 8 distinct 16-byte bank groups.
  * Fragment layouts (PTX ISA, mma.m16n8k16 .bf16): g = lane / 4, t = lane % 4;
  *   A regs {row g, cols 2t..2t+1}, {row g+8, same}, {row g, cols 2t+8..}, {row g+8, cols 2t+8..};
- *   B regs {k 2t..2t+1, col g}, {k 2t+8.., col g};  C {row g, cols 2t, 2t+1}, {row g+8, same}. */
-
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t *>(&h);
-}
-
-/* ldmatrix .x4 .trans: lanes 8i..8i+7 give the 16-byte rows of 8x8 matrix i; lane l receives (row 2(l%4),
- * col l/4) and (row 2(l%4)+1, col l/4) of matrix i in register i - with rows = keys and cols = dims,
- * exactly the B fragment {k 2t..2t+1, col g} of the P.V mma. */
-__device__ __forceinline__ void ldsm_x4_trans(uint32_t &d0, uint32_t &d1, uint32_t &d2, uint32_t &d3,
-                                              const bf16_t *row) {
-  const uint32_t addr = (uint32_t)__cvta_generic_to_shared(row);
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(d0), "=r"(d1), "=r"(d2), "=r"(d3)
-               : "r"(addr));
-}
-
-__device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                         uint32_t b0, uint32_t b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-               "{%0,%1,%2,%3};\n"
-               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
+ *   B regs {k 2t..2t+1, col g}, {k 2t+8.., col g};  C {row g, cols 2t, 2t+1}, {row g+8, same}.
+ * The fragment helpers (pack_bf16, mma_bf16, ldmatrix, cp.async) are cuda/mma_sync.cuh's. */
+using upf_mma::cp_async16;
+using upf_mma::cp_async_commit;
+using upf_mma::cp_async_wait;
+using upf_mma::ldsm_x4;
+using upf_mma::ldsm_x4_trans;
+using upf_mma::mma_bf16;
+using upf_mma::pack_bf16;
 
 /* attn_fa2_kernel<D, BN, STAGES, PAGED>: a CTA of 8 warps owns FA_BM = 128 query rows of one request
  * and one q head; warp w owns rows [16w, 16w + 16). (Its first version, 64-row tiles with synchronous
@@ -318,23 +303,62 @@ constexpr int FA_THREADS = FA_WARPS * 32;
 constexpr float FA_LOG2E = 1.4426950408889634f;
 constexpr float FA_LN2 = 0.6931471805599453f;
 
-/* 16-byte global -> shared copy; valid = false zero-fills (src-size 0 reads nothing from src). */
-__device__ __forceinline__ void cp_async16(bf16_t *dst, const bf16_t *src, bool valid) {
-  const uint32_t s = (uint32_t)__cvta_generic_to_shared(dst);
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> __device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+/* The parts of the FlashAttention-2 step that attn_fa2_kernel (mma.sync) and attn_wgmma_kernel share: both
+ * hold S, P and O in the m16n8 accumulator layout, where this thread owns rows g and g + 8 (i = c >> 1) of
+ * the warp's 16 and, in n-block j, keys kv0 + 8j + 2 t4 + (c & 1). */
+
+/* Logits s to base-2 exponents p (scale and soft-cap folded into mul, cap2); where `masked`, keys past
+ * kv_hi, after the row's position or before its window start become -inf. p may be s. */
+template <int NT>
+__device__ __forceinline__ void fa_exponents(const float (&s)[NT][4], float (&p)[NT][4], bool capped, float mul,
+                                             float cap2, bool masked, int kv0, int t4, int kv_hi,
+                                             const int (&pos)[2], const int (&lo)[2]) {
+  if (capped) { /* warp-uniform branches: the common case is one multiply per logit */
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+      for (int c = 0; c < 4; c++)
+        p[j][c] = cap2 * tanhf(s[j][c] * mul);
+  } else {
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+      for (int c = 0; c < 4; c++)
+        p[j][c] = s[j][c] * mul;
+  }
+  if (masked) {
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+      for (int c = 0; c < 4; c++) {
+        const int i = c >> 1, kj = kv0 + j * 8 + t4 * 2 + (c & 1);
+        p[j][c] = kj < kv_hi && kj <= pos[i] && kj >= lo[i] ? p[j][c] : -INFINITY;
+      }
+  }
 }
 
-/* ldmatrix .x4 (no transpose): lane l gives the row address of matrix l / 8, row l % 8; lane l
- * receives (row l / 4, cols 2(l % 4), 2(l % 4) + 1) of matrix i in register i. */
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const bf16_t *row) {
-  const uint32_t addr = (uint32_t)__cvta_generic_to_shared(row);
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
+/* O / l of this thread's rows (query rows wrow0 + g, + 8 of the tile, those inside the request) to out (bf16)
+ * and, when asked, the LSE (m + log2 l) ln 2; l's 4 parts are summed first. */
+template <int DT>
+__device__ __forceinline__ void fa_store_rows(const attn_args &a, const attn_tile &tile, int hq, int wrow0, int g,
+                                              int t4, const float (&m)[2], float (&l)[2], const float (&o)[DT][4]) {
+#pragma unroll
+  for (int i = 0; i < 2; i++) {
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+    const int qt = wrow0 + g + 8 * i;
+    if (qt >= tile.q_len)
+      continue;
+    const int64_t tok = (int64_t)tile.q0 + qt;
+    const float inv = 1.0f / l[i]; /* every row sees at least its own key */
+    bf16_t *orow = (bf16_t *)a.out + tok * a.o_s0 + (int64_t)hq * a.o_s1;
+#pragma unroll
+    for (int n = 0; n < DT; n++)
+      *reinterpret_cast<__nv_bfloat162 *>(orow + n * 8 + t4 * 2) =
+          __floats2bfloat162_rn(o[n][2 * i] * inv, o[n][2 * i + 1] * inv);
+    if (a.lse && t4 == 0)
+      a.lse[tok * a.hq + hq] = (m[i] + log2f(l[i])) * FA_LN2;
+  }
 }
 
 template <int D, int BN, int STAGES, bool PAGED>
@@ -448,28 +472,9 @@ __global__ void __launch_bounds__(FA_THREADS, 1) attn_fa2_kernel(const __grid_co
 
     /* logits to base-2 exponents; masks only where the tile crosses a diagonal, window edge or end */
     const bool masked = kv0 + BN - 1 > wpos_first || kv0 + BN > tile.kv_hi || (a.window > 0 && kv0 < wlo_last);
-    if (capped) { /* warp-uniform branches: the common case is one multiply per logit */
-#pragma unroll
-      for (int j = 0; j < NT; j++)
-#pragma unroll
-        for (int c = 0; c < 4; c++)
-          s[j][c] = cap2 * tanhf(s[j][c] * mul);
-    } else {
-#pragma unroll
-      for (int j = 0; j < NT; j++)
-#pragma unroll
-        for (int c = 0; c < 4; c++)
-          s[j][c] *= mul;
-    }
-    if (masked) {
-#pragma unroll
-      for (int j = 0; j < NT; j++)
-#pragma unroll
-        for (int c = 0; c < 4; c++) {
-          const int i = c >> 1, kj = kv0 + j * 8 + t4 * 2 + (c & 1);
-          s[j][c] = kj < tile.kv_hi && kj <= pos[i] && kj >= lo[i] ? s[j][c] : -INFINITY;
-        }
-    }
+    fa_exponents<NT>(s, s, capped, mul, cap2, masked, kv0, t4, tile.kv_hi, pos, lo);
+    /* The online softmax, repeated in attn_wgmma_kernel: as a shared helper it changed this kernel's
+     * register allocation (same instructions, other registers), so each kernel keeps its copy. */
     float mt[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int j = 0; j < NT; j++)
@@ -518,24 +523,7 @@ __global__ void __launch_bounds__(FA_THREADS, 1) attn_fa2_kernel(const __grid_co
     }
   }
   cp_async_wait<0>(); /* no copy outlives the CTA (the trailing groups are empty) */
-
-#pragma unroll
-  for (int i = 0; i < 2; i++) {
-    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
-    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
-    const int qt = wrow0 + g + 8 * i;
-    if (qt >= tile.q_len)
-      continue;
-    const int64_t tok = (int64_t)tile.q0 + qt;
-    const float inv = 1.0f / l[i]; /* every row sees at least its own key */
-    bf16_t *orow = (bf16_t *)a.out + tok * a.o_s0 + (int64_t)hq * a.o_s1;
-#pragma unroll
-    for (int n = 0; n < DT; n++)
-      *reinterpret_cast<__nv_bfloat162 *>(orow + n * 8 + t4 * 2) =
-          __floats2bfloat162_rn(o[n][2 * i] * inv, o[n][2 * i + 1] * inv);
-    if (a.lse && t4 == 0)
-      a.lse[tok * a.hq + hq] = (m[i] + log2f(l[i])) * FA_LN2;
-  }
+  fa_store_rows<DT>(a, tile, hq, wrow0, g, t4, m, l, o);
 }
 
 /* ---- Paged decode v2 (bandwidth first; UPF_ATTN_DECODE=v2, bf16, D = 64/128/256, 16-byte rows) ----
@@ -574,12 +562,10 @@ template <int D> struct dec_shape {
   static constexpr size_t smem = ring_bytes + (size_t)DEC_WARPS * RB * (D + 2) * sizeof(float);
 };
 
-/* cp.async issue and wait with a "memory" clobber: with no block barrier in the loop, these are what
- * keeps the compiler from moving the ring's shared loads across the copies that fill it. */
-__device__ __forceinline__ void cp_async16_ordered(void *dst, const bf16_t *src, bool valid) {
-  const uint32_t s = (uint32_t)__cvta_generic_to_shared(dst);
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(valid ? 16 : 0) : "memory");
-}
+/* cp.async issue (cuda/wgmma.cuh's cp_async16_to) and wait with a "memory" clobber: with no block
+ * barrier in the loop, these are what keeps the compiler from moving the ring's shared loads across the
+ * copies that fill it. */
+__device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 template <int N> __device__ __forceinline__ void cp_async_wait_ordered() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
@@ -659,8 +645,8 @@ __global__ void __launch_bounds__(DEC_THREADS, 1) attn_decode_v2_kernel(const __
 #pragma unroll
       for (int i = 0; i < VPL; i++) {
         const int e = 8 * (c + DEC_LPK * i);
-        cp_async16_ordered(dst + i * DEC_THREADS, K + ko + e, ok);
-        cp_async16_ordered(dst + (VPL + i) * DEC_THREADS, V + vo + e, ok);
+        upf_wgmma::cp_async16_to(smem_addr(dst + i * DEC_THREADS), K + ko + e, ok);
+        upf_wgmma::cp_async16_to(smem_addr(dst + (VPL + i) * DEC_THREADS), V + vo + e, ok);
       }
       kj_issue += DEC_KPS, slot += DEC_KPS;
       while (slot >= P)
@@ -880,7 +866,7 @@ __global__ void __launch_bounds__(WA_THREADS, 1) attn_wgmma_kernel(const __grid_
       }
       cp_async_mbar_arrive(full + 8 * st);
     }
-    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    cp_async_wait_all();
     return;
   }
 
@@ -950,28 +936,7 @@ __global__ void __launch_bounds__(WA_THREADS, 1) attn_wgmma_kernel(const __grid_
     /* logits to base-2 exponents; masks only where the tile crosses a diagonal, window edge or end */
     const bool masked = kv0 + WA_BN - 1 > wpos_first || kv0 + WA_BN > tile.kv_hi || (a.window > 0 && kv0 < wlo_last);
     float p[NT][4];
-    if (capped) {
-#pragma unroll
-      for (int j = 0; j < NT; j++)
-#pragma unroll
-        for (int c = 0; c < 4; c++)
-          p[j][c] = cap2 * tanhf(sacc[j][c] * mul);
-    } else {
-#pragma unroll
-      for (int j = 0; j < NT; j++)
-#pragma unroll
-        for (int c = 0; c < 4; c++)
-          p[j][c] = sacc[j][c] * mul;
-    }
-    if (masked) {
-#pragma unroll
-      for (int j = 0; j < NT; j++)
-#pragma unroll
-        for (int c = 0; c < 4; c++) {
-          const int i = c >> 1, kj = kv0 + j * 8 + t4 * 2 + (c & 1);
-          p[j][c] = kj < tile.kv_hi && kj <= pos[i] && kj >= lo[i] ? p[j][c] : -INFINITY;
-        }
-    }
+    fa_exponents<NT>(sacc, p, capped, mul, cap2, masked, kv0, t4, tile.kv_hi, pos, lo);
     float mt[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int j = 0; j < NT; j++)
@@ -1056,23 +1021,7 @@ __global__ void __launch_bounds__(WA_THREADS, 1) attn_wgmma_kernel(const __grid_
     release(ntiles - 1);
   }
 
-#pragma unroll
-  for (int i = 0; i < 2; i++) {
-    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
-    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
-    const int qt = wrow0 + g + 8 * i;
-    if (qt >= tile.q_len)
-      continue;
-    const int64_t tok = (int64_t)tile.q0 + qt;
-    const float inv = 1.0f / l[i]; /* every row sees at least its own key */
-    bf16_t *orow = (bf16_t *)a.out + tok * a.o_s0 + (int64_t)hq * a.o_s1;
-#pragma unroll
-    for (int n = 0; n < DT; n++)
-      *reinterpret_cast<__nv_bfloat162 *>(orow + n * 8 + t4 * 2) =
-          __floats2bfloat162_rn(o[n][2 * i] * inv, o[n][2 * i + 1] * inv);
-    if (a.lse && t4 == 0)
-      a.lse[tok * a.hq + hq] = (m[i] + log2f(l[i])) * FA_LN2;
-  }
+  fa_store_rows<DT>(a, tile, hq, wrow0, g, t4, m, l, o);
 #else
   __trap(); /* built without sm_90a: the host never launches this */
 #endif

@@ -103,7 +103,7 @@ constexpr size_t PREP_SMEM = (size_t)(2 * CH * LDA + 2 * D * LDB) * sizeof(bf16)
 template <int NT> __device__ __forceinline__ void product_t_times(const float *xrows, const bf16 *bt, bf16 *out) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
   float acc[NT][4] = {};
-  upf_mma::warp_mma_af32<NT, CH>(acc, xrows, LDF, bt, LDB);
+  warp_mma<NT, CH>(acc, xrows, LDF, bt, LDB); /* T rows: fp32, rounded as loaded */
 #pragma unroll
   for (int nt = 0; nt < NT; nt++)
 #pragma unroll
@@ -120,6 +120,18 @@ __device__ __forceinline__ void gate_beta(const prep_args &a, int h, int64_t t, 
   const float sp = x > 20.0f ? x : log1pf(expf(x)); /* softplus, torch's threshold */
   gv = -expf(a.a_log[h]) * sp;
   beta = 1.0f / (1.0f + expf(-ld((const T *)a.b + t * a.b_s0 + h)));
+}
+
+/* Threads 0..CH-1: the gate and beta of chunk row tid into gs, bs (rows past the request's end: 0, 0). */
+template <typename T>
+__device__ __forceinline__ void gates_to_smem(const prep_args &a, int h, int64_t tok0, int len, float *gs, float *bs) {
+  const int tid = threadIdx.x;
+  if (tid < CH) {
+    float gv = 0.0f, beta = 0.0f;
+    if (tid < len)
+      gate_beta<T>(a, h, tok0 + tid, gv, beta);
+    gs[tid] = gv, bs[tid] = beta;
+  }
 }
 
 /* From the calling warp's K K^T and Q K^T blocks (rows i0 + g (+8), columns j1 + 8 nt + 2 t4 (+1)): A (fp32,
@@ -206,12 +218,7 @@ template <typename T> __global__ void __launch_bounds__(THREADS) chunk_prep_kern
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
   const int64_t ch_h = (int64_t)n * a.hv + h, ch_k = (int64_t)n * a.hk + kh;
 
-  if (tid < CH) {
-    float gv = 0.0f, beta = 0.0f;
-    if (tid < len)
-      gate_beta<T>(a, h, tok0 + tid, gv, beta);
-    gs[tid] = gv, bs[tid] = beta;
-  }
+  gates_to_smem<T>(a, h, tok0, len, gs, bs);
   __syncthreads();
   if (tid < CH) { /* every thread sums its own prefix left to right: the serial cumsum's bits */
     float G = 0.0f;
@@ -390,12 +397,7 @@ __global__ void __launch_bounds__(PREP2_THREADS, 2) chunk_prep_v2_kernel(const _
   }
   upf_mma::cp_async_commit();
 
-  if (tid < CH) {
-    float gv = 0.0f, beta = 0.0f;
-    if (tid < len)
-      gate_beta<bf16>(a, h, tok0 + tid, gv, beta);
-    gs[tid] = gv, bs[tid] = beta;
-  }
+  gates_to_smem<bf16>(a, h, tok0, len, gs, bs);
   __syncthreads();
   if (tid < CH) { /* the serial cumsum's bits: the prefix left to right, the trips past tid predicated off */
     float G = 0.0f;
@@ -815,6 +817,59 @@ __device__ __forceinline__ void load_stage(const state_args &a, unsigned char *s
     upf_mma::cp_async16(Gs + 4 * threadIdx.x, gc + 4 * threadIdx.x);
 }
 
+/* V' = U - W S for the calling warp's rows i0 + g (+8), columns col0 + 8 nt + 2 t4 (+1) (vp = W S there), as
+ * bf16 into VpT and, decayed by exp(G_last - G_i), into VdT (both transposed: [column][LDB]). */
+template <int NT>
+__device__ __forceinline__ void store_vprime(const float (&vp)[NT][4], int i0, int col0, const bf16 *Us,
+                                             const float *Gs, float GL, bf16 *VpT, bf16 *VdT) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+#pragma unroll
+  for (int half = 0; half < 2; half++) {
+    const int i = i0 + g + 8 * half;
+    const float ed = expf(GL - Gs[i]);
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+      for (int c = 0; c < 2; c++) {
+        const int col = col0 + 8 * nt + 2 * t4 + c;
+        const float val = __bfloat162float(Us[i * LDU + col]) - vp[nt][2 * half + c];
+        VpT[col * LDB + i] = __float2bfloat16_rn(val);
+        VdT[col * LDB + i] = __float2bfloat16_rn(val * ed);
+      }
+  }
+}
+
+/* O rows i0 + g (+8) of the calling warp's Q S block times exp(G_i). */
+template <int NT> __device__ __forceinline__ void scale_rows_exp_g(float (&o)[NT][4], int i0, int g, const float *Gs) {
+#pragma unroll
+  for (int half = 0; half < 2; half++) {
+    const float eg = expf(Gs[i0 + g + 8 * half]);
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+      o[nt][2 * half] *= eg, o[nt][2 * half + 1] *= eg;
+  }
+}
+
+/* The calling warp's O block (chunk rows i0 + g (+8), those inside the chunk; value columns col0 + 8 nt +
+ * 2 t4 (+1)) of value head h to the output. */
+template <typename TO, int NT>
+__device__ __forceinline__ void store_o_rows(const state_args &a, int2 chunk, int h, int i0, int col0,
+                                             const float (&o)[NT][4]) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+#pragma unroll
+  for (int half = 0; half < 2; half++) {
+    const int i = i0 + g + 8 * half;
+    if (i < chunk.y) {
+      TO *orow = (TO *)a.o + (int64_t)(chunk.x + i) * a.o_s0 + (int64_t)h * a.o_s1 + col0;
+#pragma unroll
+      for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int c = 0; c < 2; c++)
+          st(orow + 8 * nt + 2 * t4 + c, o[nt][2 * half + c]);
+    }
+  }
+}
+
 /* WARPS = 4: warp w owns chunk rows 16w..16w+15 for both V' (W S) and O (Q S, P V'), and state rows
  * 32w..32w+31. WARPS = 8: warps 0-3 compute V' and warps 4-7 O for chunk rows 16 (w mod 4).., in
  * parallel; warp w owns state rows 16w..16w+15. Same sums in the same order either way.
@@ -884,65 +939,22 @@ __global__ void __launch_bounds__(32 * WARPS, 1) chunk_state_kernel(const __grid
       const int cw = 16 * (warp >> 2);
       float vp[2][4] = {};
       warp_mma<2, D>(vp, Ws + i0 * LDA, LDA, St + cw * LDA, LDA); /* W S, columns cw..cw+15 */
-#pragma unroll
-      for (int half = 0; half < 2; half++) {
-        const int i = i0 + g + 8 * half;
-        const float ed = expf(GL - Gs[i]);
-#pragma unroll
-        for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-          for (int c = 0; c < 2; c++) {
-            const int col = cw + 8 * nt + 2 * t4 + c;
-            const float val = __bfloat162float(Us[i * LDU + col]) - vp[nt][2 * half + c];
-            VpT[col * LDB + i] = __float2bfloat16_rn(val);
-            VdT[col * LDB + i] = __float2bfloat16_rn(val * ed);
-          }
-      }
+      store_vprime<2>(vp, i0, cw, Us, Gs, GL, VpT, VdT);
     } else if (does_v) {
       float vp[NT][4] = {};
       warp_mma<NT, D>(vp, Ws + i0 * LDA, LDA, St, LDA); /* W S */
-#pragma unroll
-      for (int half = 0; half < 2; half++) {
-        const int i = i0 + g + 8 * half;
-        const float ed = expf(GL - Gs[i]);
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-          for (int c = 0; c < 2; c++) {
-            const int col = 8 * nt + 2 * t4 + c;
-            const float val = __bfloat162float(Us[i * LDU + col]) - vp[nt][2 * half + c];
-            VpT[col * LDB + i] = __float2bfloat16_rn(val);
-            VdT[col * LDB + i] = __float2bfloat16_rn(val * ed);
-          }
-      }
+      store_vprime<NT>(vp, i0, 0, Us, Gs, GL, VpT, VdT);
     }
     if (!SPLIT && does_o) {
       warp_mma<NT, D>(o, Qs + i0 * LDA, LDA, St, LDA); /* Q S */
-#pragma unroll
-      for (int half = 0; half < 2; half++) {
-        const float eg = expf(Gs[i0 + g + 8 * half]);
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-          o[nt][2 * half] *= eg, o[nt][2 * half + 1] *= eg;
-      }
+      scale_rows_exp_g<NT>(o, i0, g, Gs);
     }
     __syncthreads(); /* V' complete */
     if constexpr (SPLIT)
       copy_tile_rows<256, CH>(VpT, LDB, a.ws.vpt + (((int64_t)n * a.hv + h) * D + v0) * CH);
     if (!SPLIT && does_o) {
       warp_mma<NT, CH>(o, Ps + i0 * LDB, LDB, VpT, LDB); /* + P V' */
-#pragma unroll
-      for (int half = 0; half < 2; half++) {
-        const int i = i0 + g + 8 * half;
-        if (i < chunk.y) {
-          TO *orow = (TO *)a.o + (int64_t)(chunk.x + i) * a.o_s0 + (int64_t)h * a.o_s1 + v0;
-#pragma unroll
-          for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-            for (int c = 0; c < 2; c++)
-              st(orow + 8 * nt + 2 * t4 + c, o[nt][2 * half + c]);
-        }
-      }
+      store_o_rows<TO, NT>(a, chunk, h, i0, v0, o);
     }
     const float eL = expf(GL);
 #pragma unroll
@@ -1008,27 +1020,10 @@ template <typename TO> __global__ void __launch_bounds__(OUT_THREADS, 2) chunk_o
   const int i0 = 16 * (warp & 3), c0 = 64 * (warp >> 2);
   float o[8][4] = {};
   warp_mma<8, D>(o, Qs + i0 * LDA, LDA, St + c0 * LDA, LDA); /* Q S */
-#pragma unroll
-  for (int half = 0; half < 2; half++) {
-    const float eg = expf(Gs[i0 + g + 8 * half]);
-#pragma unroll
-    for (int nt = 0; nt < 8; nt++)
-      o[nt][2 * half] *= eg, o[nt][2 * half + 1] *= eg;
-  }
+  scale_rows_exp_g<8>(o, i0, g, Gs);
   warp_mma<8, CH>(o, Ps + i0 * LDB, LDB, VpT + c0 * LDB, LDB); /* + P V' */
   const int2 chunk = a.ws.chunks[n];
-#pragma unroll
-  for (int half = 0; half < 2; half++) {
-    const int i = i0 + g + 8 * half;
-    if (i < chunk.y) {
-      TO *orow = (TO *)a.o + (int64_t)(chunk.x + i) * a.o_s0 + (int64_t)h * a.o_s1 + c0;
-#pragma unroll
-      for (int nt = 0; nt < 8; nt++)
-#pragma unroll
-        for (int c = 0; c < 2; c++)
-          st(orow + 8 * nt + 2 * t4 + c, o[nt][2 * half + c]);
-    }
-  }
+  store_o_rows<TO, 8>(a, chunk, h, i0, c0, o);
 }
 
 size_t align256(size_t x) { return (x + 255) & ~(size_t)255; }

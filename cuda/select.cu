@@ -118,7 +118,9 @@
 
 #include "cuda/cuda_backend.cuh"
 #include "cuda/cuda_check.cuh"
+#include "cuda/mma_sync.cuh"
 #include "cuda/select.cuh"
+#include "cuda/wgmma.cuh"
 
 namespace {
 
@@ -420,7 +422,7 @@ struct MmaBf16 {
       uint32_t dst = base + kk * D * 2 + ((ch0 ^ (kk & 7)) << 4);
       asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(in ? 16 : 0));
     }
-    asm volatile("cp.async.commit_group;\n" ::);
+    upf_mma::cp_async_commit();
   }
 
   /* x*0 + chk is NaN for x = NaN or +-Inf: checks this thread's slice of the tile in buffer buf. */
@@ -486,10 +488,10 @@ struct MmaBf16 {
       uint32_t dst = (uint32_t)__cvta_generic_to_shared(base + kk * D * 2 + ((ch ^ (kk & 7)) << 4));
       asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
     }
-    asm volatile("cp.async.commit_group;\n" ::);
+    upf_mma::cp_async_commit();
   }
 
-  __device__ __forceinline__ void wait_k() { asm volatile("cp.async.wait_group 0;\n" ::); }
+  __device__ __forceinline__ void wait_k() { upf_mma::cp_async_wait<0>(); }
 
   __device__ __forceinline__ void compute(const uint8_t *smem, int buf, float (&acc)[MT][8][4]) {
     const int lane = threadIdx.x & 31;
@@ -508,11 +510,8 @@ struct MmaBf16 {
       for (int np = 0; np < 4; np++) {
         int kk = np * 16 + rr + ((mi & 2) ? 8 : 0);
         int ch = ks * 2 + (mi & 1);
-        uint32_t addr = (uint32_t)__cvta_generic_to_shared(base + kk * D * 2 + ((ch ^ rr) << 4));
         uint32_t b0, b1, b2, b3;
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                     : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
-                     : "r"(addr));
+        upf_mma::ldsm_x4(b0, b1, b2, b3, (const __nv_bfloat16 *)(base + kk * D * 2 + ((ch ^ rr) << 4)));
 #pragma unroll
         for (int mt = 0; mt < MT; mt++) {
           mma(acc[mt][2 * np], a[mt][ks], b0, b1);
@@ -540,11 +539,8 @@ struct MmaBf16 {
       for (int npl = 0; npl < 2; npl++) {
         int kk = (half * 2 + npl) * 16 + rr + ((mi & 2) ? 8 : 0);
         int ch = ks * 2 + (mi & 1);
-        uint32_t addr = (uint32_t)__cvta_generic_to_shared(base + kk * D * 2 + ((ch ^ rr) << 4));
         uint32_t b0, b1, b2, b3;
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                     : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
-                     : "r"(addr));
+        upf_mma::ldsm_x4(b0, b1, b2, b3, (const __nv_bfloat16 *)(base + kk * D * 2 + ((ch ^ rr) << 4)));
 #pragma unroll
         for (int mt = 0; mt < MT; mt++) {
           mma(acc[mt][2 * npl], a[mt][ks], b0, b1);
@@ -555,10 +551,7 @@ struct MmaBf16 {
   }
 
   static __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    upf_mma::mma_bf16(d, a[0], a[1], a[2], a[3], b0, b1);
   }
 };
 
@@ -812,9 +805,9 @@ __global__ void __launch_bounds__(P::THREADS, P::MINB) sel_score_kernel(const sc
     pol.load_q(x, smem, qrow_off, valid);
     pol.check_q();
     if (ntile > 1)
-      asm volatile("cp.async.wait_group 1;\n" ::);
+      upf_mma::cp_async_wait<1>();
     else
-      asm volatile("cp.async.wait_group 0;\n" ::);
+      upf_mma::cp_async_wait<0>();
     __syncthreads();
     const bool check_k = rg == 0; /* the other row groups read the same K tiles */
     if (check_k)
@@ -833,7 +826,7 @@ __global__ void __launch_bounds__(P::THREADS, P::MINB) sel_score_kernel(const sc
       const int kb = k0 + t * KT;
       pol.compute_half(smem, t & 1, 1, acc1);
       epi_big<MT, 4>(acc0, kb, kb + 31 > n - x.L, (kb + 32) % x.SG == 0, lim, valid, R, st, x, rq, tq);
-      asm volatile("cp.async.wait_group 0;\n" ::);
+      upf_mma::cp_async_wait<0>();
       __syncthreads();
       if (t + 2 < ntile)
         pol.issue_fast(smem, t & 1, n, kb + 2 * KT);
@@ -1082,58 +1075,10 @@ struct WgCfg {
   static size_t smem_bytes() { return 1024 + (size_t)NS * STAGE + 2 * NS * 8; }
 };
 
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  asm volatile("{\n"
-               ".reg .pred P1;\n"
-               "WAIT_LOOP:\n"
-               "mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
-               "@!P1 bra WAIT_LOOP;\n"
-               "}\n" ::"r"(bar),
-               "r"(parity)
-               : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("{\n"
-               ".reg .b64 st;\n"
-               "mbarrier.arrive.shared::cta.b64 st, [%0];\n"
-               "}\n" ::"r"(bar)
-               : "memory");
-}
-
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wg_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-/* D(64x64, f32) (+)= A(64x16 bf16, registers) * B(64 keys x 16, smem descriptor)^T */
-__device__ __forceinline__ void wgmma_m64n64k16(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc,
-                                                int scale_d) {
-  asm volatile("{\n"
-               ".reg .pred p;\n"
-               "setp.ne.b32 p, %37, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-               "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n"
-               "}\n"
-               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
-                 "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-                 "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
-                 "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
-                 "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
-                 "+f"(d[7][2]), "+f"(d[7][3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d));
-}
-#endif
-
 template <int D, int VAR>
 __global__ void __launch_bounds__(WgCfg<D, VAR>::THREADS, 1) sel_score_wgmma_kernel(const score_args x) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using namespace upf_wgmma;
   using C = WgCfg<D, VAR>;
   constexpr int NS = C::NS, KS = C::KS, STAGE = C::STAGE, NCW = C::NCW;
   extern __shared__ __align__(16) uint8_t smem[];
@@ -1184,13 +1129,11 @@ __global__ void __launch_bounds__(WgCfg<D, VAR>::THREADS, 1) sel_score_wgmma_ker
         const int kk = r0 + j * RPI, key = kb + kk;
         const bool in = key < n;
         const __nv_bfloat16 *src = in ? kb0 + (int64_t)key * x.ks0 : kb0;
-        const uint32_t dst = dst0 + kk * 128 + ((cc ^ (kk & 7)) << 4);
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(in ? 16 : 0)
-                     : "memory");
+        cp_async16_to(dst0 + kk * 128 + ((cc ^ (kk & 7)) << 4), src, in);
       }
-      asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(full + 8 * st) : "memory");
+      cp_async_mbar_arrive(full + 8 * st);
     }
-    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    cp_async_wait_all();
     return;
   }
 
@@ -1241,13 +1184,12 @@ __global__ void __launch_bounds__(WgCfg<D, VAR>::THREADS, 1) sel_score_wgmma_ker
     st.mc[j] = -INFINITY;
     st.lc[j] = 0.f;
   }
-  constexpr uint64_t DESC_HI = ((uint64_t)1 << 62) | ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 16);
 
   /* Tile t has landed (full barrier) and its generic-proxy (cp.async) writes are ordered before the
    * async-proxy reads of the wgmma that follow. */
   auto ready = [&](int t) {
     mbar_wait(full + 8 * (t % NS), (uint32_t)((t / NS) & 1));
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    fence_proxy_async();
   };
   auto issue = [&](float (&acc)[8][4], int t) {
     if constexpr (!(VAR & 2))
@@ -1256,8 +1198,7 @@ __global__ void __launch_bounds__(WgCfg<D, VAR>::THREADS, 1) sel_score_wgmma_ker
     const uint32_t base = sbase + (t % NS) * STAGE;
 #pragma unroll
     for (int ks = 0; ks < KS; ks++) {
-      const uint32_t addr = base + (ks >> 2) * (KT * 128) + (ks & 3) * 32;
-      wgmma_m64n64k16(acc, a[ks], DESC_HI | (uint64_t)((addr & 0x3FFFFu) >> 4), ks);
+      wgmma_m64n64k16(acc, a[ks], desc_kmajor_sw128(base + (ks >> 2) * (KT * 128) + (ks & 3) * 32), ks);
     }
     wg_commit();
   };

@@ -1,7 +1,7 @@
-/* Hopper (sm_90a) building blocks for the attention wgmma kernel: mbarriers, wgmma fences and the two
- * wgmma shapes it uses (A from registers, B from a shared-memory descriptor). The same instructions as
- * cuda/select.cu's score kernel, which runs on the H200. Include only from .cu files built for sm_90a
- * with the wgmma code inside #if defined(__CUDA_ARCH_FEAT_SM90_ALL). */
+/* Hopper (sm_90a) building blocks of the wgmma kernels (cuda/attn.cu's prefill, cuda/select.cu's
+ * score kernel): mbarriers, cp.async into the swizzled ring, wgmma fences, shared-memory descriptors and
+ * the two wgmma shapes they use (A from registers, B from a shared-memory descriptor). Include only from
+ * .cu files built for sm_90a with the wgmma code inside #if defined(__CUDA_ARCH_FEAT_SM90_ALL). */
 #ifndef UNIPREFILL_CUDA_WGMMA_CUH
 #define UNIPREFILL_CUDA_WGMMA_CUH
 
@@ -39,6 +39,8 @@ __device__ __forceinline__ void cp_async16_to(uint32_t dst, const void *src, boo
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
                : "memory");
 }
+/* Waits for every cp.async this thread issued (a producer's last step: no copy outlives the CTA). */
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -61,6 +63,12 @@ __device__ __forceinline__ uint64_t desc_mnmajor_sw128(uint32_t addr, uint32_t m
          (uint64_t)((addr & 0x3FFFFu) >> 4);
 }
 
+/* The accumulator operands: D4 the 4 floats of n-block n, D32 the 32 of n-blocks n .. n + 7 (64 columns). */
+#define UPF_WGMMA_D4(d, n) "+f"(d[n][0]), "+f"(d[n][1]), "+f"(d[n][2]), "+f"(d[n][3])
+#define UPF_WGMMA_D32(d, n)                                                                                  \
+  UPF_WGMMA_D4(d, n), UPF_WGMMA_D4(d, n + 1), UPF_WGMMA_D4(d, n + 2), UPF_WGMMA_D4(d, n + 3),              \
+      UPF_WGMMA_D4(d, n + 4), UPF_WGMMA_D4(d, n + 5), UPF_WGMMA_D4(d, n + 6), UPF_WGMMA_D4(d, n + 7)
+
 /* D (64 x 64, f32) (+)= A (64 x 16 bf16, registers) * B (K-major, 64 x 16, descriptor)^T; scale_d = 0: D = A B. */
 __device__ __forceinline__ void wgmma_m64n64k16(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc,
                                                 int scale_d) {
@@ -72,12 +80,7 @@ __device__ __forceinline__ void wgmma_m64n64k16(float (&d)[8][4], const uint32_t
                "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
                "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n"
                "}\n"
-               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
-                 "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-                 "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
-                 "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
-                 "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
-                 "+f"(d[7][2]), "+f"(d[7][3])
+               : UPF_WGMMA_D32(d, 0)
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d));
 }
 /* D (64 x 128, f32) (+)= A (64 x 16 bf16, registers) * B (16 x 128, MN-major descriptor: imm-trans-b 1). */
@@ -93,19 +96,11 @@ __device__ __forceinline__ void wgmma_m64n128k16_tb(float (&d)[16][4], const uin
                "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
                "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n"
                "}\n"
-               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
-                 "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-                 "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
-                 "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
-                 "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
-                 "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
-                 "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]),
-                 "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
-                 "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]),
-                 "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
-                 "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+               : UPF_WGMMA_D32(d, 0), UPF_WGMMA_D32(d, 8)
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d));
 }
+#undef UPF_WGMMA_D32
+#undef UPF_WGMMA_D4
 #endif
 
 } // namespace upf_wgmma
