@@ -1,5 +1,5 @@
 # uniprefill build. `make` builds the library, the upf CLI, the CUnit tests and the benchmarks.
-# CUDA=1 (the default whenever nvcc is on PATH) adds the CUDA backend built with nvcc -arch=sm_90;
+# CUDA=1 (the default whenever nvcc is on PATH) adds the CUDA backend built with nvcc for sm_90a;
 # CUDA=0 builds a CPU-only tree. Sources are discovered by directory, so adding an op adds files,
 # not Makefile lines.
 
@@ -55,15 +55,26 @@ all: $(LIB) $(UPF) $(TEST_BIN) $(BENCH_BIN)
 deps:
 	bash ci/install-deps.sh
 
-$(BUILD)/%.o: %.c
+# Every object depends on the compile commands: a change of flags (an architecture, OPT=) rebuilds
+# them all instead of linking objects of two configurations.
+FLAGS_STAMP := $(BUILD)/.compile-flags
+COMPILE_FLAGS := $(CC) $(CPPFLAGS) $(CFLAGS) | $(CXX) $(CXXFLAGS) | $(NVCC) $(NVCCFLAGS)
+$(FLAGS_STAMP): FORCE
+	@mkdir -p $(dir $@)
+	@echo '$(COMPILE_FLAGS)' | cmp -s - $@ || echo '$(COMPILE_FLAGS)' >$@
+
+.PHONY: FORCE
+FORCE:
+
+$(BUILD)/%.o: %.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS) -c $< -o $@
 
-$(BUILD)/%.o: %.cc
+$(BUILD)/%.o: %.cc $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CXX) $(CPPFLAGS) $(CXXFLAGS) -c $< -o $@
 
-$(BUILD)/%.cu.o: %.cu
+$(BUILD)/%.cu.o: %.cu $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -DUPF_HAVE_CUDA=1 -MMD -MP -c $< -o $@
 
