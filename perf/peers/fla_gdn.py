@@ -18,13 +18,11 @@ Usage:
   python3 perf/peers/fla_gdn.py [--out perf/reports/H200/fla_gdn.json] [--iters 20] [--warmup 3]
 """
 import argparse
-import json
-import os
 import sys
 
 import torch
 
-from peer_common import context, rand, summary, time_it
+from peer_common import context, rand, summary, time_it, write_report
 
 HK, HV, D = 16, 32, 128
 CASES = [  # name, requests, tokens per request
@@ -103,10 +101,7 @@ def main():
         report["results"].append(res)
         print(f"{res['name']:64s} {res['median_s'] * 1e3:9.3f} ms {res['tflop_per_second']:7.2f} TFLOP/s "
               f"(cv {res['cv']:.3f}, gate {res['gate']})", flush=True)
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(report, f, indent=2)
-    print(f"wrote {args.out}")
+    write_report(report, args.out)
 
 
 if __name__ == "__main__":

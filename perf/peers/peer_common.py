@@ -1,5 +1,6 @@
 """Shared pieces of the peer scripts (run on the GPU machine only): event timing, the summary of a
 set of timings, and the context block every result file carries."""
+import json
 import os
 import statistics
 import subprocess
@@ -62,3 +63,11 @@ def context(extra=None):
     }
     ctx.update(extra or {})
     return ctx
+
+
+def write_report(report, path):
+    """Writes the peer's JSON report (creating its folder) and says where."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(report, f, indent=2)
+    print(f"wrote {path}")

@@ -17,14 +17,12 @@ Usage:
                                      [--tokens 8192,32768,131072] [--iters 20] [--warmup 5]
 """
 import argparse
-import json
-import os
 import sys
 
 import torch
 import torch.nn.functional as F
 
-from peer_common import context, rand, summary, time_it
+from peer_common import context, rand, summary, time_it, write_report
 
 LLAMA_H, LLAMA_I = 4096, 14336          # hidden_size, intermediate_size (Llama-3.1-8B config.json)
 GEMMA_H, GEMMA_I = 3840, 15360          # Gemma-3-12B text_config
@@ -107,10 +105,7 @@ def main():
     for T in (8192, 32768):
         add(f"ffn/torch/bf16/gemma_geglu/T:{T}", bench_ffn(T, GEMMA_H, GEMMA_I, "gelu_tanh", args))
 
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(report, f, indent=2)
-    print(f"wrote {args.out}")
+    write_report(report, args.out)
 
 
 if __name__ == "__main__":

@@ -24,8 +24,6 @@ Usage:
                                    [--only REGEX]
 """
 import argparse
-import json
-import os
 import re
 import sys
 
@@ -33,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from peer_common import context, rand, summary, time_it
+from peer_common import context, rand, summary, time_it, write_report
 
 CASES = [  # name, Hq, Hkv, D, scale, tokens
     ("llama", 32, 8, 128, 128 ** -0.5, (8192, 32768, 131072)),
@@ -138,10 +136,7 @@ def main():
                       f"  ({best['backend']})", flush=True)
             del q, k, v
             torch.cuda.empty_cache()
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(report, f, indent=2)
-    print(f"wrote {args.out}")
+    write_report(report, args.out)
 
 
 if __name__ == "__main__":
