@@ -46,6 +46,21 @@ void upf_verify_record(upf_verify_ctx *ctx, const upf_check *check) {
   }
 }
 
+int upf_verify_on_reference(const upf_verify_ctx *ctx) { return ctx->backend == upf_backend_cpu(); }
+
+int upf_verify_case_wanted(const upf_verify_ctx *ctx, int in_quick_set) {
+  if (upf_verify_on_reference(ctx))
+    return 0;
+  return !ctx->quick || in_quick_set;
+}
+
+uint64_t upf_verify_case_seed(const char *op, int index, uint64_t variant) {
+  uint64_t h = 1469598103934665603ull;
+  for (const char *c = op; *c; c++)
+    h = (h ^ (unsigned char)*c) * 1099511628211ull;
+  return h ^ ((uint64_t)index * 7919u) ^ (variant << 40);
+}
+
 void upf_verify_expect_status(upf_verify_ctx *ctx, const char *op, const char *what, upf_status got,
                               upf_status want) {
   upf_check check;

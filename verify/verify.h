@@ -6,6 +6,8 @@
 
 #include <stdio.h>
 
+#include <stdint.h>
+
 #include "uniprefill/backend.h"
 #include "uniprefill/ops.h"
 #include "verify/compare.h"
@@ -27,6 +29,18 @@ void upf_verify_record(upf_verify_ctx *ctx, const upf_check *check);
 /* Records one bad-input check: passes iff the call returned `want` (variant "error: <what>"). */
 void upf_verify_expect_status(upf_verify_ctx *ctx, const char *op, const char *what, upf_status got,
                               upf_status want);
+
+/* Whether ctx checks the CPU reference itself (its golden cases and invariants) rather than a backend
+ * under test against it. */
+int upf_verify_on_reference(const upf_verify_ctx *ctx);
+
+/* Whether a seeded case runs: only against a backend under test (the CPU is its reference), and in a
+ * quick run only if the case is in the quick set. */
+int upf_verify_case_wanted(const upf_verify_ctx *ctx, int in_quick_set);
+
+/* The RNG seed of a seeded case: FNV-1a of the op name, mixed with the case index and a variant
+ * number (a dtype, or a code of the case's shape). Frozen: a change gives every case new inputs. */
+uint64_t upf_verify_case_seed(const char *op, int index, uint64_t variant);
 
 /* Per-op verify entry: runs all of the op's cases. */
 typedef void (*upf_verify_fn)(upf_verify_ctx *ctx);

@@ -16,21 +16,6 @@
 
 enum { AC_QUICK = 1 }; /* in the quick set (valgrind, CI, the GPU test suite) */
 
-static int is_cpu(const upf_verify_ctx *ctx) { return ctx->backend == upf_backend_cpu(); }
-
-static int case_wanted(const upf_verify_ctx *ctx, unsigned flags) {
-  if (is_cpu(ctx))
-    return 0;
-  return !ctx->quick || (flags & AC_QUICK);
-}
-
-static uint64_t case_seed(const char *op, int index, upf_dtype dtype) {
-  uint64_t h = 1469598103934665603ull;
-  for (const char *c = op; *c; c++)
-    h = (h ^ (unsigned char)*c) * 1099511628211ull;
-  return h ^ ((uint64_t)index * 7919u) ^ ((uint64_t)dtype << 40);
-}
-
 static void record_failure(upf_verify_ctx *ctx, const char *op, const char *variant, upf_dtype dt) {
   upf_check check;
   upf_dense_check_init(&check, op, variant, dt, "-");
@@ -434,7 +419,7 @@ static void prefill_run(upf_verify_ctx *ctx, int index, upf_dtype dt) {
   upf_dcase dc;
   upf_dcase_init(&dc, dt);
   upf_rng rng;
-  upf_rng_seed(&rng, case_seed(op, index, dt));
+  upf_rng_seed(&rng, upf_verify_case_seed(op, index, (uint64_t)dt));
   upf_dbuf *q = upf_dcase_add(&dc, "q", dt, Tq * c->hq * c->d, 0);
   upf_dbuf *k = q ? upf_dcase_add(&dc, "k", dt, Tkv * c->hkv * c->d, 0) : NULL;
   upf_dbuf *v = k ? upf_dcase_add(&dc, "v", dt, Tkv * c->hkv * c->d, 0) : NULL;
@@ -483,7 +468,7 @@ static void paged_run(upf_verify_ctx *ctx, int index, upf_dtype dt) {
     pages_used += (a.kv_lens[r] + P - 1) / P;
   int64_t num_pages = pages_used + 3; /* spare pages: never read */
   upf_rng rng;
-  upf_rng_seed(&rng, case_seed(op, index, dt));
+  upf_rng_seed(&rng, upf_verify_case_seed(op, index, (uint64_t)dt));
   /* Pages handed out in a shuffled order, so a kernel that ignores the block table reads NaN. */
   int32_t *perm = malloc((size_t)num_pages * sizeof *perm);
   a.block_table = calloc((size_t)(c->nreq * (a.max_blocks ? a.max_blocks : 1)), sizeof *a.block_table);
@@ -578,7 +563,7 @@ static void write_run(upf_verify_ctx *ctx, int index, upf_dtype dt) {
   const write_case *c = &write_cases[index];
   const char *op = "kv_cache.write";
   upf_rng rng;
-  upf_rng_seed(&rng, case_seed(op, index, dt));
+  upf_rng_seed(&rng, upf_verify_case_seed(op, index, (uint64_t)dt));
   int64_t slots_n = c->num_pages * c->page, row = c->hkv * c->d;
   upf_dcase dc;
   upf_dcase_init(&dc, dt);
@@ -633,7 +618,7 @@ void upf_verify_attn_prefill(upf_verify_ctx *ctx) {
   }
   errors_for(ctx, UPF_OP_ATTN_PREFILL);
   for (int i = 0; i < NCASES(prefill_cases); i++)
-    if (case_wanted(ctx, prefill_cases[i].flags))
+    if (upf_verify_case_wanted(ctx, prefill_cases[i].flags & AC_QUICK))
       for (int d = 0; d < 2; d++)
         prefill_run(ctx, i, both_dtypes[d]);
 }
@@ -645,7 +630,7 @@ void upf_verify_attn_paged(upf_verify_ctx *ctx) {
   }
   errors_for(ctx, UPF_OP_ATTN_PAGED);
   for (int i = 0; i < NCASES(paged_cases); i++)
-    if (case_wanted(ctx, paged_cases[i].flags))
+    if (upf_verify_case_wanted(ctx, paged_cases[i].flags & AC_QUICK))
       for (int d = 0; d < 2; d++)
         paged_run(ctx, i, both_dtypes[d]);
 }
@@ -655,7 +640,7 @@ void upf_verify_kv_cache_write(upf_verify_ctx *ctx) {
     golden_cache_write(ctx, both_dtypes[d]);
   errors_for(ctx, UPF_OP_KV_CACHE_WRITE);
   for (int i = 0; i < NCASES(write_cases); i++)
-    if (case_wanted(ctx, write_cases[i].flags))
+    if (upf_verify_case_wanted(ctx, write_cases[i].flags & AC_QUICK))
       for (int d = 0; d < 2; d++)
         write_run(ctx, i, both_dtypes[d]);
 }

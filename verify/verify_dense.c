@@ -26,22 +26,6 @@ enum { DC_QUICK = 1 }; /* in the quick set (valgrind, CI, the GPU test suite) */
 static const upf_dtype both_dtypes[] = {UPF_DTYPE_F32, UPF_DTYPE_BF16};
 #define NUM_DTYPES 2
 
-static int is_cpu(const upf_verify_ctx *ctx) { return ctx->backend == upf_backend_cpu(); }
-
-/* Seeded cases run only on a backend under test (the CPU is their reference). */
-static int case_wanted(const upf_verify_ctx *ctx, unsigned flags) {
-  if (is_cpu(ctx))
-    return 0;
-  return !ctx->quick || (flags & DC_QUICK);
-}
-
-static uint64_t case_seed(const char *op, int index, upf_dtype dtype) {
-  uint64_t h = 1469598103934665603ull;
-  for (const char *c = op; *c; c++)
-    h = (h ^ (unsigned char)*c) * 1099511628211ull;
-  return h ^ ((uint64_t)index * 7919u) ^ ((uint64_t)dtype << 40);
-}
-
 static void record_setup_failure(upf_verify_ctx *ctx, const char *op, const char *variant, upf_dtype dt) {
   upf_check check;
   upf_dense_check_init(&check, op, variant, dt, "-");
@@ -508,7 +492,7 @@ static void gemm_run(upf_verify_ctx *ctx, int index, upf_dtype in, upf_dtype out
   upf_dcase dc;
   upf_dcase_init(&dc, in);
   upf_rng rng;
-  upf_rng_seed(&rng, case_seed(op, index, in + 4 * out));
+  upf_rng_seed(&rng, upf_verify_case_seed(op, index, (uint64_t)(in + 4 * out)));
   int64_t wa = c->K + c->pad_a, wc = c->N + c->pad_c;
   upf_dbuf *a = upf_dcase_add(&dc, "a", in, c->T * wa, 0);
   upf_dbuf *b = a ? upf_dcase_add(&dc, "b", in, c->K * c->N, 0) : NULL;
@@ -543,7 +527,7 @@ void upf_verify_gemm(upf_verify_ctx *ctx) {
   golden_gemm(ctx, UPF_DTYPE_BF16, UPF_DTYPE_BF16);
   golden_gemm(ctx, UPF_DTYPE_BF16, UPF_DTYPE_F32);
   errors_for(ctx, UPF_OP_GEMM);
-  if (is_cpu(ctx)) { /* the reference against the fp64 truth: short reductions meet the plain fp32 rule */
+  if (upf_verify_on_reference(ctx)) { /* the reference against the fp64 truth: short reductions meet the plain fp32 rule */
     for (int d = 0; d < NUM_DTYPES; d++) {
       upf_dtype dt = both_dtypes[d];
       upf_rng rng;
@@ -581,7 +565,7 @@ void upf_verify_gemm(upf_verify_ctx *ctx) {
     return;
   }
   for (int i = 0; i < (int)(sizeof gemm_cases / sizeof gemm_cases[0]); i++) {
-    if (!case_wanted(ctx, gemm_cases[i].flags))
+    if (!upf_verify_case_wanted(ctx, gemm_cases[i].flags & DC_QUICK))
       continue;
     gemm_run(ctx, i, UPF_DTYPE_F32, UPF_DTYPE_F32);
     gemm_run(ctx, i, UPF_DTYPE_BF16, UPF_DTYPE_BF16);
@@ -626,7 +610,7 @@ static void act_run(upf_verify_ctx *ctx, int index, upf_dtype dt) {
   upf_dcase dc;
   upf_dcase_init(&dc, dt);
   upf_rng rng;
-  upf_rng_seed(&rng, case_seed(op, index, dt));
+  upf_rng_seed(&rng, upf_verify_case_seed(op, index, (uint64_t)dt));
   int64_t win = 2 * c->inter + c->pad, wout = c->inter + c->pad;
   upf_dbuf *gu = upf_dcase_add(&dc, "gate_up", dt, c->T * win, 0);
   upf_dbuf *h = gu ? upf_dcase_add(&dc, "h", dt, c->T * wout, 1) : NULL;
@@ -658,7 +642,7 @@ void upf_verify_ffn_act_mul(upf_verify_ctx *ctx) {
   }
   errors_for(ctx, UPF_OP_FFN_ACT_MUL);
   for (int i = 0; i < (int)(sizeof act_cases / sizeof act_cases[0]); i++)
-    if (case_wanted(ctx, act_cases[i].flags))
+    if (upf_verify_case_wanted(ctx, act_cases[i].flags & DC_QUICK))
       for (int d = 0; d < NUM_DTYPES; d++)
         act_run(ctx, i, both_dtypes[d]);
 }
@@ -705,7 +689,7 @@ static void ffn_run(upf_verify_ctx *ctx, int index, upf_dtype dt) {
   upf_dcase dc;
   upf_dcase_init(&dc, dt);
   upf_rng rng;
-  upf_rng_seed(&rng, case_seed(op, index, dt));
+  upf_rng_seed(&rng, upf_verify_case_seed(op, index, (uint64_t)dt));
   int64_t w = c->H + c->pad;
   upf_dbuf *y = upf_dcase_add(&dc, "y", out, c->T * w, 1);
   upf_dbuf *x = y ? upf_dcase_add(&dc, "x", dt, c->T * w, 0) : NULL;
@@ -798,13 +782,13 @@ void upf_verify_ffn_gated(upf_verify_ctx *ctx) {
   golden_ffn(ctx, UPF_DTYPE_F32);
   golden_ffn(ctx, UPF_DTYPE_BF16);
   errors_for(ctx, UPF_OP_FFN_GATED);
-  if (is_cpu(ctx)) {
+  if (upf_verify_on_reference(ctx)) {
     ffn_chain_invariant(ctx, UPF_DTYPE_F32);
     ffn_chain_invariant(ctx, UPF_DTYPE_BF16);
     return;
   }
   for (int i = 0; i < (int)(sizeof ffn_cases / sizeof ffn_cases[0]); i++) {
-    if (!case_wanted(ctx, ffn_cases[i].flags))
+    if (!upf_verify_case_wanted(ctx, ffn_cases[i].flags & DC_QUICK))
       continue;
     ffn_run(ctx, i, UPF_DTYPE_BF16);
     if (!ffn_cases[i].out_f32)
@@ -879,7 +863,7 @@ static void norm_run(upf_verify_ctx *ctx, const norm_case *c, int index, norm_ki
   upf_dcase dc;
   upf_dcase_init(&dc, dt);
   upf_rng rng;
-  upf_rng_seed(&rng, case_seed(op, index, dt));
+  upf_rng_seed(&rng, upf_verify_case_seed(op, index, (uint64_t)dt));
   norm_ctx nc = {kind, {c->eps, c->zero_centred}, c->inplace};
   upf_dbuf *bufs[6] = {0};
   int ok = 1;
@@ -1043,7 +1027,7 @@ void upf_verify_rmsnorm(upf_verify_ctx *ctx) {
     golden_rms(ctx, both_dtypes[d]);
   errors_for(ctx, UPF_OP_RMSNORM);
   for (int i = 0; i < (int)(sizeof rms_cases / sizeof rms_cases[0]); i++)
-    if (case_wanted(ctx, rms_cases[i].flags))
+    if (upf_verify_case_wanted(ctx, rms_cases[i].flags & DC_QUICK))
       for (int d = 0; d < NUM_DTYPES; d++)
         norm_run(ctx, &rms_cases[i], i, NORM_RMS, both_dtypes[d]);
 }
@@ -1052,12 +1036,12 @@ void upf_verify_rmsnorm_add(upf_verify_ctx *ctx) {
   for (int d = 0; d < NUM_DTYPES; d++)
     golden_rms_add(ctx, both_dtypes[d]);
   errors_for(ctx, UPF_OP_RMSNORM_ADD);
-  if (is_cpu(ctx)) {
+  if (upf_verify_on_reference(ctx)) {
     rms_add_invariant(ctx, UPF_DTYPE_F32);
     rms_add_invariant(ctx, UPF_DTYPE_BF16);
   }
   for (int i = 0; i < (int)(sizeof rms_cases / sizeof rms_cases[0]); i++)
-    if (case_wanted(ctx, rms_cases[i].flags))
+    if (upf_verify_case_wanted(ctx, rms_cases[i].flags & DC_QUICK))
       for (int d = 0; d < NUM_DTYPES; d++)
         norm_run(ctx, &rms_cases[i], i, NORM_RMS_ADD, both_dtypes[d]);
 }
@@ -1066,12 +1050,12 @@ void upf_verify_qk_norm(upf_verify_ctx *ctx) {
   for (int d = 0; d < NUM_DTYPES; d++)
     golden_qk(ctx, both_dtypes[d]);
   errors_for(ctx, UPF_OP_QK_NORM);
-  if (is_cpu(ctx)) {
+  if (upf_verify_on_reference(ctx)) {
     qk_invariant(ctx, UPF_DTYPE_F32);
     qk_invariant(ctx, UPF_DTYPE_BF16);
   }
   for (int i = 0; i < (int)(sizeof qk_cases / sizeof qk_cases[0]); i++)
-    if (case_wanted(ctx, qk_cases[i].flags))
+    if (upf_verify_case_wanted(ctx, qk_cases[i].flags & DC_QUICK))
       for (int d = 0; d < NUM_DTYPES; d++)
         norm_run(ctx, &qk_cases[i], i, NORM_QK, both_dtypes[d]);
 }
@@ -1168,7 +1152,7 @@ static void rope_run(upf_verify_ctx *ctx, int index, upf_dtype dt) {
   upf_dcase dc;
   upf_dcase_init(&dc, dt);
   upf_rng rng;
-  upf_rng_seed(&rng, case_seed(op, index, dt));
+  upf_rng_seed(&rng, upf_verify_case_seed(op, index, (uint64_t)dt));
   upf_dbuf *qkv = upf_dcase_add(&dc, "qkv", dt, c->T * W, 1);
   upf_dbuf *pos = qkv ? upf_dcase_add(&dc, "positions", UPF_DTYPE_I32, c->T, 0) : NULL;
   if (!pos) {
@@ -1247,10 +1231,10 @@ void upf_verify_rope(upf_verify_ctx *ctx) {
   for (int d = 0; d < NUM_DTYPES; d++)
     golden_rope(ctx, both_dtypes[d]);
   errors_for(ctx, UPF_OP_ROPE);
-  if (is_cpu(ctx))
+  if (upf_verify_on_reference(ctx))
     rope_invariants(ctx);
   for (int i = 0; i < (int)(sizeof rope_cases / sizeof rope_cases[0]); i++)
-    if (case_wanted(ctx, rope_cases[i].flags))
+    if (upf_verify_case_wanted(ctx, rope_cases[i].flags & DC_QUICK))
       for (int d = 0; d < NUM_DTYPES; d++)
         rope_run(ctx, i, both_dtypes[d]);
 }
@@ -1285,7 +1269,7 @@ static void gated_run(upf_verify_ctx *ctx, int index, upf_dtype dt) {
   upf_dcase dc;
   upf_dcase_init(&dc, dt);
   upf_rng rng;
-  upf_rng_seed(&rng, case_seed(op, index, dt));
+  upf_rng_seed(&rng, upf_verify_case_seed(op, index, (uint64_t)dt));
   upf_dbuf *o = upf_dcase_add(&dc, "o", dt, c->T * c->H * c->D, c->inplace);
   upf_dbuf *qp = o ? upf_dcase_add(&dc, "q_proj", dt, c->T * c->H * 2 * c->D, 0) : NULL;
   upf_dbuf *y = qp && !c->inplace ? upf_dcase_add(&dc, "y", dt, c->T * c->H * c->D, 1) : NULL;
@@ -1316,7 +1300,7 @@ void upf_verify_gated_output(upf_verify_ctx *ctx) {
     golden_gated_output(ctx, both_dtypes[d]);
   errors_for(ctx, UPF_OP_GATED_OUTPUT);
   for (int i = 0; i < (int)(sizeof gated_cases / sizeof gated_cases[0]); i++)
-    if (case_wanted(ctx, gated_cases[i].flags))
+    if (upf_verify_case_wanted(ctx, gated_cases[i].flags & DC_QUICK))
       for (int d = 0; d < NUM_DTYPES; d++)
         gated_run(ctx, i, both_dtypes[d]);
 }
@@ -1350,7 +1334,7 @@ static void embed_run(upf_verify_ctx *ctx, int index, upf_dtype dt) {
   upf_dcase dc;
   upf_dcase_init(&dc, dt);
   upf_rng rng;
-  upf_rng_seed(&rng, case_seed(op, index, dt));
+  upf_rng_seed(&rng, upf_verify_case_seed(op, index, (uint64_t)dt));
   upf_dbuf *table = upf_dcase_add(&dc, "table", dt, c->V * c->H, 0);
   upf_dbuf *ids = table ? upf_dcase_add(&dc, "ids", UPF_DTYPE_I32, c->T, 0) : NULL;
   upf_dbuf *y = ids ? upf_dcase_add(&dc, "y", dt, c->T * c->H, 1) : NULL;
@@ -1383,7 +1367,7 @@ void upf_verify_embed(upf_verify_ctx *ctx) {
     golden_embed(ctx, both_dtypes[d]);
   errors_for(ctx, UPF_OP_EMBED);
   for (int i = 0; i < (int)(sizeof embed_cases / sizeof embed_cases[0]); i++)
-    if (case_wanted(ctx, embed_cases[i].flags))
+    if (upf_verify_case_wanted(ctx, embed_cases[i].flags & DC_QUICK))
       for (int d = 0; d < NUM_DTYPES; d++)
         embed_run(ctx, i, both_dtypes[d]);
 }
@@ -1471,7 +1455,7 @@ static void logits_run(upf_verify_ctx *ctx, int index, upf_dtype dt, upf_dtype o
   upf_dcase dc;
   upf_dcase_init(&dc, dt);
   upf_rng rng;
-  upf_rng_seed(&rng, case_seed(op, index, dt + 4 * out));
+  upf_rng_seed(&rng, upf_verify_case_seed(op, index, (uint64_t)(dt + 4 * out)));
   upf_dbuf *lg = upf_dcase_add(&dc, "logits", out, c->num_reqs * c->V, 1);
   upf_dbuf *hid = lg ? upf_dcase_add(&dc, "hidden", dt, T * c->H, 0) : NULL;
   upf_dbuf *nw = hid ? upf_dcase_add(&dc, "norm_w", dt, c->H, 0) : NULL;
@@ -1558,13 +1542,13 @@ void upf_verify_logits_last(upf_verify_ctx *ctx) {
   golden_logits(ctx, UPF_DTYPE_F32);
   golden_logits(ctx, UPF_DTYPE_BF16);
   errors_for(ctx, UPF_OP_LOGITS_LAST);
-  if (is_cpu(ctx)) {
+  if (upf_verify_on_reference(ctx)) {
     logits_chain_invariant(ctx, UPF_DTYPE_F32);
     logits_chain_invariant(ctx, UPF_DTYPE_BF16);
     return;
   }
   for (int i = 0; i < (int)(sizeof logits_cases / sizeof logits_cases[0]); i++) {
-    if (!case_wanted(ctx, logits_cases[i].flags))
+    if (!upf_verify_case_wanted(ctx, logits_cases[i].flags & DC_QUICK))
       continue;
     logits_run(ctx, i, UPF_DTYPE_F32, UPF_DTYPE_F32);
     logits_run(ctx, i, UPF_DTYPE_BF16, UPF_DTYPE_F32);

@@ -23,21 +23,6 @@ enum { GC_QUICK = 1 }; /* in the quick set (valgrind, CI, the GPU test suite) */
 static const upf_dtype both_dtypes[] = {UPF_DTYPE_F32, UPF_DTYPE_BF16};
 #define NUM_DTYPES 2
 
-static int is_cpu(const upf_verify_ctx *ctx) { return ctx->backend == upf_backend_cpu(); }
-
-static int case_wanted(const upf_verify_ctx *ctx, unsigned flags) {
-  if (is_cpu(ctx))
-    return 0;
-  return !ctx->quick || (flags & GC_QUICK);
-}
-
-static uint64_t case_seed(const char *op, int index, upf_dtype dtype) {
-  uint64_t h = 1469598103934665603ull;
-  for (const char *c = op; *c; c++)
-    h = (h ^ (unsigned char)*c) * 1099511628211ull;
-  return h ^ ((uint64_t)index * 7919u) ^ ((uint64_t)dtype << 40);
-}
-
 static void record_status(upf_verify_ctx *ctx, const char *op, const char *variant, const char *what, upf_status st) {
   upf_check check;
   upf_dense_check_init(&check, op, variant, UPF_DTYPE_F32, "-");
@@ -799,7 +784,7 @@ static void scan_run(upf_verify_ctx *ctx, int index, upf_dtype dt) {
   upf_dcase dc;
   upf_dcase_init(&dc, dt);
   upf_rng rng;
-  upf_rng_seed(&rng, case_seed(op, index, dt));
+  upf_rng_seed(&rng, upf_verify_case_seed(op, index, (uint64_t)dt));
   upf_dbuf *o = upf_dcase_add(&dc, "o", dt, T * nv, 1);
   upf_dbuf *so = o ? upf_dcase_add(&dc, "state_out", UPF_DTYPE_F32, ns, 1) : NULL;
   upf_dbuf *qk = so ? upf_dcase_add(&dc, "qk", dt, T * (2 * nk + 3), 0) : NULL;
@@ -873,7 +858,7 @@ static void conv_run(upf_verify_ctx *ctx, int index, upf_dtype dt) {
   upf_dcase dc;
   upf_dcase_init(&dc, dt);
   upf_rng rng;
-  upf_rng_seed(&rng, case_seed(op, index, dt));
+  upf_rng_seed(&rng, upf_verify_case_seed(op, index, (uint64_t)dt));
   upf_dbuf *y = upf_dcase_add(&dc, "y", dt, T * C, 1);
   upf_dbuf *so = y ? upf_dcase_add(&dc, "state_out", UPF_DTYPE_F32, B * (K - 1) * C, 1) : NULL;
   /* x is the conv slice of the in_proj output (T, C + Hv Dv): the z columns follow it. */
@@ -924,7 +909,7 @@ static void step_run(upf_verify_ctx *ctx, int index, upf_dtype dt) {
   upf_dcase dc;
   upf_dcase_init(&dc, dt);
   upf_rng rng;
-  upf_rng_seed(&rng, case_seed(op, index, dt));
+  upf_rng_seed(&rng, upf_verify_case_seed(op, index, (uint64_t)dt));
   upf_dbuf *y = upf_dcase_add(&dc, "y", dt, B * C, 1);
   upf_dbuf *s = y ? upf_dcase_add(&dc, "state", UPF_DTYPE_F32, B * (K - 1) * C, 1) : NULL;
   upf_dbuf *x = s ? upf_dcase_add(&dc, "x", dt, B * C, 0) : NULL;
@@ -971,7 +956,7 @@ static void gnorm_run(upf_verify_ctx *ctx, int index, upf_dtype dt, int inplace)
   upf_dcase dc;
   upf_dcase_init(&dc, dt);
   upf_rng rng;
-  upf_rng_seed(&rng, case_seed(op, index + 100 * inplace, dt));
+  upf_rng_seed(&rng, upf_verify_case_seed(op, index + 100 * inplace, (uint64_t)dt));
   upf_dbuf *y = upf_dcase_add(&dc, inplace ? "o (in place)" : "y", dt, T * H * D, 1);
   upf_dbuf *o = y && !inplace ? upf_dcase_add(&dc, "o", dt, T * H * D, 0) : y;
   upf_dbuf *z = o ? upf_dcase_add(&dc, "mixed_qkvz", dt, T * zrow, 0) : NULL;
@@ -1006,7 +991,7 @@ void upf_verify_gdn_conv(upf_verify_ctx *ctx) {
   golden_conv(ctx);
   errors_for(ctx, UPF_OP_GDN_CONV);
   for (int i = 0; i < NUM_CASES; i++)
-    if (case_wanted(ctx, gdn_cases[i].flags))
+    if (upf_verify_case_wanted(ctx, gdn_cases[i].flags & GC_QUICK))
       for (int d = 0; d < NUM_DTYPES; d++)
         conv_run(ctx, i, both_dtypes[d]);
 }
@@ -1015,7 +1000,7 @@ void upf_verify_gdn_conv_step(upf_verify_ctx *ctx) {
   golden_conv_step(ctx);
   errors_for(ctx, UPF_OP_GDN_CONV_STEP);
   for (int i = 0; i < NUM_CASES; i++)
-    if (case_wanted(ctx, gdn_cases[i].flags) && gdn_cases[i].num_reqs > 1)
+    if (upf_verify_case_wanted(ctx, gdn_cases[i].flags & GC_QUICK) && gdn_cases[i].num_reqs > 1)
       for (int d = 0; d < NUM_DTYPES; d++)
         step_run(ctx, i, both_dtypes[d]);
 }
@@ -1028,7 +1013,7 @@ void upf_verify_gdn_scan(upf_verify_ctx *ctx) {
   scan_boundary_bf16(ctx, 1);
   scan_boundary_bf16(ctx, 0);
   for (int i = 0; i < NUM_CASES; i++)
-    if (case_wanted(ctx, gdn_cases[i].flags))
+    if (upf_verify_case_wanted(ctx, gdn_cases[i].flags & GC_QUICK))
       for (int d = 0; d < NUM_DTYPES; d++)
         scan_run(ctx, i, both_dtypes[d]);
 }
@@ -1037,7 +1022,7 @@ void upf_verify_gdn_gated_norm(upf_verify_ctx *ctx) {
   golden_gated_norm(ctx);
   errors_for(ctx, UPF_OP_GDN_GATED_NORM);
   for (int i = 0; i < NUM_CASES; i++)
-    if (case_wanted(ctx, gdn_cases[i].flags))
+    if (upf_verify_case_wanted(ctx, gdn_cases[i].flags & GC_QUICK))
       for (int d = 0; d < NUM_DTYPES; d++)
         for (int inplace = 0; inplace < 2; inplace++)
           gnorm_run(ctx, i, both_dtypes[d], inplace);

@@ -67,13 +67,11 @@ static const moe_case moe_cases[] = {
 /* bf16 first: the dtype the layer is deployed in. */
 static const upf_dtype case_dtypes[] = {UPF_DTYPE_BF16, UPF_DTYPE_F32};
 
-static int is_cpu(const upf_verify_ctx *ctx) { return ctx->backend == upf_backend_cpu(); }
-
 static int case_selected(const upf_verify_ctx *ctx, const moe_case *c) {
   if (ctx->quick && !(c->flags & CASE_QUICK))
     return 0;
   /* The naive per-token evaluation the CPU is checked against is plain loops: small layers only. */
-  return !is_cpu(ctx) || (c->cfg != CFG_QWEN && !(c->flags & CASE_LARGE));
+  return !upf_verify_on_reference(ctx) || (c->cfg != CFG_QWEN && !(c->flags & CASE_LARGE));
 }
 
 /* ---- problems, with the expert weights of one (config, dtype) kept across cases ---- */
@@ -162,7 +160,7 @@ static upf_status case_setup(const upf_verify_ctx *ctx, const moe_case *c, upf_d
   if (!cr->logits || !cr->index || !cr->weight)
     return upf_fail(UPF_ERR_NOMEM, "verify moe: reference routing");
   upf_moe_weights w = upf_moe_problem_weights(&cr->pb);
-  if (is_cpu(ctx)) {
+  if (upf_verify_on_reference(ctx)) {
     upf_moe_naive(cr->cfg, &cr->pb.x, &w, cr->logits, cr->index, cr->weight, NULL);
     return UPF_OK;
   }
@@ -537,7 +535,7 @@ static void ffn_case(upf_verify_ctx *ctx, case_run *cr, const char *op) {
   int32_t *first_index = malloc((size_t)(T * cr->cfg->top_k + 1) * sizeof *first_index);
   upf_moe_weights w = upf_moe_problem_weights(&cr->pb);
   upf_status st = ref && agree && first_index ? UPF_OK : upf_fail(UPF_ERR_NOMEM, "verify moe.ffn: reference");
-  if (st == UPF_OK && is_cpu(ctx))
+  if (st == UPF_OK && upf_verify_on_reference(ctx))
     upf_moe_naive(cr->cfg, &cr->pb.x, &w, NULL, NULL, NULL, ref);
   else if (st == UPF_OK)
     st = ref_moe_ffn(cr->cfg, &cr->pb.x, &w, cr->index, cr->weight, ref);

@@ -73,7 +73,7 @@ static int case_selected(const upf_verify_ctx *ctx, const select_case *c, unsign
     return 0;
   if (ctx->quick && !(c->flags & CASE_QUICK))
     return 0;
-  if ((c->flags & CASE_LARGE) && ctx->backend == upf_backend_cpu())
+  if ((c->flags & CASE_LARGE) && upf_verify_on_reference(ctx))
     return 0; /* the double reference at 128K only runs where a device is checked against it */
   return 1;
 }
@@ -181,8 +181,6 @@ static void run_goldens(upf_verify_ctx *ctx, const char *op, const upf_golden *g
   }
 }
 
-static int is_cpu(const upf_verify_ctx *ctx) { return ctx->backend == upf_backend_cpu(); }
-
 /* Guarded output on the backend under test, downloaded into a host array. */
 static upf_status fetch_guarded(upf_guarded *g, void *host, const char *name) {
   UPF_TRY(upf_guarded_check(g, name));
@@ -228,7 +226,7 @@ void upf_verify_select_part_gemm(upf_verify_ctx *ctx) {
   const char *op = upf_op_name(UPF_OP_SELECT_PART_GEMM);
   static const upf_golden goldens[] = {UPF_GOLDEN_PART_GEMM};
   run_goldens(ctx, op, goldens, 1);
-  if (!is_cpu(ctx))
+  if (!upf_verify_on_reference(ctx))
     for_each_case(ctx, op, CASE_STAGES, part_gemm_case);
 }
 
@@ -274,7 +272,7 @@ void upf_verify_select_block_softmax(upf_verify_ctx *ctx) {
   const char *op = upf_op_name(UPF_OP_SELECT_BLOCK_SOFTMAX);
   static const upf_golden goldens[] = {UPF_GOLDEN_BLOCK_SOFTMAX};
   run_goldens(ctx, op, goldens, 1);
-  if (!is_cpu(ctx))
+  if (!upf_verify_on_reference(ctx))
     for_each_case(ctx, op, CASE_STAGES, block_softmax_case);
 }
 
@@ -332,7 +330,7 @@ void upf_verify_select_block_reduce(upf_verify_ctx *ctx) {
   const char *op = upf_op_name(UPF_OP_SELECT_BLOCK_REDUCE);
   static const upf_golden goldens[] = {UPF_GOLDEN_BLOCK_REDUCE};
   run_goldens(ctx, op, goldens, 1);
-  if (!is_cpu(ctx))
+  if (!upf_verify_on_reference(ctx))
     for_each_case(ctx, op, CASE_STAGES, block_reduce_case);
 }
 
@@ -386,7 +384,7 @@ void upf_verify_select_topp(upf_verify_ctx *ctx) {
   static const upf_golden goldens[] = {UPF_GOLDEN_TOPP, UPF_GOLDEN_TOPP_TIES, UPF_GOLDEN_TOPP_BOUNDARY,
                                        UPF_GOLDEN_TOPK};
   run_goldens(ctx, op, goldens, 4);
-  if (!is_cpu(ctx))
+  if (!upf_verify_on_reference(ctx))
     for_each_case(ctx, op, CASE_STAGES, topp_case);
 }
 
@@ -506,7 +504,7 @@ void upf_verify_select_expand(upf_verify_ctx *ctx) {
   const char *op = upf_op_name(UPF_OP_SELECT_EXPAND);
   static const upf_golden goldens[] = {UPF_GOLDEN_EXPAND};
   run_goldens(ctx, op, goldens, 1);
-  if (!is_cpu(ctx))
+  if (!upf_verify_on_reference(ctx))
     for_each_case(ctx, op, CASE_STAGES, expand_case);
 }
 
@@ -540,7 +538,7 @@ static void pipeline_case(upf_verify_ctx *ctx, case_run *cr, const char *op) {
   int ok = host_outputs_alloc(&ref, cr) & host_outputs_alloc(&got, cr) && ref_score;
   upf_status st = ok ? ref_select_run(&cr->host, &cr->params, &ref.out, ref_score) : upf_fail(UPF_ERR_NOMEM, "verify");
   const char *what = "reference";
-  if (st == UPF_OK && is_cpu(ctx)) {
+  if (st == UPF_OK && upf_verify_on_reference(ctx)) {
     what = "cpu stage chain";
     st = cpu_stage_chain(cr, &got);
   } else if (st == UPF_OK) {
@@ -557,7 +555,7 @@ static void pipeline_case(upf_verify_ctx *ctx, case_run *cr, const char *op) {
   } else {
     /* Block scores: the stage chain rounds the token mass to fp32, the device accumulates in fp32. */
     case_check_init(cr, op, "block_score", &check);
-    upf_compare_f32(got.block_score, ref_score, nb, upf_tolerance_for(is_cpu(ctx) ? UPF_DTYPE_F32 : dtype), &check);
+    upf_compare_f32(got.block_score, ref_score, nb, upf_tolerance_for(upf_verify_on_reference(ctx) ? UPF_DTYPE_F32 : dtype), &check);
     upf_verify_record(ctx, &check);
     case_check_init(cr, op, "block decisions", &check);
     upf_select_compare_decisions(&cr->host, &cr->params, ref_score, ref.block_mask, got.block_mask, tau, &check);
@@ -569,7 +567,7 @@ static void pipeline_case(upf_verify_ctx *ctx, case_run *cr, const char *op) {
     case_check_init(cr, op, "invariants", &check);
     upf_select_check_invariants(&cr->host, &cr->params, &got.out, got.block_score, tau, &check);
     upf_verify_record(ctx, &check);
-    if (!is_cpu(ctx)) {
+    if (!upf_verify_on_reference(ctx)) {
       /* Same inputs, same bits: run again and compare everything bitwise. */
       host_outputs again;
       case_check_init(cr, op, "deterministic", &check);
@@ -658,7 +656,7 @@ void upf_verify_select_pipeline(upf_verify_ctx *ctx) {
   const char *op = upf_op_name(UPF_OP_SELECT_PIPELINE);
   static const upf_golden goldens[] = {UPF_GOLDEN_PIPELINE};
   run_goldens(ctx, op, goldens, 1);
-  for_each_case(ctx, op, is_cpu(ctx) ? CASE_STAGES : 0, pipeline_case);
+  for_each_case(ctx, op, upf_verify_on_reference(ctx) ? CASE_STAGES : 0, pipeline_case);
   pipeline_errors(ctx);
 }
 
@@ -668,7 +666,7 @@ void upf_verify_compact_rows(upf_verify_ctx *ctx) {
   const char *op = upf_op_name(UPF_OP_COMPACT_ROWS);
   static const upf_golden goldens[] = {UPF_GOLDEN_COMPACT};
   run_goldens(ctx, op, goldens, 1);
-  if (is_cpu(ctx))
+  if (upf_verify_on_reference(ctx))
     return;
   /* Row sizes that exercise the vector and the byte paths: hidden states (bf16 4096), fp32 rows,
    * odd byte counts. */
