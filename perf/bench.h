@@ -5,8 +5,10 @@
 #ifndef UNIPREFILL_PERF_BENCH_H
 #define UNIPREFILL_PERF_BENCH_H
 
+#include <stddef.h>
 #include <stdint.h>
 
+#include "uniprefill/ops.h"
 #include "uniprefill/status.h"
 
 #ifdef __cplusplus
@@ -108,6 +110,15 @@ typedef struct {
  * CUDA=0 build. */
 upf_status upf_bench_time_cuda(upf_bench_state *st, upf_status (*call)(void *arg), void *arg, int warmup,
                                double working_bytes, upf_bench_timing *timing);
+
+/* The CUDA backend's copy bandwidth (bytes read + written per second, a 1 GiB device-to-device copy,
+ * 20 repetitions), measured once per process and shared by every family's bandwidth shares. */
+upf_status upf_bench_copy_ceiling(double *bytes_per_second);
+
+/* Whether the quick verify set of `op` passes on the CUDA backend against the CPU
+ * reference; run once per op and process, so that an unverified kernel is never timed. When it does
+ * not, `why` says how many checks failed and how to see them. */
+int upf_bench_op_verified(upf_op op, char *why, size_t cap);
 
 /* ---- Running ---- */
 

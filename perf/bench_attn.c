@@ -12,7 +12,6 @@
 #include "uniprefill/backend.h"
 #include "uniprefill/bf16.h"
 #include "uniprefill/rng.h"
-#include "verify/verify.h"
 
 #ifdef UPF_HAVE_CUDA
 #include "cuda/perf_support.cuh"
@@ -246,36 +245,6 @@ static void bench_cpu(upf_bench_state *st, void *ctx) {
 }
 
 #ifdef UPF_HAVE_CUDA
-/* The op's quick verify set on CUDA against the CPU reference, once per op: an unverified kernel is
- * never timed. */
-static int verify_cached(upf_op op, char *why, size_t cap) {
-  static int state[UPF_OP_COUNT];
-  static char first_failure[UPF_OP_COUNT][256];
-  if (state[op] == 0) {
-    upf_verify_ctx ctx = {.backend = upf_backend_cuda(), .log = NULL, .quick = 1};
-    upf_verify_fn_for(op)(&ctx);
-    state[op] = ctx.failed == 0 && ctx.passed > 0 ? 1 : -1;
-    snprintf(first_failure[op], sizeof first_failure[op], "%d of %d checks failed (run `upf verify %s --quick`)",
-             ctx.failed, ctx.passed + ctx.failed, upf_op_name(op));
-  }
-  snprintf(why, cap, "%s", first_failure[op]);
-  return state[op] == 1;
-}
-
-static upf_status copy_ceiling(double *bytes_per_second) {
-  static double measured;
-  static upf_status status = UPF_STATUS_COUNT;
-  static char message[512];
-  if (status == UPF_STATUS_COUNT) {
-    status = upf_cuda_copy_bandwidth((size_t)1 << 30, 20, &measured);
-    snprintf(message, sizeof message, "%s", upf_last_error());
-  }
-  *bytes_per_second = measured;
-  return status == UPF_OK ? UPF_OK : upf_fail(status, "%s", message);
-}
-#endif
-
-#ifdef UPF_HAVE_CUDA
 static upf_status call_cuda(void *arg) { return case_call(arg, upf_backend_cuda()); }
 #endif
 
@@ -292,12 +261,12 @@ static void bench_cuda(upf_bench_state *st, void *ctx) {
     return;
   }
   upf_op op = case_op(c);
-  if (!verify_cached(op, why, sizeof why)) {
+  if (!upf_bench_op_verified(op, why, sizeof why)) {
     upf_bench_skip_with_error(st, "not timed, verification against the CPU reference failed: %s", why);
     return;
   }
-  if (copy_ceiling(&copy_bw) != UPF_OK) {
-    upf_bench_skip_with_error(st, "copy bandwidth ceiling: %s", upf_last_error());
+  if (upf_bench_copy_ceiling(&copy_bw) != UPF_OK) {
+    upf_bench_skip_with_error(st, "%s", upf_last_error());
     return;
   }
   if (case_prepare(c, be) != UPF_OK) {

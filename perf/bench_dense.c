@@ -16,7 +16,6 @@
 #include "uniprefill/bf16.h"
 #include "uniprefill/model_config.h"
 #include "uniprefill/rng.h"
-#include "verify/verify.h"
 
 #ifdef UPF_HAVE_CUDA
 #include "cuda/perf_support.cuh"
@@ -27,7 +26,6 @@
 #define DENSE_WARMUP 3
 #define CEILING_N 8192                     /* square bf16 GEMM of the ceiling: 1.1 TFLOP */
 #define CEILING_REPS 20
-#define COPY_BENCH_BYTES ((size_t)1 << 30) /* the copy-bandwidth ceiling's buffer */
 #define FILL_CHUNK ((size_t)32 << 20)      /* bytes of random data generated once, tiled into buffers */
 #define MAX_BUFS 6
 
@@ -488,18 +486,6 @@ static void bench_cpu(upf_bench_state *st, void *ctx) {
 #ifdef UPF_HAVE_CUDA
 /* ---- ceilings, measured once and shared ---- */
 
-static upf_status copy_ceiling(double *bytes_per_second) {
-  static double measured;
-  static upf_status status = UPF_STATUS_COUNT;
-  static char message[512];
-  if (status == UPF_STATUS_COUNT) {
-    status = upf_cuda_copy_bandwidth(COPY_BENCH_BYTES, 20, &measured);
-    snprintf(message, sizeof message, "%s", upf_last_error());
-  }
-  *bytes_per_second = measured;
-  return status == UPF_OK ? UPF_OK : upf_fail(status, "%s", message);
-}
-
 static int cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
   return x < y ? -1 : x > y;
@@ -543,20 +529,6 @@ static upf_status gemm_ceiling(double *flops_per_second) {
   return status == UPF_OK ? UPF_OK : upf_fail(status, "cuBLAS ceiling: %s", message);
 }
 
-/* The op's quick verify set on CUDA against the CPU reference, once per op. */
-static int verify_cached(upf_op op, char *why, size_t cap) {
-  static int state[UPF_OP_COUNT]; /* 0 not yet, 1 passed, -1 failed */
-  static char first_failure[UPF_OP_COUNT][256];
-  if (state[op] == 0) {
-    upf_verify_ctx ctx = {.backend = upf_backend_cuda(), .log = NULL, .quick = 1};
-    upf_verify_fn_for(op)(&ctx);
-    state[op] = ctx.failed == 0 && ctx.passed > 0 ? 1 : -1;
-    snprintf(first_failure[op], sizeof first_failure[op], "%d of %d checks failed (run `upf verify %s --quick`)",
-             ctx.failed, ctx.passed + ctx.failed, upf_op_name(op));
-  }
-  snprintf(why, cap, "%s", first_failure[op]);
-  return state[op] == 1;
-}
 #endif
 
 #ifdef UPF_HAVE_CUDA
@@ -576,7 +548,7 @@ static void bench_cuda(upf_bench_state *st, void *ctx) {
     return;
   }
   upf_op op = case_op(c->kind);
-  if (!verify_cached(op, why, sizeof why)) {
+  if (!upf_bench_op_verified(op, why, sizeof why)) {
     upf_bench_skip_with_error(st, "not timed, verification against the CPU reference failed: %s", why);
     return;
   }
@@ -585,8 +557,8 @@ static void bench_cuda(upf_bench_state *st, void *ctx) {
     upf_bench_skip_with_error(st, "%s", upf_last_error());
     return;
   }
-  if (!compute_bound && copy_ceiling(&copy_bw) != UPF_OK) {
-    upf_bench_skip_with_error(st, "copy bandwidth ceiling: %s", upf_last_error());
+  if (!compute_bound && upf_bench_copy_ceiling(&copy_bw) != UPF_OK) {
+    upf_bench_skip_with_error(st, "%s", upf_last_error());
     return;
   }
   if (case_prepare(c, be) != UPF_OK) {

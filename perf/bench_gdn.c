@@ -18,7 +18,6 @@
 #include "uniprefill/bf16.h"
 #include "uniprefill/model_config.h"
 #include "uniprefill/rng.h"
-#include "verify/verify.h"
 
 #ifdef UPF_HAVE_CUDA
 #include "cuda/gdn.cuh"
@@ -199,16 +198,8 @@ static void bench_cuda(upf_bench_state *st, void *ctx) {
     upf_bench_skip_no_device(st, upf_last_error());
     return;
   }
-  static int verified; /* 0 not yet, 1 passed, -1 failed */
-  static char why[160];
-  if (!verified) {
-    upf_verify_ctx vctx = {.backend = be, .log = NULL, .quick = 1};
-    upf_verify_fn_for(UPF_OP_GDN_SCAN)(&vctx);
-    verified = vctx.failed == 0 && vctx.passed > 0 ? 1 : -1;
-    snprintf(why, sizeof why, "%d of %d checks failed (run `upf verify gdn.scan --quick`)", vctx.failed,
-             vctx.passed + vctx.failed);
-  }
-  if (verified < 0) {
+  char why[160];
+  if (!upf_bench_op_verified(UPF_OP_GDN_SCAN, why, sizeof why)) {
     upf_bench_skip_with_error(st, "not timed, verification against the CPU reference failed: %s", why);
     return;
   }

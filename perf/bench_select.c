@@ -541,19 +541,6 @@ static int verify_cached(upf_dtype dtype, char *why, size_t cap) {
   return state[i] == 1;
 }
 
-/* The copy-bandwidth ceiling, measured once on first use and shared by every CUDA case. */
-static upf_status copy_ceiling(double *bytes_per_second) {
-  static double measured;
-  static upf_status status = UPF_STATUS_COUNT; /* not measured yet */
-  static char message[512];
-  if (status == UPF_STATUS_COUNT) {
-    status = upf_cuda_copy_bandwidth(COPY_BENCH_BYTES, 20, &measured);
-    snprintf(message, sizeof message, "%s", upf_last_error());
-  }
-  *bytes_per_second = measured;
-  return status == UPF_OK ? UPF_OK : upf_fail(status, "%s", message);
-}
-
 /* Copies of the inputs to rotate through so that what one iteration reads has left L2 by the time
  * it is read again (3x L2 of other reads in between), within SEL_COPY_BUDGET of device memory. */
 static int rotation_copies(int64_t T, upf_dtype dtype, double bytes_read, int64_t l2) {
@@ -600,8 +587,8 @@ static void bench_select_cuda(upf_bench_state *st, void *ctx) {
     upf_bench_skip_with_error(st, "not timed, verification against the CPU reference failed: %s", why);
     return;
   }
-  if (copy_ceiling(&ceiling) != UPF_OK) {
-    upf_bench_skip_with_error(st, "copy bandwidth ceiling: %s", upf_last_error());
+  if (upf_bench_copy_ceiling(&ceiling) != UPF_OK) {
+    upf_bench_skip_with_error(st, "%s", upf_last_error());
     return;
   }
   if (prepare_cuda_case(c, be) != UPF_OK) {

@@ -1,8 +1,11 @@
 /* Timing shared by the benchmark families: the spec fields of a device-timed or CPU benchmark, and
  * the event-timed loop with warm-up and optional L2 flush (one loop, so every family measures the
  * same way). */
+#include <stdio.h>
+
 #include "perf/bench.h"
 #include "uniprefill/backend.h"
+#include "verify/verify.h"
 
 #ifdef UPF_HAVE_CUDA
 #include "cuda/perf_support.cuh"
@@ -61,4 +64,35 @@ upf_status upf_bench_time_cuda(upf_bench_state *st, upf_status (*call)(void *arg
   upf_cuda_l2_flush_destroy(flush);
   return s;
 #endif
+}
+
+upf_status upf_bench_copy_ceiling(double *bytes_per_second) {
+  *bytes_per_second = 0.0;
+#ifndef UPF_HAVE_CUDA
+  return upf_fail(UPF_ERR_UNSUPPORTED, "cuda backend unavailable (built with CUDA=0)");
+#else
+  static double measured;
+  static upf_status status = UPF_STATUS_COUNT; /* not measured yet */
+  static char message[512];
+  if (status == UPF_STATUS_COUNT) {
+    status = upf_cuda_copy_bandwidth((size_t)1 << 30, 20, &measured);
+    snprintf(message, sizeof message, "%s", upf_last_error());
+  }
+  *bytes_per_second = measured;
+  return status == UPF_OK ? UPF_OK : upf_fail(status, "copy bandwidth ceiling: %s", message);
+#endif
+}
+
+int upf_bench_op_verified(upf_op op, char *why, size_t cap) {
+  static int state[UPF_OP_COUNT]; /* 0 not yet, 1 passed, -1 failed */
+  static char failures[UPF_OP_COUNT][160];
+  if (state[op] == 0) {
+    upf_verify_ctx ctx = {.backend = upf_backend_cuda(), .log = NULL, .quick = 1};
+    upf_verify_fn_for(op)(&ctx);
+    state[op] = ctx.failed == 0 && ctx.passed > 0 ? 1 : -1;
+    snprintf(failures[op], sizeof failures[op], "%d of %d checks failed (run `upf verify %s --quick`)", ctx.failed,
+             ctx.passed + ctx.failed, upf_op_name(op));
+  }
+  snprintf(why, cap, "%s", failures[op]);
+  return state[op] == 1;
 }
