@@ -13,7 +13,6 @@
 #include "tests/test_util.h"
 #include "uniprefill/backend.h"
 #include "uniprefill/rng.h"
-#include "verify/verify.h"
 
 static upf_tensor view_of(void *data, upf_dtype dt, int ndim, const int64_t *shape) {
   upf_tensor t;
@@ -250,26 +249,12 @@ static void test_attn_truth_matches(void) {
 
 /* ---- the verify entries ---- */
 
-static void verify_cpu(upf_op op) {
-  upf_verify_ctx ctx = {.backend = upf_backend_cpu(), .log = NULL, .quick = 1};
-  upf_verify_fn_for(op)(&ctx);
-  if (ctx.failed) {
-    ctx.log = stdout, ctx.passed = ctx.failed = 0;
-    printf("\n");
-    upf_verify_fn_for(op)(&ctx);
-  }
-  CU_ASSERT_EQUAL(ctx.failed, 0);
-  CU_ASSERT(ctx.passed > 4);
-}
-
 /* Goldens and bad inputs (each expecting its status) on the CPU. */
 static void test_attn_verify_entries_cpu(void) {
-  verify_cpu(UPF_OP_ATTN_PREFILL);
-  verify_cpu(UPF_OP_ATTN_PAGED);
-  verify_cpu(UPF_OP_KV_CACHE_WRITE);
+  upf_test_verify_op(UPF_OP_ATTN_PREFILL, upf_backend_cpu(), 4);
+  upf_test_verify_op(UPF_OP_ATTN_PAGED, upf_backend_cpu(), 4);
+  upf_test_verify_op(UPF_OP_KV_CACHE_WRITE, upf_backend_cpu(), 4);
 }
-
-static upf_backend twin;
 
 /* The quick seeded cases through the harness with the CPU reference standing in for the backend under
  * test (case set-up, paging, poison, guard bytes, without a GPU). Too slow for Valgrind. */
@@ -278,20 +263,9 @@ static void test_attn_verify_cases_on_cpu_twin(void) {
     printf("(skipped under UPF_TEST_QUICK) ");
     return;
   }
-  twin = *upf_backend_cpu();
-  twin.name = "cpu-twin";
   const upf_op ops[] = {UPF_OP_ATTN_PREFILL, UPF_OP_ATTN_PAGED, UPF_OP_KV_CACHE_WRITE};
-  for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) {
-    upf_verify_ctx ctx = {.backend = &twin, .log = NULL, .quick = 1};
-    upf_verify_fn_for(ops[i])(&ctx);
-    if (ctx.failed) {
-      ctx.log = stdout, ctx.passed = ctx.failed = 0;
-      printf("\n");
-      upf_verify_fn_for(ops[i])(&ctx);
-    }
-    CU_ASSERT_EQUAL(ctx.failed, 0);
-    CU_ASSERT(ctx.passed > 8);
-  }
+  for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
+    upf_test_verify_op(ops[i], upf_test_cpu_twin(), 8);
 }
 
 void upf_register_attn_tests(void) {

@@ -351,13 +351,6 @@ static void test_model_constants(void) {
 
 /* ---- the verify harness ---- */
 
-/* The CPU table under another address: the harness treats it as a backend under test. */
-static upf_backend twin;
-static const upf_backend *cpu_twin(void) {
-  twin = *upf_backend_cpu();
-  twin.name = "cpu-twin";
-  return &twin;
-}
 
 /* Sabotaged entries the harness must catch. */
 static upf_status rms_off_by_a_bit(const upf_tensor *x, const upf_tensor *w, const upf_norm_params *p,
@@ -411,7 +404,7 @@ static int harness_run(const upf_backend *be) {
 }
 
 static void test_harness_catches_errors(void) {
-  upf_backend bad = *cpu_twin();
+  upf_backend bad = *upf_test_cpu_twin();
   CU_ASSERT_EQUAL(harness_run(&bad), 0);
   bad.rmsnorm = rms_off_by_a_bit;
   CU_ASSERT(harness_run(&bad) > 0);
@@ -456,7 +449,7 @@ static upf_status gemm_offset_truth(upf_dviews v, const void *ctx, double *truth
   return UPF_OK;
 }
 static int long_rule_run(double offset, char *detail, size_t cap) {
-  upf_backend shifted = *cpu_twin();
+  upf_backend shifted = *upf_test_cpu_twin();
   shifted.gemm = gemm_shifted;
   upf_verify_ctx ctx = {.backend = &shifted, .log = NULL, .quick = 1};
   upf_dcase dc;
@@ -508,34 +501,14 @@ static void test_verify_cases_on_cpu_twin(void) {
   const upf_op ops[] = {UPF_OP_GEMM,         UPF_OP_FFN_ACT_MUL, UPF_OP_FFN_GATED, UPF_OP_RMSNORM,
                         UPF_OP_RMSNORM_ADD,  UPF_OP_QK_NORM,     UPF_OP_ROPE,      UPF_OP_GATED_OUTPUT,
                         UPF_OP_EMBED,        UPF_OP_LOGITS_LAST};
-  for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) {
-    upf_verify_ctx ctx = {.backend = cpu_twin(), .log = NULL, .quick = 1};
-    upf_verify_fn_for(ops[i])(&ctx);
-    if (ctx.failed) {
-      ctx.log = stdout, ctx.passed = ctx.failed = 0;
-      printf("\n");
-      upf_verify_fn_for(ops[i])(&ctx);
-    }
-    CU_ASSERT_EQUAL(ctx.failed, 0);
-    CU_ASSERT(ctx.passed > 3);
-  }
+  for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
+    upf_test_verify_op(ops[i], upf_test_cpu_twin(), 3);
 }
 
 /* Each op's own verify entry on the CPU: golden cases, bad inputs, invariants. */
-static void verify_cpu(upf_op op) {
-  upf_verify_ctx ctx = {.backend = upf_backend_cpu(), .log = NULL, .quick = 1};
-  upf_verify_fn_for(op)(&ctx);
-  if (ctx.failed) {
-    ctx.log = stdout, ctx.passed = ctx.failed = 0;
-    printf("\n");
-    upf_verify_fn_for(op)(&ctx);
-  }
-  CU_ASSERT_EQUAL(ctx.failed, 0);
-  CU_ASSERT(ctx.passed > 0);
-}
 static void test_verify_entries_cpu(void) {
   for (int op = UPF_OP_GEMM; op <= UPF_OP_LOGITS_LAST; op++)
-    verify_cpu((upf_op)op);
+    upf_test_verify_op((upf_op)op, upf_backend_cpu(), 0);
 }
 
 void upf_register_dense_tests(void) {

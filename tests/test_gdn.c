@@ -15,7 +15,6 @@
 #include "uniprefill/bf16.h"
 #include "uniprefill/model_config.h"
 #include "uniprefill/rng.h"
-#include "verify/verify.h"
 
 static upf_tensor view_of(void *data, upf_dtype dt, int ndim, const int64_t *shape) {
   upf_tensor t;
@@ -247,34 +246,19 @@ static void test_model_constants(void) {
 }
 
 /* Each op's own verify entry on the CPU: golden cases, bad inputs, the boundary invariants. */
-static void verify_cpu(upf_op op, const upf_backend *be) {
-  upf_verify_ctx ctx = {.backend = be, .log = NULL, .quick = 1};
-  upf_verify_fn_for(op)(&ctx);
-  if (ctx.failed) {
-    ctx.log = stdout, ctx.passed = ctx.failed = 0;
-    printf("\n");
-    upf_verify_fn_for(op)(&ctx);
-  }
-  CU_ASSERT_EQUAL(ctx.failed, 0);
-  CU_ASSERT(ctx.passed > 2);
-}
-
 static void test_verify_entries_cpu(void) {
   for (int op = UPF_OP_GDN_CONV; op <= UPF_OP_GDN_GATED_NORM; op++)
-    verify_cpu((upf_op)op, upf_backend_cpu());
+    upf_test_verify_op((upf_op)op, upf_backend_cpu(), 2);
 }
 
 /* The quick seeded cases through the harness with the CPU reference as the backend under test. */
-static upf_backend twin;
 static void test_verify_cases_on_cpu_twin(void) {
   if (upf_test_quick()) {
     printf("(skipped under UPF_TEST_QUICK) ");
     return;
   }
-  twin = *upf_backend_cpu();
-  twin.name = "cpu-twin";
   for (int op = UPF_OP_GDN_CONV; op <= UPF_OP_GDN_GATED_NORM; op++)
-    verify_cpu((upf_op)op, &twin);
+    upf_test_verify_op((upf_op)op, upf_test_cpu_twin(), 2);
 }
 
 /* The chunked (WY / UT-transform) form equals the recurrence: ragged requests around the chunk size
@@ -402,10 +386,10 @@ static void test_fp32_state_meets_tolerances(void) {
     printf("(skipped under UPF_TEST_QUICK) ");
     return;
   }
-  twin = *upf_backend_cpu();
-  twin.name = "cpu-fp32-emulation";
-  twin.gdn_scan = emu_scan;
-  verify_cpu(UPF_OP_GDN_SCAN, &twin);
+  upf_backend emulation = *upf_backend_cpu();
+  emulation.name = "cpu-fp32-emulation";
+  emulation.gdn_scan = emu_scan;
+  upf_test_verify_op(UPF_OP_GDN_SCAN, &emulation, 2);
 }
 
 /* The CUDA chunked scan's arithmetic (cuda/gdn_chunked.cu), replayed on the host: bf16 operands where
@@ -535,10 +519,10 @@ static void test_chunked_bf16_meets_tolerances(void) {
     printf("(skipped under UPF_TEST_QUICK) ");
     return;
   }
-  twin = *upf_backend_cpu();
-  twin.name = "cpu-chunked-bf16-emulation";
-  twin.gdn_scan = emu_chunked_scan;
-  verify_cpu(UPF_OP_GDN_SCAN, &twin);
+  upf_backend emulation = *upf_backend_cpu();
+  emulation.name = "cpu-chunked-bf16-emulation";
+  emulation.gdn_scan = emu_chunked_scan;
+  upf_test_verify_op(UPF_OP_GDN_SCAN, &emulation, 2);
 }
 
 void upf_register_gdn_tests(void) {

@@ -6,6 +6,7 @@
 
 #include "tests/test_util.h"
 #include "uniprefill/backend.h"
+#include "verify/verify.h"
 
 void upf_register_core_tests(void);
 void upf_register_npy_tests(void);
@@ -27,6 +28,25 @@ static void (*const suites[])(void) = {
 int upf_test_quick(void) {
   const char *q = getenv("UPF_TEST_QUICK");
   return q && *q && *q != '0';
+}
+
+const upf_backend *upf_test_cpu_twin(void) {
+  static upf_backend twin;
+  twin = *upf_backend_cpu();
+  twin.name = "cpu-twin";
+  return &twin;
+}
+
+void upf_test_verify_op(upf_op op, const upf_backend *be, int min_passed) {
+  upf_verify_ctx ctx = {.backend = be, .log = NULL, .quick = 1};
+  upf_verify_fn_for(op)(&ctx);
+  if (ctx.failed) {
+    ctx.log = stdout, ctx.passed = ctx.failed = 0;
+    printf("\n");
+    upf_verify_fn_for(op)(&ctx);
+  }
+  CU_ASSERT_EQUAL(ctx.failed, 0);
+  CU_ASSERT(ctx.passed > min_passed);
 }
 
 CU_pTest upf_test_add_gpu(CU_pSuite suite, const char *name, CU_TestFunc fn) {

@@ -5,11 +5,22 @@
 
 #include <CUnit/CUnit.h>
 
+#include "uniprefill/backend.h"
+#include "uniprefill/ops.h"
+
 /* Adds a test; if the CUDA backend is not usable here, the test is added inactive and a line
  * "SKIPPED suite/name: <reason>" is printed, so CUnit's summary counts it under Inactive. */
 CU_pTest upf_test_add_gpu(CU_pSuite suite, const char *name, CU_TestFunc fn);
 
 /* UPF_TEST_QUICK=1: smaller cases (the Valgrind run). */
 int upf_test_quick(void);
+
+/* The CPU backend table under another address and name ("cpu-twin"): the verify harness treats it as
+ * a backend under test, so its seeded cases run without a GPU. */
+const upf_backend *upf_test_cpu_twin(void);
+
+/* Runs op's quick verify set on `be` and asserts that no check failed and that more than `min_passed`
+ * passed; after a failure it runs the set again with every check printed. */
+void upf_test_verify_op(upf_op op, const upf_backend *be, int min_passed);
 
 #endif
