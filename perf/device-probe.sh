@@ -49,13 +49,13 @@ say "C ncu"
 P=$OUT/ncu; mkdir -p "$P"
 prof() { # tag, kernel regex, launches to skip, bench filter, extra ncu args...
   local tag=$1 kernel=$2 skip=$3 filter=$4; shift 4
-  timeout 75 "$NCU" --clock-control none -k "regex:$kernel" --launch-skip "$skip" --launch-count 1 "$@" \
+  timeout 60 "$NCU" --clock-control none -k "regex:$kernel" --launch-skip "$skip" --launch-count 1 "$@" \
     bin/bench_upf --benchmark_filter="$filter" --benchmark_repetitions=5 >"$P/ncu-$tag.log" 2>&1
   say "ncu $tag rc=$?: $(grep -E 'Duration|Compute \(SM\) Throughput|Memory Throughput' "$P/ncu-$tag.log" | head -3 | tr -s ' ' | tr '\n' ' ')"
 }
 prof prefill-wgmma-32k attn_wgmma 120 '^attn_prefill/cuda/bf16/llama_causal/B:1/kv:32768/' --set full
 prof decode-v2-b16 attn_decode_v2 120 '^attn_paged/cuda/bf16/llama_decode_b16_p16/' --set full
-timeout 75 "$NCU" --clock-control none --metrics gpu__time_duration.sum --launch-skip 3000 --launch-count 80 \
+timeout 60 "$NCU" --clock-control none --metrics gpu__time_duration.sum --launch-skip 3000 --launch-count 80 \
   bin/bench_upf --benchmark_filter='^moe.ffn/cuda/bf16/T:8192/' --benchmark_repetitions=5 >"$P/ncu-moe-8k.log" 2>&1
 say "ncu moe rc=$?"
 pack ncu
