@@ -24,18 +24,21 @@
  *                       update. The next chunk's W, Q, K^T, P, U, G stream in by cp.async (double buffer)
  *                       while this one computes. 4 x 32 CTAs per request at 32 value heads fill the
  *                       132 SMs with a single long request.
- * Switches (read once; the verified kernels above stay the default until the device has verified and timed
- * the others):
- *   UPF_GDN_PREP=v2      chunk_prep_v2_kernel (8 warps, cp.async tiles, unrolled inverse, 89 KB of shared
- *                        memory): the same workspace bit for bit, scheduled for latency.
+ * Defaults since the H200 runs of d22cd40 (full verify of gdn.scan 40/40, quick verify of gdn 72/72 with
+ * check lines identical to the v1 + fused kernels', memcheck and racecheck clean; 32K 2.95 ms against
+ * 3.48 ms): chunk_prep_v2_kernel and the split state pass. Switches (read once) keep the others for A/B:
+ *   UPF_GDN_PREP=v2      (default) chunk_prep_v2_kernel (8 warps, cp.async tiles, unrolled inverse, 89 KB
+ *                        of shared memory): the same workspace bit for bit as v1, scheduled for latency.
+ *   UPF_GDN_PREP=v1      chunk_prep_kernel, the first prep kernel above.
  *   UPF_GDN_PREP=v3      chunk_prep_v3_kernel (16 warps per chunk and PAIR of value heads of one key head:
  *                        the q/k loads, norms, K K^T and Q K^T once per pair, then each half of the CTA
  *                        runs v2's inverse and W, U for its head; 185.5 KB, one CTA an SM): the same
- *                        workspace bit for bit. Hv / Hk odd falls back to v2.
- *   UPF_GDN_STATE=split  FLA's split: the state pass leaves O out (all 8 warps on V', half the W S chain a
- *                        warp) and stores each chunk's S^T and V'^T (bf16, the operands it rounds anyway);
- *                        chunk_out_kernel then computes O over (chunk, value head), fully parallel, with
- *                        the same sums in the same order (the same bits).
+ *                        workspace bit for bit; measured 4% slower than v2. Hv / Hk odd falls back to v2.
+ *   UPF_GDN_STATE=split  (default) FLA's split: the state pass leaves O out (all 8 warps on V', half the
+ *                        W S chain a warp) and stores each chunk's S^T and V'^T (bf16, the operands it rounds
+ *                        anyway); chunk_out_kernel then computes O over (chunk, value head), fully parallel,
+ *                        with the same sums in the same order (the same bits).
+ *   UPF_GDN_STATE=fused  the state pass above with O inside.
  *   UPF_GDN_STATE_WARPS=4  the first, 4-warp state pass.
  * Precision: bf16 operands, fp32 accumulation and fp32 state (FLA's chunk_gated_delta_rule makes the same
  * choices); the long-reduction rule of SPEC 7 applies (see verify/verify_gdn.c). No atomics and every sum
@@ -1055,14 +1058,13 @@ template <typename TO> upf_status launch_split(const state_args &s, unsigned gri
   return UPF_OK;
 }
 
-/* State pass: the fused form (O inside, the verified default) or the split form where
- * UPF_GDN_STATE=split asks for it (kept behind the switch until the device has verified and timed it).
- * Read once. */
+/* State pass: the split form (the default: chunk_out_kernel computes O) or the fused form (O inside)
+ * where UPF_GDN_STATE=fused asks for it. Read once. */
 bool state_split() {
   static int split = -1;
   if (split < 0) {
     const char *env = getenv("UPF_GDN_STATE");
-    split = env && strcmp(env, "split") == 0;
+    split = !(env && strcmp(env, "fused") == 0);
   }
   return split != 0;
 }
@@ -1078,15 +1080,14 @@ int state_warps() {
   return warps;
 }
 
-/* Prep kernel: 1 (chunk_prep_kernel, the verified default), 2 where UPF_GDN_PREP=v2 asks for
- * chunk_prep_v2_kernel, 3 where UPF_GDN_PREP=v3 asks for chunk_prep_v3_kernel (value-head pairs; v2 where
- * Hv / Hk is odd). Same workspace bits; kept behind the switch until the device has verified and timed
- * them. Read once. */
+/* Prep kernel: 2 (chunk_prep_v2_kernel, the default), 1 where UPF_GDN_PREP=v1 asks for chunk_prep_kernel,
+ * 3 where UPF_GDN_PREP=v3 asks for chunk_prep_v3_kernel (value-head pairs; v2 where Hv / Hk is odd). The
+ * same workspace bits from each. Read once. */
 int prep_version() {
   static int version;
   if (!version) {
     const char *env = getenv("UPF_GDN_PREP");
-    version = env && strcmp(env, "v2") == 0 ? 2 : env && strcmp(env, "v3") == 0 ? 3 : 1;
+    version = env && strcmp(env, "v1") == 0 ? 1 : env && strcmp(env, "v3") == 0 ? 3 : 2;
   }
   return version;
 }
