@@ -769,6 +769,7 @@ struct state_args {
   void *o;
   int64_t o_s0, o_s1;
   int hk, hv;
+  int o_rows16; /* o's base and strides allow 16-byte row pieces (chunk_out_kernel's coalesced store) */
   chunk_ws ws;
 };
 
@@ -1026,7 +1027,28 @@ template <typename TO> __global__ void __launch_bounds__(OUT_THREADS, 2) chunk_o
   scale_rows_exp_g<8>(o, i0, g, Gs);
   warp_mma<8, CH>(o, Ps + i0 * LDB, LDB, VpT + c0 * LDB, LDB); /* + P V' */
   const int2 chunk = a.ws.chunks[n];
-  store_o_rows<TO, 8>(a, chunk, h, i0, c0, o);
+  if (!a.o_rows16) {
+    store_o_rows<TO, 8>(a, chunk, h, i0, c0, o);
+    return;
+  }
+  /* The O tile through shared memory (over Qs and St, read by every warp before the barrier), then
+   * rows of 16-byte pieces to global: whole sectors, where store_o_rows writes one element a lane. */
+  constexpr int LDO = D + 8; /* 16-byte rows, conflict-free fragment writes */
+  static_assert((size_t)CH * LDO * sizeof(TO) <= OUT_SMEM, "the O tile fits in the shared memory");
+  TO *Os = reinterpret_cast<TO *>(smem);
+  __syncthreads();
+#pragma unroll
+  for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+    for (int c = 0; c < 4; c++)
+      st(Os + (i0 + g + 8 * (c >> 1)) * LDO + c0 + 8 * nt + 2 * t4 + (c & 1), o[nt][c]);
+  __syncthreads();
+  constexpr int PPR = D * (int)sizeof(TO) / 16; /* 16-byte pieces per row */
+  for (int e = threadIdx.x; e < chunk.y * PPR; e += OUT_THREADS) {
+    const int i = e / PPR, pc = e % PPR;
+    TO *orow = (TO *)a.o + (int64_t)(chunk.x + i) * a.o_s0 + (int64_t)h * a.o_s1;
+    reinterpret_cast<uint4 *>(orow)[pc] = reinterpret_cast<const uint4 *>(Os + i * LDO)[pc];
+  }
 }
 
 size_t align256(size_t x) { return (x + 255) & ~(size_t)255; }
@@ -1205,6 +1227,8 @@ extern "C" upf_status upf_cuda_gdn_scan_chunked(const upf_gdn_batch *batch, cons
   sa.state_in = in->state_in ? (const float *)in->state_in->data : nullptr;
   sa.state_out = state_out ? (float *)state_out->data : nullptr;
   sa.o = o->data, sa.o_s0 = o->stride[0], sa.o_s1 = o->stride[1];
+  const int64_t per16 = 16 / (int64_t)upf_dtype_size(o->dtype); /* elements in 16 bytes */
+  sa.o_rows16 = ((uintptr_t)o->data & 15) == 0 && sa.o_s0 % per16 == 0 && sa.o_s1 % per16 == 0;
   sa.hk = (int)Hk, sa.hv = (int)Hv;
   sa.ws = ws;
   const unsigned grid = (unsigned)((int64_t)B * Hv * (D / BV));
