@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# One device call that checks and times a round of kernel changes of issues 3 and 5, from the
+# unpacked bundle of perf/stage-device.sh; each step capped, a failing step stops nothing:
+#   A. quick verify, side by side: attn under the default and under each attention variant, gdn;
+#   B. side by side, nothing timed meanwhile: full verify of attn under each variant that passed A,
+#      full verify of gdn.scan; memcheck and racecheck over `verify attn --quick` under every variant
+#      that passed A, memcheck over `verify gdn.scan --quick`;
+#   C. alone on the GPU: the chunked Gated DeltaNet scan (8K, 32K, 128K, 16 x 2K), then the FLA peer
+#      on the same shapes (its Triton compile and autotune take most of its cap);
+#   D. alone on the GPU: attention prefill (Llama 32K, 128K) and paged decode under the default and
+#      each variant that passed A, then the torch SDPA peer; compare_attn.py ratios.
+# Variants: ATTN_VARIANTS="name=ENV=value[,ENV=value] ..." (default below). $OUT gets summary.txt and
+# one archive a step.   OUT=dir bash device-round.sh   (FLA wheels on PYTHONPATH for step C)
+set -u
+cd "$(dirname "$0")"
+OUT=${OUT:?set OUT}
+export LD_LIBRARY_PATH=$PWD/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} PYTHONUNBUFFERED=1
+export UPF_COMMIT=$(cat COMMIT 2>/dev/null || echo unknown)
+ATTN_VARIANTS=${ATTN_VARIANTS:-"decode-mma=UPF_ATTN_DECODE=mma prefill-wgmma2=UPF_ATTN_PREFILL=wgmma2"}
+t0=$(date +%s)
+say() { echo "[$(($(date +%s) - t0)) s] $*" | tee -a "$OUT/summary.txt"; }
+pack() { tar -C "$OUT" -cJf "$OUT/$1.tar.xz" "$1" && rm -rf "${OUT:?}/$1"; }
+report() {
+  for f in "$1"/*.log; do
+    say "$(basename "$f"): $(grep -E '^# [0-9]+ checks|ERROR SUMMARY|RACECHECK SUMMARY|^# rc=' "$f" | tr -s ' ' | tr '\n' ' ')"
+    grep -E '^FAIL|Failed|FAILED' "$f" | cut -c1-220 | head -4 | tee -a "$OUT/summary.txt"
+  done
+}
+vname() { echo "${1%%=*}"; }
+venv() { echo "${1#*=}" | tr ',' ' '; }
+NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+say "commit $UPF_COMMIT; $(nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader)"
+
+A=$OUT/correctness; mkdir -p "$A"
+export OPENBLAS_NUM_THREADS=2
+(timeout 60 bin/upf verify attn --quick --log "$A/quick-attn-default.log" >/dev/null 2>&1; echo "# rc=$?" >>"$A/quick-attn-default.log") &
+(timeout 60 bin/upf verify gdn --quick --log "$A/quick-gdn.log" >/dev/null 2>&1; echo "# rc=$?" >>"$A/quick-gdn.log") &
+for v in $ATTN_VARIANTS; do
+  n=$(vname "$v")
+  (env $(venv "$v") timeout 60 bin/upf verify attn --quick --log "$A/quick-attn-$n.log" >/dev/null 2>&1
+    echo "# rc=$?" >>"$A/quick-attn-$n.log") &
+done
+wait
+PASSED=""
+for v in $ATTN_VARIANTS; do
+  n=$(vname "$v")
+  grep -q '^# rc=0' "$A/quick-attn-$n.log" && PASSED="$PASSED $v"
+done
+report "$A"
+say "passed quick verify: ${PASSED:-none}"
+
+say "B full verifies and sanitizers"
+(timeout 150 bin/upf verify gdn.scan --log "$A/full-gdn.scan.log" >/dev/null 2>&1; echo "# rc=$?" >>"$A/full-gdn.scan.log") &
+(timeout 150 "$SAN" --tool memcheck --error-exitcode 9 bin/upf verify gdn.scan --quick >"$A/memcheck-gdn.scan.log" 2>&1
+  echo "# rc=$?" >>"$A/memcheck-gdn.scan.log") &
+for v in $PASSED; do
+  n=$(vname "$v")
+  (env $(venv "$v") timeout 150 bin/upf verify attn --log "$A/full-attn-$n.log" >/dev/null 2>&1; echo "# rc=$?" >>"$A/full-attn-$n.log") &
+  for tool in memcheck racecheck; do
+    (env $(venv "$v") timeout 150 "$SAN" --tool $tool --error-exitcode 9 bin/upf verify attn --quick >"$A/$tool-attn-$n.log" 2>&1
+      echo "# rc=$?" >>"$A/$tool-attn-$n.log") &
+  done
+done
+wait
+unset OPENBLAS_NUM_THREADS
+report "$A"
+grep -E "^PASS gdn.scan .*bf16" "$A/full-gdn.scan.log" | grep -oE "budget= *[0-9.]+%" | sort -t= -k2 -n | tail -n1 |
+  sed "s/^/largest bf16 budget use, gdn.scan: /" | tee -a "$OUT/summary.txt"
+pack correctness
+
+say "C Gated DeltaNet timings, then FLA"
+G=$OUT/gdn; mkdir -p "$G"
+timeout 45 bin/bench_upf --benchmark_filter='gdn.scan/cuda/bf16/qwen3next_(prefill/chunked|batch16x2K/chunked)/' \
+  --benchmark_repetitions=3 --benchmark_out="$G/bench-gdn.json" --benchmark_out_format=json >"$G/bench-gdn.log" 2>&1
+say "bench gdn rc=$?"
+timeout "${FLA_S:-110}" python3 fla_gdn.py --iters 10 --warmup 2 --out "$G/fla-gdn.json" >"$G/fla-gdn.log" 2>&1
+say "fla rc=$?"
+python3 - "$G" <<'EOF' 2>&1 | tee -a "$OUT/summary.txt"
+import json, os, sys
+g = sys.argv[1]
+ours, fla = {}, {}
+try:
+    for b in json.load(open(os.path.join(g, "bench-gdn.json")))["benchmarks"]:
+        if b["name"].endswith("_median"):
+            p = b["name"].split("/")
+            ours[p[3] + "/" + [x for x in p if x.startswith("T:")][0]] = b["real_time"] / 1000.0
+except Exception as e:
+    print("ours:", e)
+src = "this run"
+try:
+    for r in json.load(open(os.path.join(g, "fla-gdn.json")))["results"]:
+        p = r["name"].split("/")
+        fla[p[3] + "/" + p[4]] = r["median_s"] * 1e3
+except Exception as e:
+    src = "282ec2f run (not this one): " + str(e)
+    fla = {"qwen3next_prefill/T:8192": 1.160, "qwen3next_prefill/T:32768": 2.329,
+           "qwen3next_prefill/T:131072": 8.488, "qwen3next_batch16x2K/T:32768": 2.443}
+print("FLA column:", src)
+for k in sorted(ours, key=lambda k: (k.split("/")[0], int(k.split(":")[1]))):
+    f = fla.get(k)
+    print(f"{k:30s} ours {ours[k]:8.3f} ms  FLA {f if f else float('nan'):8.3f} ms  ratio {ours[k] / f if f else float('nan'):5.2f}")
+EOF
+timeout 40 "$NCU" --clock-control none --metrics gpu__time_duration.sum -k regex:chunk_ \
+  --launch-skip 90 --launch-count 3 bin/bench_upf --benchmark_filter='gdn.scan/cuda/bf16/qwen3next_prefill/chunked/T:32768/' \
+  --benchmark_repetitions=5 >"$G/ncu-gdn-32k.log" 2>&1
+say "ncu gdn rc=$?: $(grep -E '^  [a-z_ ]+.*chunk_[a-z0-9_]+kernel|gpu__time_duration' "$G/ncu-gdn-32k.log" | sed -E 's/\(.*//; s/ +/ /g' | tr '\n' ' ')"
+pack gdn
+
+say "D attention timings"
+T=$OUT/attn; mkdir -p "$T"
+PF='^copy|^attn_prefill/cuda/bf16/llama_causal/B:1/kv:(32768|131072)/'
+DF='^copy|^attn_paged/cuda/bf16/'
+timeout 45 bin/bench_upf --benchmark_filter="$PF|${DF#^copy|}" --benchmark_out="$T/bench-attn-default.json" \
+  --benchmark_out_format=json >"$T/bench-attn-default.log" 2>&1
+say "bench default rc=$?"
+for v in $PASSED; do
+  n=$(vname "$v")
+  case $n in decode*) f=$DF ;; *) f=$PF ;; esac
+  env $(venv "$v") timeout 45 bin/bench_upf --benchmark_filter="$f" --benchmark_out="$T/bench-attn-$n.json" \
+    --benchmark_out_format=json >"$T/bench-attn-$n.log" 2>&1
+  say "bench $n rc=$?"
+done
+(cd peers && timeout 45 python3 torch_sdpa.py --only 'llama/T:(32768|131072)' --iters 6 --out "$T/torch-sdpa.json" \
+  >"$T/torch-sdpa.log" 2>&1)
+say "sdpa rc=$?"
+for j in "$T"/bench-attn-*.json; do
+  echo "=== $(basename "$j")" >>"$T/compare-attn.txt"
+  python3 peers/compare_attn.py "$j" "$T/torch-sdpa.json" >>"$T/compare-attn.txt" 2>&1
+done
+grep -E "^===|llama|decode|share" "$T/compare-attn.txt" | cut -c1-140 | head -60 | tee -a "$OUT/summary.txt"
+pack attn
+say "done: $(ls "$OUT" | tr '\n' ' ')"
