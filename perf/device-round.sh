@@ -6,7 +6,8 @@
 #      full verify of gdn.scan; memcheck and racecheck over `verify attn --quick` under every variant
 #      that passed A, memcheck over `verify gdn.scan --quick`;
 #   C. alone on the GPU: the chunked Gated DeltaNet scan (8K, 32K, 128K, 16 x 2K), then the FLA peer
-#      on the same shapes (its Triton compile and autotune take most of its cap);
+#      on the same shapes (its Triton compile and autotune take most of its cap); ncu kernel durations
+#      and the prep kernel's warp-stall reasons at 32K;
 #   D. alone on the GPU: attention prefill (Llama 32K, 128K) and paged decode under the default and
 #      each variant that passed A, then the torch SDPA peer; compare_attn.py ratios.
 # Variants: ATTN_VARIANTS="name=ENV=value[,ENV=value] ..." (default below). $OUT gets summary.txt and
@@ -105,6 +106,10 @@ timeout 40 "$NCU" --clock-control none --metrics gpu__time_duration.sum -k regex
   --launch-skip 90 --launch-count 3 bin/bench_upf --benchmark_filter='gdn.scan/cuda/bf16/qwen3next_prefill/chunked/T:32768/' \
   --benchmark_repetitions=5 >"$G/ncu-gdn-32k.log" 2>&1
 say "ncu gdn rc=$?: $(grep -E '^  [a-z_ ]+.*chunk_[a-z0-9_]+kernel|gpu__time_duration' "$G/ncu-gdn-32k.log" | sed -E 's/\(.*//; s/ +/ /g' | tr '\n' ' ')"
+timeout 40 "$NCU" --clock-control none --section WarpStateStats --section SourceCounters --print-details all \
+  -k regex:chunk_prep_v2 --launch-skip 30 --launch-count 1 bin/bench_upf \
+  --benchmark_filter='gdn.scan/cuda/bf16/qwen3next_prefill/chunked/T:32768/' --benchmark_repetitions=5 >"$G/ncu-prep-stalls-32k.log" 2>&1
+say "ncu prep stalls rc=$?"
 pack gdn
 
 say "D attention timings"
