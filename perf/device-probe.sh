@@ -11,22 +11,7 @@
 #      ceiling per process): attention prefill 4K and 32K, decode B 16 kv 32K.
 # $OUT gets summary.txt plus one archive a step.     OUT=dir bash device-probe.sh
 set -u
-cd "$(dirname "$0")"
-OUT=${OUT:?set OUT}
-export LD_LIBRARY_PATH=$PWD/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} PYTHONUNBUFFERED=1
-export UPF_COMMIT=$(cat COMMIT 2>/dev/null || echo unknown)
-t0=$(date +%s)
-say() { echo "[$(($(date +%s) - t0)) s] $*" | tee -a "$OUT/summary.txt"; }
-pack() { tar -C "$OUT" -cJf "$OUT/$1.tar.xz" "$1" && rm -rf "${OUT:?}/$1"; }
-report() {
-  for f in "$1"/*.log; do
-    say "$(basename "$f"): $(grep -E '^# [0-9]+ checks|ERROR SUMMARY|RACECHECK SUMMARY|^ +tests |^# rc=' "$f" | tr -s ' ' | tr '\n' ' ')"
-    grep -E '^FAIL|Failed|FAILED' "$f" | cut -c1-220 | head -4 | tee -a "$OUT/summary.txt"
-  done
-}
-NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
-SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-say "commit $UPF_COMMIT; $(nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader)"
+source "$(dirname "$0")/device-common.sh"
 
 A=$OUT/correctness; mkdir -p "$A"
 export OPENBLAS_NUM_THREADS=3

@@ -10,22 +10,8 @@
 #      iteration), the wgmma prefill kernel at 4K (--set full, one launch).
 # $OUT gets summary.txt plus one archive a step.   OUT=dir bash device-profile.sh (FLA wheels on PYTHONPATH)
 set -u
-cd "$(dirname "$0")"
-OUT=${OUT:?set OUT}
-export LD_LIBRARY_PATH=$PWD/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} PYTHONUNBUFFERED=1
-export UPF_COMMIT=$(cat COMMIT 2>/dev/null || echo unknown)
-t0=$(date +%s)
-say() { echo "[$(($(date +%s) - t0)) s] $*" | tee -a "$OUT/summary.txt"; }
-pack() { tar -C "$OUT" -cJf "$OUT/$1.tar.xz" "$1" && rm -rf "${OUT:?}/$1"; }
-report() {
-  for f in "$1"/*.log; do
-    say "$(basename "$f"): $(grep -E '^# [0-9]+ checks|ERROR SUMMARY|RACECHECK SUMMARY|^ +tests |^# rc=' "$f" | tr -s ' ' | tr '\n' ' ')"
-    grep -E '^FAIL|Failed|FAILED' "$f" | cut -c1-220 | head -4 | tee -a "$OUT/summary.txt"
-  done
-}
-NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+source "$(dirname "$0")/device-common.sh"
 V2SPLIT="UPF_GDN_PREP=v2 UPF_GDN_STATE=split"
-say "commit $UPF_COMMIT; $(nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader)"
 
 A=$OUT/correctness; mkdir -p "$A"
 (env $V2SPLIT timeout "${STEP_A_S:-200}" bin/upf verify gdn.scan --log "$A/verify-gdn.scan-full-v2split.log" >/dev/null 2>&1

@@ -13,25 +13,10 @@
 # Variants: ATTN_VARIANTS="name=ENV=value[,ENV=value] ..." (default below). $OUT gets summary.txt and
 # one archive a step.   OUT=dir bash device-round.sh   (FLA wheels on PYTHONPATH for step C)
 set -u
-cd "$(dirname "$0")"
-OUT=${OUT:?set OUT}
-export LD_LIBRARY_PATH=$PWD/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} PYTHONUNBUFFERED=1
-export UPF_COMMIT=$(cat COMMIT 2>/dev/null || echo unknown)
+source "$(dirname "$0")/device-common.sh"
 ATTN_VARIANTS=${ATTN_VARIANTS:-"decode-mma=UPF_ATTN_DECODE=mma prefill-wgmma2=UPF_ATTN_PREFILL=wgmma2"}
-t0=$(date +%s)
-say() { echo "[$(($(date +%s) - t0)) s] $*" | tee -a "$OUT/summary.txt"; }
-pack() { tar -C "$OUT" -cJf "$OUT/$1.tar.xz" "$1" && rm -rf "${OUT:?}/$1"; }
-report() {
-  for f in "$1"/*.log; do
-    say "$(basename "$f"): $(grep -E '^# [0-9]+ checks|ERROR SUMMARY|RACECHECK SUMMARY|^# rc=' "$f" | tr -s ' ' | tr '\n' ' ')"
-    grep -E '^FAIL|Failed|FAILED' "$f" | cut -c1-220 | head -4 | tee -a "$OUT/summary.txt"
-  done
-}
 vname() { echo "${1%%=*}"; }
 venv() { echo "${1#*=}" | tr ',' ' '; }
-NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
-SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-say "commit $UPF_COMMIT; $(nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader)"
 
 A=$OUT/correctness; mkdir -p "$A"
 export OPENBLAS_NUM_THREADS=2

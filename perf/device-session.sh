@@ -13,20 +13,7 @@
 # $OUT gets summary.txt plus one archive a step (the device tool returns at most 8 files).
 #   OUT=dir bash device-session.sh        (FLA wheels on PYTHONPATH for step C's peer)
 set -u
-cd "$(dirname "$0")"
-OUT=${OUT:?set OUT}
-export LD_LIBRARY_PATH=$PWD/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} PYTHONUNBUFFERED=1
-export UPF_COMMIT=$(cat COMMIT 2>/dev/null || echo unknown)
-t0=$(date +%s)
-say() { echo "[$(($(date +%s) - t0)) s] $*" | tee -a "$OUT/summary.txt"; }
-pack() { tar -C "$OUT" -cJf "$OUT/$1.tar.xz" "$1" && rm -rf "${OUT:?}/$1"; }
-report() { # dir: one line per log (check counts, sanitizer summaries, rc), then its failures
-  for f in "$1"/*.log; do
-    say "$(basename "$f"): $(grep -E '^# [0-9]+ checks|ERROR SUMMARY|RACECHECK SUMMARY|^ +tests |^# rc=' "$f" | tr -s ' ' | tr '\n' ' ')"
-    grep -E '^FAIL|Failed|FAILED' "$f" | cut -c1-220 | head -4 | tee -a "$OUT/summary.txt"
-  done
-}
-say "commit $UPF_COMMIT; $(nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader)"
+source "$(dirname "$0")/device-common.sh"
 
 A=$OUT/correctness; mkdir -p "$A"
 export OPENBLAS_NUM_THREADS=2 # the CPU references of nine processes share 16 cores
