@@ -876,21 +876,22 @@ __global__ void __launch_bounds__(MD_THREADS, md_shape<D>::MIN_CTAS)
   int blk0 = w_lo / P;
   int tbl = nsteps > 0 && blk0 + lane < a.max_blocks ? bt_row[blk0 + lane] : 0;
   bf16_t *wring = ring + warp * STAGES * S::STEP;
+  /* this lane's chunks start at dim 8 half of its key's rows: the copies of a step take constant offsets */
+  const bf16_t *Kh = K + (int64_t)hk * a.k_s2 + 8 * half, *Vh = V + (int64_t)hk * a.v_s2 + 8 * half;
   auto issue = [&](int s) { /* steps in increasing order, each once; call only for s < nsteps (lane 0 valid) */
-    bf16_t *ks = wring + (s % STAGES) * S::STEP + kr * LD, *vs = ks + MD_BN * LD;
+    bf16_t *ks = wring + (s % STAGES) * S::STEP + kr * LD + 8 * half, *vs = ks + MD_BN * LD;
     const bool ok = kj_issue < w_hi;
     if (__any_sync(0xffffffffu, ok && blk - blk0 >= 32)) { /* lane 0 holds the step's first key */
       blk0 = __shfl_sync(0xffffffffu, blk, 0);
       tbl = blk0 + lane < a.max_blocks ? bt_row[blk0 + lane] : 0;
     }
     const int page = __shfl_sync(0xffffffffu, tbl, ok ? blk - blk0 : 0);
-    const int64_t ko = ok ? (int64_t)page * a.k_s0 + (int64_t)slot * a.k_s1 + (int64_t)hk * a.k_s2 : 0;
-    const int64_t vo = ok ? (int64_t)page * a.v_s0 + (int64_t)slot * a.v_s1 + (int64_t)hk * a.v_s2 : 0;
+    const bf16_t *kp = ok ? Kh + (int64_t)page * a.k_s0 + (int64_t)slot * a.k_s1 : Kh; /* !ok: zero-fill */
+    const bf16_t *vp = ok ? Vh + (int64_t)page * a.v_s0 + (int64_t)slot * a.v_s1 : Vh;
 #pragma unroll
     for (int i = 0; i < CPL; i++) {
-      const int e = 8 * (half + 2 * i);
-      upf_wgmma::cp_async16_to(smem_addr(ks + e), K + ko + e, ok);
-      upf_wgmma::cp_async16_to(smem_addr(vs + e), V + vo + e, ok);
+      upf_wgmma::cp_async16_to(smem_addr(ks + 16 * i), kp + 16 * i, ok);
+      upf_wgmma::cp_async16_to(smem_addr(vs + 16 * i), vp + 16 * i, ok);
     }
     kj_issue += MD_BN, slot += rem, blk += adv;
     if (slot >= P)
