@@ -22,7 +22,9 @@
  * attn.prefill takes the tensor-core path for bf16 at those head dims, the FFMA kernel otherwise (f32,
  * odd D, unaligned views); attn.paged takes it (PAGED) for requests of at least MMA_MIN_Q_ROWS query
  * rows (prefill against the cache) and the FFMA kernel for the rest (decode rows: GQA packing and
- * split-KV matter more there), two launches writing disjoint rows.
+ * split-KV matter more there), two launches writing disjoint rows. Those decode rows go, where the mma
+ * path's layout holds, to attn_decode_v2_kernel (FFMA, the default) or attn_decode_mma_kernel
+ * (mma.sync) by UPF_ATTN_DECODE (see decode_selected).
  * kv_cache_write_kernel: one CTA per token row, k and v rows to their slot. */
 #include <math.h>
 #include <stdlib.h>
@@ -795,10 +797,10 @@ __global__ void __launch_bounds__(DEC_THREADS, 1) attn_decode_v2_kernel(const __
  *    held as A fragments in registers for the whole kernel; at D = 256 it is read by ldmatrix each step.
  *  - MD_WARPS = 4 warps, each over its own contiguous slice of the tile's keys in steps of MD_BN = 16
  *    keys; a step's K and V rows ([16][D + 8] each, the FA2 kernel's padded layout) reach a ring of
- *    MD_STAGES steps private to the warp by cp.async: lane l copies key l / 2, 16-byte chunks
- *    l % 2 + 2 i of its K and V rows (4 shared-memory wavefronts per instruction: conflict-free), so a
- *    lane computes one page offset per step (v2's block-table window: 32 entries per warp read at once
- *    and shuffled; (block, slot) advanced by adds). cp.async.wait_group then __syncwarp make the
+ *    md_shape::STAGES steps private to the warp by cp.async with v2's map: 8 lanes a key, lane l the
+ *    16-byte chunks l % 8 + 8 h of key l / 8 + 4 j (each instruction reads four whole 128-byte runs and
+ *    writes shared memory in 4 wavefronts: conflict-free); v2's block-table window (32 entries per warp
+ *    read at once and shuffled; (block, slot) advanced by adds). cp.async.wait_group then __syncwarp make the
  *    step's rows visible to the warp and retire the reads of the stage refilled next: no block barrier
  *    in the loop.
  *  - S (16 x 16) = Q K^T by ldmatrix of K (no transpose) exactly as attn_fa2_kernel; logits to base-2
@@ -827,13 +829,21 @@ template <int D> struct md_shape {
   static constexpr size_t smem = q_bytes + (ring_bytes > merge_bytes ? ring_bytes : merge_bytes);
 };
 
+/* The kernel's row offsets are page * s0 + slot * s1 in 32-bit factors (the (pages, P, Hkv, D) caches of
+ * any real size); others take v2. */
+bool md_strides_ok(const attn_args &a) {
+  const int64_t lim = 0xffffffffLL;
+  return a.k_s0 >= 0 && a.k_s0 <= lim && a.v_s0 >= 0 && a.v_s0 <= lim && a.k_s1 >= 0 && a.v_s1 >= 0 &&
+         a.k_s1 * (a.page_size - 1) <= lim && a.v_s1 * (a.page_size - 1) <= lim;
+}
+
 template <int D>
 __global__ void __launch_bounds__(MD_THREADS, md_shape<D>::MIN_CTAS)
     attn_decode_mma_kernel(const __grid_constant__ attn_args a) {
   typedef md_shape<D> S;
-  constexpr int LD = S::LD, STAGES = S::STAGES, DT = D / 8, KS = D / 16, CH = D / 8, CPL = CH / 2;
+  constexpr int LD = S::LD, STAGES = S::STAGES, DT = D / 8, KS = D / 16, CH = D / 8, VPL = D / 64;
   constexpr bool Q_IN_REGS = D <= 128;
-  static_assert(DT % 2 == 0 && STAGES >= 2 && MD_BN == 16, "decode mma shape");
+  static_assert(DT % 2 == 0 && D % 64 == 0 && STAGES >= 2 && MD_BN == 16, "decode mma shape");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16_t *Qs = reinterpret_cast<bf16_t *>(smem_raw);                     /* [ATT_BR][LD] */
   bf16_t *ring = reinterpret_cast<bf16_t *>(smem_raw + S::q_bytes);      /* [WARPS][STAGES][K, V][BN][LD] */
@@ -849,6 +859,7 @@ __global__ void __launch_bounds__(MD_THREADS, md_shape<D>::MIN_CTAS)
   const int P = a.page_size;
   const int span = tile.kv_hi - tile.kv_lo;
   const int slice = ((span + MD_WARPS - 1) / MD_WARPS + MD_BN - 1) / MD_BN * MD_BN;
+  const bf16_t *wring = ring + warp * STAGES * S::STEP;
   const int w_lo = tile.kv_lo + warp * slice;
   const int w_hi = min(tile.kv_hi, w_lo + slice);
   const int nsteps = w_hi > w_lo ? (w_hi - w_lo + MD_BN - 1) / MD_BN : 0;
@@ -867,35 +878,44 @@ __global__ void __launch_bounds__(MD_THREADS, md_shape<D>::MIN_CTAS)
   }
   cp_async_commit();
 
-  /* Issue state: this lane's key of the next step to issue (kr = lane / 2 of the step), its block and
+  /* Issue state (v2's): this lane's next key to issue (its keys are w_lo + kq + 4 m), its block and
    * slot; the warp's cached window of the block table (entries blk0 + lane). */
-  const int kr = lane >> 1, half = lane & 1;
-  int kj_issue = w_lo + kr;
+  const int kq = lane >> 3, c8 = lane & 7;
+  int kj_issue = w_lo + kq;
   int blk = kj_issue / P, slot = kj_issue - blk * P;
-  const int adv = MD_BN / P, rem = MD_BN - adv * P; /* a step moves 16 keys: adv blocks and rem slots */
+  const int adv = 4 / P, rem = 4 - adv * P; /* 4 keys on: adv blocks and rem slots */
   int blk0 = w_lo / P;
   int tbl = nsteps > 0 && blk0 + lane < a.max_blocks ? bt_row[blk0 + lane] : 0;
-  bf16_t *wring = ring + warp * STAGES * S::STEP;
-  /* this lane's chunks start at dim 8 half of its key's rows: the copies of a step take constant offsets */
-  const bf16_t *Kh = K + (int64_t)hk * a.k_s2 + 8 * half, *Vh = V + (int64_t)hk * a.v_s2 + 8 * half;
+  /* This lane's chunks start at dim 8 c8 of its keys' rows, and its ring slots at key kq of a step:
+   * the copies of a step take constant offsets from these. Page and slot strides fit 32 bits (the host
+   * checks, md_strides_ok): one wide multiply-add per row offset. */
+  const uint32_t ring_lane = smem_addr(ring + warp * STAGES * S::STEP + kq * LD + 8 * c8);
+  const bf16_t *Kh = K + (int64_t)hk * a.k_s2 + 8 * c8, *Vh = V + (int64_t)hk * a.v_s2 + 8 * c8;
+  const uint32_t k_s0 = (uint32_t)a.k_s0, k_s1 = (uint32_t)a.k_s1, v_s0 = (uint32_t)a.v_s0, v_s1 = (uint32_t)a.v_s1;
   auto issue = [&](int s) { /* steps in increasing order, each once; call only for s < nsteps (lane 0 valid) */
-    bf16_t *ks = wring + (s % STAGES) * S::STEP + kr * LD + 8 * half, *vs = ks + MD_BN * LD;
-    const bool ok = kj_issue < w_hi;
-    if (__any_sync(0xffffffffu, ok && blk - blk0 >= 32)) { /* lane 0 holds the step's first key */
-      blk0 = __shfl_sync(0xffffffffu, blk, 0);
-      tbl = blk0 + lane < a.max_blocks ? bt_row[blk0 + lane] : 0;
-    }
-    const int page = __shfl_sync(0xffffffffu, tbl, ok ? blk - blk0 : 0);
-    const bf16_t *kp = ok ? Kh + (int64_t)page * a.k_s0 + (int64_t)slot * a.k_s1 : Kh; /* !ok: zero-fill */
-    const bf16_t *vp = ok ? Vh + (int64_t)page * a.v_s0 + (int64_t)slot * a.v_s1 : Vh;
+    const uint32_t ks = ring_lane + (uint32_t)((s % STAGES) * S::STEP * sizeof(bf16_t));
+    const uint32_t vs = ks + MD_BN * LD * sizeof(bf16_t);
 #pragma unroll
-    for (int i = 0; i < CPL; i++) {
-      upf_wgmma::cp_async16_to(smem_addr(ks + 16 * i), kp + 16 * i, ok);
-      upf_wgmma::cp_async16_to(smem_addr(vs + 16 * i), vp + 16 * i, ok);
+    for (int j = 0; j < MD_BN / 4; j++) { /* keys 4 j + kq of the step */
+      const bool ok = kj_issue < w_hi;
+      if (__any_sync(0xffffffffu, ok && blk - blk0 >= 32)) { /* lane 0 holds the 4 keys' first (valid) */
+        blk0 = __shfl_sync(0xffffffffu, blk, 0);
+        tbl = blk0 + lane < a.max_blocks ? bt_row[blk0 + lane] : 0;
+      }
+      /* !ok: some table entry or 0 and a slot < P, never read (src-size 0 zero-fills) */
+      const uint32_t page = (uint32_t)__shfl_sync(0xffffffffu, tbl, blk - blk0);
+      const bf16_t *kp = Kh + ((uint64_t)page * k_s0 + (uint32_t)slot * k_s1);
+      const bf16_t *vp = Vh + ((uint64_t)page * v_s0 + (uint32_t)slot * v_s1);
+#pragma unroll
+      for (int h = 0; h < VPL; h++) {
+        const uint32_t o = (uint32_t)((4 * j * LD + 64 * h) * sizeof(bf16_t));
+        upf_wgmma::cp_async16_to(ks + o, kp + 64 * h, ok);
+        upf_wgmma::cp_async16_to(vs + o, vp + 64 * h, ok);
+      }
+      kj_issue += 4, slot += rem, blk += adv;
+      if (slot >= P)
+        slot -= P, blk++;
     }
-    kj_issue += MD_BN, slot += rem, blk += adv;
-    if (slot >= P)
-      slot -= P, blk++;
   };
 #pragma unroll
   for (int s = 0; s < STAGES - 1; s++) { /* one group per stage, empty ones too: the wait count stays fixed */
@@ -1402,6 +1422,8 @@ enum dec_kernel { DEC_FFMA = 0, DEC_V2 = 1, DEC_MMA = 2 };
  * attn_decode_v2_kernel / attn_decode_mma_kernel. `a` has everything but the plan pointers. */
 upf_status attn_plan_and_run(attn_args &a, const req_info *reqs, int32_t num_reqs, upf_dtype dtype, bool paged,
                              dec_kernel decode) {
+  if (decode == DEC_MMA && !md_strides_ok(a))
+    decode = DEC_V2;
   const int G = a.group;
   int64_t nbase = 0;
   for (int32_t r = 0; r < num_reqs; r++)
