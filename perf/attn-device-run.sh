@@ -11,7 +11,7 @@
 #      memcheck and racecheck over `verify attn --quick` under each variant, test_upf.
 # A failing variant stops nothing. Steps 1-2 are capped to TIMING_S seconds in all, step 3 to CHECK_S.
 # What comes back (<= 8 files): summary.txt, compare-attn.txt, bench-attn-default.json,
-# bench-attn-<variant>.json each, torch-sdpa.json, logs.tar.xz (every log).
+# bench-attn-variants.tar.xz (bench-attn-<variant>.json each), torch-sdpa.json, logs.tar.xz (every log).
 #   OUT=dir TIMING_S=150 CHECK_S=80 bash attn-device-run.sh
 set -u
 cd "$(dirname "$0")"
@@ -29,6 +29,7 @@ say() { echo "[$(($(date +%s) - t0)) s] $*" | tee -a "$OUT/summary.txt"; }
 # name | switch (env assignment) | benchmark filter (the cases the switch changes)
 VARIANTS=(
   "decode-v2|UPF_ATTN_DECODE=v2|attn_paged/cuda|copy"
+  "decode-mma|UPF_ATTN_DECODE=mma|attn_paged/cuda|copy"
   "prefill-wgmma|UPF_ATTN_PREFILL=wgmma|attn_prefill/cuda/bf16/llama"
   "prefill-wgmma-overlap|UPF_ATTN_PREFILL=wgmma-overlap|attn_prefill/cuda/bf16/llama"
 )
@@ -95,4 +96,7 @@ done | tee -a "$OUT/summary.txt"
 { grep -A4 "Run Summary" "$L/test.log"; grep -E "SKIPPED|FAILED|failed" "$L/test.log" | head -5; tail -1 "$L/test.log"
   for f in "$L"/sanitizer-*.log; do echo "--- $(basename "$f")"; grep -E "checks:|SUMMARY|rc=" "$f"; done; } | tee -a "$OUT/summary.txt"
 tar -C "$OUT" -cJf "$OUT/logs.tar.xz" logs && rm -rf "$L"
+# one file for the variants' bench JSONs: the device tool returns at most 8 files
+( cd "$OUT" && vj=$(ls bench-attn-*.json 2>/dev/null | grep -v '^bench-attn-default.json$')
+  [ -n "$vj" ] && tar -cJf bench-attn-variants.tar.xz $vj && rm -f $vj )
 say "packed; $(ls "$OUT" | tr '\n' ' ')"

@@ -341,6 +341,11 @@ static const attn_case paged_cases[] = {
      AC_QUICK},
     {"cached prefill, page 64, softcap 30", 2, {17, 577}, {200, 64}, 4, 4, 64, 0, 30.0f, 0, 64, 0},
     {"mixed, window 64, page 1, GQA 8", 3, {1, 17, 1}, {300, 40, 0}, 8, 1, 64, 64, 0, 0, 1, 0},
+    /* decode with split-KV at the GQA extremes (the mma decode kernel packs the group into one m16 tile) */
+    {"decode, GQA 1, page 1, long row 5000 (split-KV), softcap 20", 2, {1, 1}, {4999, 300}, 4, 4, 128, 0, 20.0f,
+     0, 1, AC_QUICK},
+    {"decode, GQA 8, page 64, window 3000, row 9000 (split-KV), D=64", 2, {1, 1}, {8999, 100}, 16, 2, 64, 3000, 0,
+     0, 64, 0},
     /* query runs of 2..15 tokens (speculative decode) stay on the decode kernels: masks per row */
     {"multi-token steps q 2-7, softcap 30, page 16", 3, {2, 7, 5}, {100, 40, 3000}, 8, 2, 128, 0, 30.0f, 0, 16,
      AC_QUICK},
