@@ -10,7 +10,7 @@
 #      and the prep kernel's warp-stall reasons at 32K;
 #   D. alone on the GPU: attention prefill (Llama 32K, 128K) and paged decode under the default and
 #      each variant that passed A, then the torch SDPA peer; compare_attn.py ratios.
-# Variants: ATTN_VARIANTS="name=ENV=value[,ENV=value] ..." (default below). $OUT gets summary.txt and
+# SDPA=0 leaves the SDPA peer out. Variants: ATTN_VARIANTS="name=ENV=value[,ENV=value] ..." (default below). $OUT gets summary.txt and
 # one archive a step.   OUT=dir bash device-round.sh   (FLA wheels on PYTHONPATH for step C)
 set -u
 source "$(dirname "$0")/device-common.sh"
@@ -111,7 +111,7 @@ for v in $PASSED; do
     --benchmark_out_format=json >"$T/bench-attn-$n.log" 2>&1
   say "bench $n rc=$?"
 done
-(cd peers && timeout 45 python3 torch_sdpa.py --only 'llama/T:(32768|131072)' --iters 6 --out "$T/torch-sdpa.json" \
+[ "${SDPA:-1}" = 1 ] && (cd peers && timeout 45 python3 torch_sdpa.py --only 'llama/T:(32768|131072)' --iters 6 --out "$T/torch-sdpa.json" \
   >"$T/torch-sdpa.log" 2>&1)
 say "sdpa rc=$?"
 for j in "$T"/bench-attn-*.json; do
