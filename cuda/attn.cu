@@ -23,8 +23,8 @@
  * odd D, unaligned views); attn.paged takes it (PAGED) for requests of at least MMA_MIN_Q_ROWS query
  * rows (prefill against the cache) and the FFMA kernel for the rest (decode rows: GQA packing and
  * split-KV matter more there), two launches writing disjoint rows. Those decode rows go, where the mma
- * path's layout holds, to attn_decode_v2_kernel (FFMA, the default) or attn_decode_mma_kernel
- * (mma.sync) by UPF_ATTN_DECODE (see decode_selected).
+ * path's layout holds, to attn_decode_mma_kernel (mma.sync, the default) or attn_decode_v2_kernel
+ * (FFMA) by UPF_ATTN_DECODE (see decode_selected).
  * kv_cache_write_kernel: one CTA per token row, k and v rows to their slot. */
 #include <math.h>
 #include <stdlib.h>
@@ -1645,16 +1645,17 @@ bool mma_ok(const upf_tensor *q, const upf_tensor *k, const upf_tensor *v, const
   return true;
 }
 
-/* UPF_ATTN_DECODE (read once per process): unset or "v2" sends the paged rows that the FFMA kernel
- * takes (decode steps and chunks of fewer than MMA_MIN_Q_ROWS query rows) to attn_decode_v2_kernel
+/* UPF_ATTN_DECODE (read once per process): unset or "mma" sends the paged rows that the FFMA kernel
+ * takes (decode steps and chunks of fewer than MMA_MIN_Q_ROWS query rows) to attn_decode_mma_kernel
  * wherever the mma path's layout conditions hold (bf16, D = 64/128/256, 16-byte rows) — the default
- * since the H200 run at 3a43ec8 (0.51-0.54 of copy bandwidth against 0.19); "mma" sends the same rows
- * to attn_decode_mma_kernel (tensor cores; not yet run on a GPU); "ffma" keeps them on the FFMA
- * kernel, which every other shape takes anyway. Any other value: v2. */
+ * since the H200 run at 2d560e6 (full verify 147/147, sanitizers clean; 0.83-0.93 of copy bandwidth
+ * against v2's 0.47-0.54); "v2" sends the same rows to attn_decode_v2_kernel (FFMA dot products, the
+ * default before); "ffma" keeps them on the FFMA kernel, which every other shape takes anyway. Any
+ * other value: mma. */
 dec_kernel decode_selected() {
   static const dec_kernel k = [] {
     const char *e = getenv("UPF_ATTN_DECODE");
-    return !e ? DEC_V2 : strcmp(e, "ffma") == 0 ? DEC_FFMA : strcmp(e, "mma") == 0 ? DEC_MMA : DEC_V2;
+    return !e ? DEC_MMA : strcmp(e, "ffma") == 0 ? DEC_FFMA : strcmp(e, "v2") == 0 ? DEC_V2 : DEC_MMA;
   }();
   return k;
 }
