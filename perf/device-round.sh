@@ -2,6 +2,7 @@
 # One device call that checks and times a round of kernel changes of issues 3 and 5, from the
 # unpacked bundle of perf/stage-device.sh; each step capped, a failing step stops nothing:
 #   A. quick verify, side by side: attn under the default and under each attention variant, gdn;
+#      test_upf (every CUnit suite with the device);
 #   B. side by side, nothing timed meanwhile: full verify of attn under each variant that passed A,
 #      full verify of gdn.scan; memcheck and racecheck over `verify attn --quick` under every variant
 #      that passed A, memcheck over `verify gdn.scan --quick`;
@@ -10,7 +11,7 @@
 #      and the prep kernel's warp-stall reasons at 32K;
 #   D. alone on the GPU: attention prefill (Llama 32K, 128K) and paged decode under the default and
 #      each variant that passed A, then the torch SDPA peer; compare_attn.py ratios.
-# SDPA=0 leaves the SDPA peer out. Variants: ATTN_VARIANTS="name=ENV=value[,ENV=value] ..." (default below). $OUT gets summary.txt and
+# SDPA=0 leaves the SDPA peer out, GDN=0 step C. Variants: ATTN_VARIANTS="name=ENV=value[,ENV=value] ..." (default below). $OUT gets summary.txt and
 # one archive a step.   OUT=dir bash device-round.sh   (FLA wheels on PYTHONPATH for step C)
 set -u
 source "$(dirname "$0")/device-common.sh"
@@ -22,6 +23,7 @@ A=$OUT/correctness; mkdir -p "$A"
 export OPENBLAS_NUM_THREADS=2
 (timeout 60 bin/upf verify attn --quick --log "$A/quick-attn-default.log" >/dev/null 2>&1; echo "# rc=$?" >>"$A/quick-attn-default.log") &
 (timeout 60 bin/upf verify gdn --quick --log "$A/quick-gdn.log" >/dev/null 2>&1; echo "# rc=$?" >>"$A/quick-gdn.log") &
+(cd bin && timeout 120 ./test_upf >"$A/test_upf.log" 2>&1; echo "# rc=$?" >>"$A/test_upf.log") &
 for v in $ATTN_VARIANTS; do
   n=$(vname "$v")
   (env $(venv "$v") timeout 60 bin/upf verify attn --quick --log "$A/quick-attn-$n.log" >/dev/null 2>&1
@@ -55,6 +57,7 @@ grep -E "^PASS gdn.scan .*bf16" "$A/full-gdn.scan.log" | grep -oE "budget= *[0-9
   sed "s/^/largest bf16 budget use, gdn.scan: /" | tee -a "$OUT/summary.txt"
 pack correctness
 
+if [ "${GDN:-1}" = 1 ]; then
 say "C Gated DeltaNet timings, then FLA"
 G=$OUT/gdn; mkdir -p "$G"
 timeout 45 bin/bench_upf --benchmark_filter='gdn.scan/cuda/bf16/qwen3next_(prefill/chunked|batch16x2K/chunked)/' \
@@ -96,6 +99,7 @@ timeout 40 "$NCU" --clock-control none --section WarpStateStats --section Source
   --benchmark_filter='gdn.scan/cuda/bf16/qwen3next_prefill/chunked/T:32768/' --benchmark_repetitions=5 >"$G/ncu-prep-stalls-32k.log" 2>&1
 say "ncu prep stalls rc=$?"
 pack gdn
+fi
 
 say "D attention timings"
 T=$OUT/attn; mkdir -p "$T"
