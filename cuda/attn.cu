@@ -1231,19 +1231,22 @@ __global__ void __launch_bounds__(WA_THREADS, 1) attn_wgmma2_kernel(const __grid
       live = mbar_wait_bounded(fullv + 8 * (t % W2_NS), (uint32_t)((t / W2_NS) & 1), W2_WAIT_LIMIT_NS);
     fence_proxy_async();
   };
+  /* Descriptors are built once per operand and advanced by adding (byte offset >> 4) to the address
+   * field: every operand lies below 2^18 bytes, so the 14-bit field never carries. */
+  const uint64_t desc_q = desc_kmajor_sw128(qwg);
   auto issue_s = [&](int t) { /* S = Q K(t)^T, one commit group */
-    const uint32_t kbase = ring + (t % W2_NS) * W2_STAGE_BYTES;
+    const uint64_t desc_k = desc_kmajor_sw128(ring + (t % W2_NS) * W2_STAGE_BYTES);
 #pragma unroll
     for (int ks = 0; ks < KS; ks++)
-      wgmma_m64n128k16_ss(s, desc_kmajor_sw128(qwg + (ks >> 2) * (64 * 128) + (ks & 3) * 32),
-                          desc_kmajor_sw128(kbase + (ks >> 2) * (W2_BN * 128) + (ks & 3) * 32), ks);
+      wgmma_m64n128k16_ss(s, desc_q + (uint64_t)(((ks >> 2) * (64 * 128) + (ks & 3) * 32) >> 4),
+                          desc_k + (uint64_t)(((ks >> 2) * (W2_BN * 128) + (ks & 3) * 32) >> 4), ks);
     wg_commit();
   };
   auto issue_pv = [&](int t) { /* O += P V(t), one commit group; k-step kk = keys 16 kk .. 16 kk + 15 */
-    const uint32_t vbase = ring + (t % W2_NS) * W2_STAGE_BYTES + W2_TILE_BYTES;
+    const uint64_t desc_v = desc_mnmajor_sw128(ring + (t % W2_NS) * W2_STAGE_BYTES + W2_TILE_BYTES, W2_BN * 128);
 #pragma unroll
     for (int kk = 0; kk < PK; kk++)
-      wgmma_m64n128k16_tb(o, pa[kk], desc_mnmajor_sw128(vbase + kk * 2048, W2_BN * 128), 1);
+      wgmma_m64n128k16_tb(o, pa[kk], desc_v + (uint64_t)((kk * 2048) >> 4), 1);
     wg_commit();
   };
   auto release = [&](uint32_t bars, int t) { /* this warp's wgmma reads of tile t's K (V) are complete */
