@@ -1056,6 +1056,8 @@ __global__ void __launch_bounds__(WA_THREADS, 1) attn_wgmma_kernel(const __grid_
  *  - every mbarrier wait gives up after W2_WAIT_LIMIT_NS of wall time; a consumer that gave up stops
  *    waiting and writes NaN (out and LSE), so a protocol error reads as a NaN verify failure and a
  *    slow but finished kernel, not a hang. (A named-barrier mismatch would still hang.)
+ * PINGPONG = false (UPF_ATTN_PREFILL=wgmma2-nopp) drops the named barriers: a diagnostic of what the
+ * hand-over buys, and the variant to try if the ping-pong ever hangs.
  * Shared memory: Q 32 KB + 3 x 64 KB ring + 12 barriers + 1 KB alignment slack = 230,496 bytes (of 232,448). */
 constexpr int W2_BN = 128;
 constexpr int W2_NS = 3;
@@ -1101,6 +1103,7 @@ __device__ __forceinline__ float ex2_approx(float x) {
   return y;
 }
 
+template <bool PINGPONG>
 __global__ void __launch_bounds__(WA_THREADS, 1) attn_wgmma2_kernel(const __grid_constant__ attn_args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace upf_wgmma;
@@ -1206,6 +1209,14 @@ __global__ void __launch_bounds__(WA_THREADS, 1) attn_wgmma2_kernel(const __grid
   const float mul2 = capped ? 1.0f : mul; /* logit (after fa_logits_masked) -> base-2 exponent */
   const uint32_t qwg = qbase + (uint32_t)wg * W2_Q_WG_BYTES;
   const uint32_t bar_mine = 1 + wg, bar_other = 2 - wg;
+  auto my_turn = [&] {
+    if constexpr (PINGPONG)
+      named_bar_sync(bar_mine, 256);
+  };
+  auto pass_turn = [&] {
+    if constexpr (PINGPONG)
+      named_bar_arrive(bar_other, 256);
+  };
 
   /* m: running max of the raw logits; msc = m * mul2 (rounded once), the base-2 reference every
    * exponent and the LSE use; both -inf while a row has seen nothing. */
@@ -1304,14 +1315,14 @@ __global__ void __launch_bounds__(WA_THREADS, 1) attn_wgmma2_kernel(const __grid
     }
   };
 
-  if (wg == 1)
+  if (PINGPONG && wg == 1)
     named_bar_arrive(1, 256); /* warpgroup 0 takes the first turn */
   /* round 0: S(0) */
   ready_k(0);
-  named_bar_sync(bar_mine, 256);
+  my_turn();
   wg_fence();
   issue_s(0);
-  named_bar_arrive(bar_other, 256);
+  pass_turn();
   wg_wait<0>();
   release(emptyk, 0);
   softmax(0); /* O is still 0: no rescale */
@@ -1321,11 +1332,11 @@ __global__ void __launch_bounds__(WA_THREADS, 1) attn_wgmma2_kernel(const __grid
   for (int t = 1; t < ntiles; t++) {
     ready_k(t);
     ready_v(t - 1);
-    named_bar_sync(bar_mine, 256);
+    my_turn();
     wg_fence();
     issue_s(t);
     issue_pv(t - 1);
-    named_bar_arrive(bar_other, 256);
+    pass_turn();
     wg_wait<1>();
     release(emptyk, t);
     softmax(t);
@@ -1336,11 +1347,11 @@ __global__ void __launch_bounds__(WA_THREADS, 1) attn_wgmma2_kernel(const __grid
   }
   /* round ntiles: the last P V */
   ready_v(ntiles - 1);
-  named_bar_sync(bar_mine, 256);
+  my_turn();
   wg_fence();
   issue_pv(ntiles - 1);
   if (wg == 0)
-    named_bar_arrive(bar_other, 256); /* warpgroup 1's last arrive would have no round to open */
+    pass_turn(); /* warpgroup 1's last arrive would have no round to open */
   wg_wait<0>();
   release(emptyv, ntiles - 1);
 
@@ -1569,14 +1580,15 @@ template <int D, int BN, int STAGES, bool PAGED> upf_status launch_fa2(attn_args
   return UPF_OK;
 }
 
-upf_status launch_wgmma2(attn_args &a, int ntiles) {
+template <bool PINGPONG> upf_status launch_wgmma2(attn_args &a, int ntiles) {
   if (W2_SMEM > upf_cuda_smem_optin())
     return upf_fail(UPF_ERR_UNSUPPORTED, "attn (cuda): the wgmma2 prefill needs %zu bytes of shared memory, the "
                     "device has %zu", W2_SMEM, upf_cuda_smem_optin());
   if ((int64_t)ntiles * a.hq > INT32_MAX)
     return upf_fail(UPF_ERR_SHAPE, "attn (cuda): %d tiles x %d heads exceed the grid", ntiles, a.hq);
-  UPF_CUDA_TRY(cudaFuncSetAttribute(attn_wgmma2_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)W2_SMEM));
-  attn_wgmma2_kernel<<<(unsigned)(ntiles * a.hq), WA_THREADS, W2_SMEM, upf_cuda_stream()>>>(a);
+  UPF_CUDA_TRY(cudaFuncSetAttribute(attn_wgmma2_kernel<PINGPONG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)W2_SMEM));
+  attn_wgmma2_kernel<PINGPONG><<<(unsigned)(ntiles * a.hq), WA_THREADS, W2_SMEM, upf_cuda_stream()>>>(a);
   UPF_CUDA_LAUNCH_TRY("attn_wgmma2_kernel");
   return UPF_OK;
 }
@@ -1598,7 +1610,8 @@ template <bool OVERLAP> upf_status launch_wgmma(attn_args &a, int ntiles) {
  * K/V: unset or "wgmma" = attn_wgmma_kernel with each wgmma group waited for at once (1, the
  * default since the H200 run at 3a43ec8: 0.52x SDPA against the FA2 kernel's 0.46x),
  * "wgmma-overlap" = S(t + 1) in flight during the softmax of tile t (2; measured no faster),
- * "wgmma2" = attn_wgmma2_kernel, the FlashAttention-3 form (3; not yet run on a GPU),
+ * "wgmma2" = attn_wgmma2_kernel, the FlashAttention-3 form (3; not yet run on a GPU), "wgmma2-nopp" = the
+ * same without the ping-pong named barriers (4: a diagnostic, what the hand-over buys),
  * "fa2" = attn_fa2_kernel (0), which every other shape takes anyway. */
 int prefill_wgmma_selected() {
   static const int mode = [] {
@@ -1606,6 +1619,7 @@ int prefill_wgmma_selected() {
     return !e || strcmp(e, "wgmma") == 0           ? 1
            : strcmp(e, "wgmma-overlap") == 0       ? 2
            : strcmp(e, "wgmma2") == 0              ? 3
+           : strcmp(e, "wgmma2-nopp") == 0         ? 4
            : strcmp(e, "fa2") == 0                 ? 0
                                                    : 1;
   }();
@@ -1654,7 +1668,8 @@ template <bool PAGED> upf_status mma_plan_and_run(attn_args &a, const req_info *
   UPF_TRY(st);
   a.tiles = (const attn_tile *)ws;
   if (!PAGED && a.d == WA_D && prefill_wgmma_selected())
-    return prefill_wgmma_selected() == 3   ? launch_wgmma2(a, (int)ntiles)
+    return prefill_wgmma_selected() == 4   ? launch_wgmma2<false>(a, (int)ntiles)
+           : prefill_wgmma_selected() == 3 ? launch_wgmma2<true>(a, (int)ntiles)
            : prefill_wgmma_selected() == 2 ? launch_wgmma<true>(a, (int)ntiles)
                                            : launch_wgmma<false>(a, (int)ntiles);
   if (a.d == 64)
