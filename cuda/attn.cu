@@ -1302,6 +1302,342 @@ __global__ void __launch_bounds__(WA_THREADS, 1) attn_wgmma_kernel(const __grid_
 #endif
 }
 
+/* ---- Hopper prefill, FlashAttention-3 form (UPF_ATTN_PREFILL=wgmma2; bf16, D = 128, contiguous K/V) ----
+ * attn_wgmma2_kernel: the same plan, CTA shape (2 consumer warpgroups of 64 rows + a producer
+ * warpgroup), swizzle layouts and descriptor forms as attn_wgmma_kernel, with these changes:
+ *  - W2_BN = 128 keys per tile: S (64 x 128 per warpgroup) by 8 wgmma m64n128k16, O += P V by 8
+ *    (k = 16 keys each); the fixed per-tile costs (barrier waits, fences, commits, shuffles, the O
+ *    rescale) are paid once per 128 keys.
+ *  - Q lives in shared memory (copied once by the producer with tile 0, in the K tiles' swizzled
+ *    K-major layout: per warpgroup and per 64 dims 64 rows x 128 bytes) and QK^T is an all-shared-memory
+ *    wgmma: the 32 registers of the register-A Q fragment go to S, P and O.
+ *  - all 4 producer warps copy (cp.async, 16 rows x 2 chunks per lane per tile), so the copy issue is
+ *    spread over the 4 schedulers; a W2_NS = 3 stage ring of K + V (64 KB a stage) with full and
+ *    empty barriers for K and for V apart: S(t) waits for K(t) only, and K(t) is released as soon as
+ *    S(t) completes, so K(t + 3) is copied while P V(t) still reads V(t) (K and V each ~2 rounds ahead).
+ *  - softmax: the running max is kept on the raw logits (no multiply before the max); exponents are
+ *    one FFMA, s * mul - m * mul, and ex2.approx (MUFU, no range fix-up); alpha = exp2 of the
+ *    difference of the stored scaled maxima (exactly 1 while the max holds). Soft-cap as before
+ *    (tanh first, then mul = 1). Masks only on tiles crossing a warp's diagonal, window edge or the end.
+ *  - intra-warpgroup overlap (FA3 section 3.2): round t issues S(t) and P(t - 1) V(t - 1) as two commit
+ *    groups, waits for S(t) only, runs the softmax of tile t while P V(t - 1) is on the tensor cores,
+ *    then waits for P V(t - 1), rescales O and packs P(t). Live: S 64 + P 32 + O 64 fp32 registers.
+ *  - ping-pong (FA3 section 3.1): a round's wgmma issue is a critical section passed between the two
+ *    warpgroups by named barriers 1 (warpgroup 0's turn) and 2 (warpgroup 1's), 256 threads each:
+ *    warpgroup w syncs on 1 + w, issues, arrives on 2 - w; warpgroup 1 arrives once on barrier 1 before
+ *    its first round (warpgroup 0 goes first) and skips its last arrive, so every barrier phase has
+ *    exactly 128 syncing and 128 arriving threads. Both warpgroups run ntiles + 1 rounds.
+ *  - setmaxnreg 240 (consumers) / 24 (producer): 2 x 128 x 240 + 128 x 24 = 384 x 168, the launch's.
+ *  - every mbarrier wait gives up after W2_WAIT_LIMIT_NS of wall time; a consumer that gave up stops
+ *    waiting and writes NaN (out and LSE), so a protocol error reads as a NaN verify failure and a
+ *    slow but finished kernel, not a hang. (A named-barrier mismatch would still hang.)
+ * PINGPONG = false (UPF_ATTN_PREFILL=wgmma2-nopp) drops the named barriers: a diagnostic of what the
+ * hand-over buys, and the variant to try if the ping-pong ever hangs.
+ * Shared memory: Q 32 KB + 3 x 64 KB ring + 12 barriers + 1 KB alignment slack = 230,496 bytes (of 232,448). */
+constexpr int W2_BN = 128;
+constexpr int W2_NS = 3;
+constexpr int W2_CONSUMER_REGS = 240, W2_PRODUCER_REGS = 24;
+constexpr uint64_t W2_WAIT_LIMIT_NS = 4000000000ull; /* a wait takes microseconds; 4 s: something is wrong */
+constexpr uint32_t W2_Q_WG_BYTES = 64 * WA_D * 2;        /* one warpgroup's 64 Q rows */
+constexpr uint32_t W2_Q_BYTES = 2 * W2_Q_WG_BYTES;
+constexpr uint32_t W2_TILE_BYTES = W2_BN * WA_D * 2;     /* one K (or V) tile */
+constexpr uint32_t W2_STAGE_BYTES = 2 * W2_TILE_BYTES;   /* K then V */
+constexpr size_t W2_SMEM = 1024 + W2_Q_BYTES + (size_t)W2_NS * W2_STAGE_BYTES + 4 * W2_NS * 8;
+static_assert(2 * 128 * W2_CONSUMER_REGS + 128 * W2_PRODUCER_REGS == WA_THREADS * 168, "setmaxnreg budget");
+static_assert(W2_NS >= 2, "a round holds tiles t - 1 and t");
+
+/* fa_exponents' masking without the scale: logits stay raw (soft-capped: the base-2 exponent
+ * cap2 tanh(s mul)); where `masked`, keys past kv_hi, after the row's position or before its window
+ * start become -inf. */
+template <int NT>
+__device__ __forceinline__ void fa_logits_masked(float (&s)[NT][4], bool capped, float mul, float cap2, bool masked,
+                                                 int kv0, int t4, int kv_hi, const int (&pos)[2],
+                                                 const int (&lo)[2]) {
+  if (capped) {
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+      for (int c = 0; c < 4; c++)
+        s[j][c] = cap2 * tanhf(s[j][c] * mul);
+  }
+  if (masked) {
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+      for (int c = 0; c < 4; c++) {
+        const int i = c >> 1, kj = kv0 + j * 8 + t4 * 2 + (c & 1);
+        s[j][c] = kj < kv_hi && kj <= pos[i] && kj >= lo[i] ? s[j][c] : -INFINITY;
+      }
+  }
+}
+
+/* 2^x by one MUFU.EX2 (flushes subnormal results to 0; 2^-inf = 0). */
+__device__ __forceinline__ float ex2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+template <bool PINGPONG>
+__global__ void __launch_bounds__(WA_THREADS, 1) attn_wgmma2_kernel(const __grid_constant__ attn_args a) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using namespace upf_wgmma;
+  constexpr int KS = WA_D / 16, NT = W2_BN / 8, DT = WA_D / 8, PK = W2_BN / 16;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const uint32_t sraw = (uint32_t)__cvta_generic_to_shared(smem_raw);
+  const uint32_t sbase = (sraw + 1023u) & ~1023u; /* swizzle atoms need 1024-byte alignment */
+  const uint32_t qbase = sbase, ring = sbase + W2_Q_BYTES;
+  const uint32_t fullk = ring + W2_NS * W2_STAGE_BYTES, fullv = fullk + W2_NS * 8;
+  const uint32_t emptyk = fullv + W2_NS * 8, emptyv = emptyk + W2_NS * 8;
+  const attn_tile tile = a.tiles[blockIdx.x / a.hq];
+  const int hq = blockIdx.x % a.hq, hk = hq / a.group;
+  /* Broadcasts make the role and the loop bounds provably warp-uniform for ptxas (else it serialises
+   * the wgmma: C7518). */
+  const int warp = __shfl_sync(0xffffffffu, (int)(threadIdx.x >> 5), 0), lane = threadIdx.x & 31;
+  const int kv_lo = __shfl_sync(0xffffffffu, tile.kv_lo, 0);
+  const int ntiles = __shfl_sync(0xffffffffu, (tile.kv_hi - tile.kv_lo + W2_BN - 1) / W2_BN, 0);
+  const bf16_t *Q = (const bf16_t *)a.q, *K = (const bf16_t *)a.k, *V = (const bf16_t *)a.v;
+
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int i = 0; i < W2_NS; i++) {
+      mbar_init(fullk + 8 * i, 128); /* the producer's 128 lanes, each once its K copies (tile 0: and Q) landed */
+      mbar_init(fullv + 8 * i, 128); /* the same for V */
+      mbar_init(emptyk + 8 * i, 8);  /* the 8 consumer warps, once S of the stage's tile completed */
+      mbar_init(emptyv + 8 * i, 8);  /* the same once P V completed */
+    }
+  }
+  __syncthreads();
+  if (ntiles <= 0) /* the plan never makes one (every row sees its own key); uniform over the CTA */
+    return;
+
+  if (warp >= 8) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(W2_PRODUCER_REGS));
+    /* Producer lane pl copies 16-byte chunk c (dims 8c .. 8c + 7) of rows r0 + 8 j, j < 16, of Q and of
+     * every K and V tile: with 128-byte rows and 1024-byte 8-row groups, row r0 + 8 j lands at
+     * (c / 8) * (64 dims block) + r0 * 128 + j * 1024, chunk (c % 8) ^ r0 (the 128-byte swizzle). */
+    const int pl = (int)threadIdx.x - 256, c = pl & 15, r0 = pl >> 4;
+    const uint32_t swz = (uint32_t)r0 * 128 + ((uint32_t)((c & 7) ^ r0) << 4);
+    {
+      /* Q row r0 + 8 j of the tile: warpgroup j / 8's block, its row r0 + 8 (j % 8) */
+      const uint32_t qdst = qbase + (uint32_t)(c >> 3) * (64 * 128) + swz;
+      const bf16_t *qsrc = Q + (int64_t)hq * a.q_s1 + c * 8;
+#pragma unroll 4
+      for (int j = 0; j < 16; j++) {
+        const int qt = tile.row0 + r0 + 8 * j;
+        const bool ok = qt < tile.q_len; /* rows past the request: zeros (never written) */
+        cp_async16_to(qdst + (uint32_t)(j >> 3) * W2_Q_WG_BYTES + (uint32_t)(j & 7) * 1024,
+                      ok ? qsrc + (int64_t)(tile.q0 + qt) * a.q_s0 : qsrc, ok);
+      }
+    }
+    const uint32_t kvoff = (uint32_t)(c >> 3) * (W2_BN * 128) + swz;
+    const int64_t row = (int64_t)tile.kv_base + kv_lo + r0;
+    const bf16_t *kp = K + row * a.k_s0 + (int64_t)hk * a.k_s1 + c * 8;
+    const bf16_t *vp = V + row * a.v_s0 + (int64_t)hk * a.v_s1 + c * 8;
+    bool live = true; /* false once a wait gave up: copy on without waiting, the kernel ends */
+    for (int t = 0; t < ntiles; t++) {
+      const int st = t % W2_NS;
+      if (t >= W2_NS && live)
+        live = mbar_wait_bounded(emptyk + 8 * st, (uint32_t)((t / W2_NS - 1) & 1), W2_WAIT_LIMIT_NS);
+      const int nin = tile.kv_hi - (kv_lo + t * W2_BN + r0); /* row r0 + 8 j is a key iff 8 j < nin */
+      const uint32_t kdst = ring + st * W2_STAGE_BYTES + kvoff, vdst = kdst + W2_TILE_BYTES;
+#pragma unroll 4
+      for (int j = 0; j < 16; j++) {
+        const bool in = 8 * j < nin; /* past the range: zero-filled (src-size 0) */
+        cp_async16_to(kdst + j * 1024, in ? kp + (int64_t)(8 * j) * a.k_s0 : kp, in);
+      }
+      cp_async_mbar_arrive(fullk + 8 * st);
+      if (t >= W2_NS && live)
+        live = mbar_wait_bounded(emptyv + 8 * st, (uint32_t)((t / W2_NS - 1) & 1), W2_WAIT_LIMIT_NS);
+#pragma unroll 4
+      for (int j = 0; j < 16; j++) {
+        const bool in = 8 * j < nin;
+        cp_async16_to(vdst + j * 1024, in ? vp + (int64_t)(8 * j) * a.v_s0 : vp, in);
+      }
+      cp_async_mbar_arrive(fullv + 8 * st);
+      kp += (int64_t)W2_BN * a.k_s0;
+      vp += (int64_t)W2_BN * a.v_s0;
+    }
+    cp_async_wait_all();
+    return;
+  }
+
+  /* Consumers: warpgroup wg, warp w4 of it; this thread's rows g and g + 8 of the warp's 16. */
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(W2_CONSUMER_REGS));
+  const int wg = warp >> 2, w4 = warp & 3, g = lane >> 2, t4 = lane & 3;
+  const int off = tile.kv_len - tile.q_len;
+  const int wrow0 = tile.row0 + wg * 64 + w4 * 16;
+  int pos[2], lo[2];
+#pragma unroll
+  for (int i = 0; i < 2; i++) {
+    const int qt = wrow0 + g + 8 * i;
+    const int qc = qt < tile.q_len ? qt : tile.q_len - 1; /* rows past the request: the last row's position */
+    pos[i] = qc + off;
+    lo[i] = a.window > 0 ? pos[i] - a.window + 1 : 0;
+  }
+  const int wpos_first = (wrow0 < tile.q_len ? wrow0 : tile.q_len - 1) + off;
+  const int wpos_last = (wrow0 + 15 < tile.q_len ? wrow0 + 15 : tile.q_len - 1) + off;
+  const int wlo_last = a.window > 0 ? wpos_last - a.window + 1 : 0;
+  const bool capped = a.softcap > 0.0f;
+  const float mul = capped ? a.scale / a.softcap : a.scale * FA_LOG2E;
+  const float cap2 = a.softcap * FA_LOG2E;
+  const float mul2 = capped ? 1.0f : mul; /* logit (after fa_logits_masked) -> base-2 exponent */
+  const uint32_t qwg = qbase + (uint32_t)wg * W2_Q_WG_BYTES;
+  const uint32_t bar_mine = 1 + wg, bar_other = 2 - wg;
+  auto my_turn = [&] {
+    if constexpr (PINGPONG)
+      named_bar_sync(bar_mine, 256);
+  };
+  auto pass_turn = [&] {
+    if constexpr (PINGPONG)
+      named_bar_arrive(bar_other, 256);
+  };
+
+  /* m: running max of the raw logits; msc = m * mul2 (rounded once), the base-2 reference every
+   * exponent and the LSE use; both -inf while a row has seen nothing. */
+  float m[2] = {-INFINITY, -INFINITY}, msc[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  float o[DT][4];
+#pragma unroll
+  for (int n = 0; n < DT; n++)
+    o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  float s[NT][4];
+  uint32_t pa[PK][4];
+  float alpha[2];
+  bool live = true; /* false once a wait gave up (see above): no more waits, NaN results */
+
+  /* Tile t's K (V) has landed; the cp.async (generic proxy) writes are ordered before the wgmma (async
+   * proxy) reads. */
+  auto ready_k = [&](int t) {
+    if (live)
+      live = mbar_wait_bounded(fullk + 8 * (t % W2_NS), (uint32_t)((t / W2_NS) & 1), W2_WAIT_LIMIT_NS);
+    fence_proxy_async();
+  };
+  auto ready_v = [&](int t) {
+    if (live)
+      live = mbar_wait_bounded(fullv + 8 * (t % W2_NS), (uint32_t)((t / W2_NS) & 1), W2_WAIT_LIMIT_NS);
+    fence_proxy_async();
+  };
+  /* Descriptors are built once per operand and advanced by adding (byte offset >> 4) to the address
+   * field: every operand lies below 2^18 bytes, so the 14-bit field never carries. */
+  const uint64_t desc_q = desc_kmajor_sw128(qwg);
+  auto issue_s = [&](int t) { /* S = Q K(t)^T, one commit group */
+    const uint64_t desc_k = desc_kmajor_sw128(ring + (t % W2_NS) * W2_STAGE_BYTES);
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++)
+      wgmma_m64n128k16_ss(s, desc_q + (uint64_t)(((ks >> 2) * (64 * 128) + (ks & 3) * 32) >> 4),
+                          desc_k + (uint64_t)(((ks >> 2) * (W2_BN * 128) + (ks & 3) * 32) >> 4), ks);
+    wg_commit();
+  };
+  auto issue_pv = [&](int t) { /* O += P V(t), one commit group; k-step kk = keys 16 kk .. 16 kk + 15 */
+    const uint64_t desc_v = desc_mnmajor_sw128(ring + (t % W2_NS) * W2_STAGE_BYTES + W2_TILE_BYTES, W2_BN * 128);
+#pragma unroll
+    for (int kk = 0; kk < PK; kk++)
+      wgmma_m64n128k16_tb(o, pa[kk], desc_v + (uint64_t)((kk * 2048) >> 4), 1);
+    wg_commit();
+  };
+  auto release = [&](uint32_t bars, int t) { /* this warp's wgmma reads of tile t's K (V) are complete */
+    __syncwarp();
+    if (lane == 0)
+      mbar_arrive(bars + 8 * (t % W2_NS));
+  };
+  /* Softmax of S(t) (complete) in place: s becomes p; alpha = the factor for O and l. */
+  auto softmax = [&](int t) {
+    const int kv0 = kv_lo + t * W2_BN;
+    const bool masked = kv0 + W2_BN - 1 > wpos_first || kv0 + W2_BN > tile.kv_hi || (a.window > 0 && kv0 < wlo_last);
+    fa_logits_masked<NT>(s, capped, mul, cap2, masked, kv0, t4, tile.kv_hi, pos, lo);
+    float mt[2] = {m[0], m[1]};
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+      for (int c = 0; c < 4; c++)
+        mt[c >> 1] = fmaxf(mt[c >> 1], s[j][c]);
+    float ref[2], rs[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+      mt[i] = fmaxf(mt[i], __shfl_xor_sync(0xffffffffu, mt[i], 1));
+      mt[i] = fmaxf(mt[i], __shfl_xor_sync(0xffffffffu, mt[i], 2));
+      const float mn = mt[i] * mul2; /* mul2 > 0: -inf stays -inf; unchanged max: the same bits as msc */
+      ref[i] = mn == -INFINITY ? 0.0f : mn; /* nothing visible yet: 2^(-inf - 0) = 0 */
+      alpha[i] = ex2_approx(msc[i] - ref[i]); /* 1 while the max holds; 0 after a row's first keys */
+      m[i] = mt[i];
+      msc[i] = mn;
+    }
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+      for (int c = 0; c < 4; c++) {
+        s[j][c] = ex2_approx(fmaf(s[j][c], mul2, -ref[c >> 1]));
+        rs[c >> 1] += s[j][c];
+      }
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+      l[i] = fmaf(l[i], alpha[i], rs[i]); /* this lane's part of the row sum; the 4 parts meet at the end */
+  };
+  auto pack_p = [&] { /* P (bf16) as the A operand: k-step kk = accumulator n-blocks 2 kk, 2 kk + 1 */
+#pragma unroll
+    for (int kk = 0; kk < PK; kk++) {
+      pa[kk][0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
+      pa[kk][1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
+      pa[kk][2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      pa[kk][3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+    }
+  };
+  auto rescale_o = [&] {
+#pragma unroll
+    for (int n = 0; n < DT; n++) {
+      o[n][0] *= alpha[0], o[n][1] *= alpha[0];
+      o[n][2] *= alpha[1], o[n][3] *= alpha[1];
+    }
+  };
+
+  if (PINGPONG && wg == 1)
+    named_bar_arrive(1, 256); /* warpgroup 0 takes the first turn */
+  /* round 0: S(0) */
+  ready_k(0);
+  my_turn();
+  wg_fence();
+  issue_s(0);
+  pass_turn();
+  wg_wait<0>();
+  release(emptyk, 0);
+  softmax(0); /* O is still 0: no rescale */
+  pack_p();
+  /* round t: S(t) and P V(t - 1) issued back to back; the softmax of t runs under P V(t - 1) and under
+   * the other warpgroup's round. Commit order S(t), P V(t - 1): wait_group 1 = S(t) complete. */
+  for (int t = 1; t < ntiles; t++) {
+    ready_k(t);
+    ready_v(t - 1);
+    my_turn();
+    wg_fence();
+    issue_s(t);
+    issue_pv(t - 1);
+    pass_turn();
+    wg_wait<1>();
+    release(emptyk, t);
+    softmax(t);
+    wg_wait<0>();
+    release(emptyv, t - 1);
+    rescale_o();
+    pack_p();
+  }
+  /* round ntiles: the last P V */
+  ready_v(ntiles - 1);
+  my_turn();
+  wg_fence();
+  issue_pv(ntiles - 1);
+  if (wg == 0)
+    pass_turn(); /* warpgroup 1's last arrive would have no round to open */
+  wg_wait<0>();
+  release(emptyv, ntiles - 1);
+
+  if (!live)
+    l[0] = l[1] = NAN;
+  fa_store_rows<DT>(a, tile, hq, wrow0, g, t4, msc, l, o);
+#else
+  __trap(); /* built without sm_90a: the host never launches this */
+#endif
+}
+
 /* Merges the split chunks of one tile in chunk order: weights exp(lse_s - max lse). */
 template <typename T> __global__ void __launch_bounds__(256) attn_combine_kernel(const __grid_constant__ attn_args a) {
   const attn_group gr = a.groups[blockIdx.x];
@@ -1551,6 +1887,19 @@ template <int D, int BN, int STAGES, bool PAGED> upf_status launch_fa2(attn_args
   return UPF_OK;
 }
 
+template <bool PINGPONG> upf_status launch_wgmma2(attn_args &a, int ntiles) {
+  if (W2_SMEM > upf_cuda_smem_optin())
+    return upf_fail(UPF_ERR_UNSUPPORTED, "attn (cuda): the wgmma2 prefill needs %zu bytes of shared memory, the "
+                    "device has %zu", W2_SMEM, upf_cuda_smem_optin());
+  if ((int64_t)ntiles * a.hq > INT32_MAX)
+    return upf_fail(UPF_ERR_SHAPE, "attn (cuda): %d tiles x %d heads exceed the grid", ntiles, a.hq);
+  UPF_CUDA_TRY(cudaFuncSetAttribute(attn_wgmma2_kernel<PINGPONG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)W2_SMEM));
+  attn_wgmma2_kernel<PINGPONG><<<(unsigned)(ntiles * a.hq), WA_THREADS, W2_SMEM, upf_cuda_stream()>>>(a);
+  UPF_CUDA_LAUNCH_TRY("attn_wgmma2_kernel");
+  return UPF_OK;
+}
+
 template <bool OVERLAP> upf_status launch_wgmma(attn_args &a, int ntiles) {
   if (WA_SMEM > upf_cuda_smem_optin())
     return upf_fail(UPF_ERR_UNSUPPORTED, "attn (cuda): the wgmma prefill needs %zu bytes of shared memory, the "
@@ -1568,11 +1917,18 @@ template <bool OVERLAP> upf_status launch_wgmma(attn_args &a, int ntiles) {
  * K/V: unset or "wgmma" = attn_wgmma_kernel with each wgmma group waited for at once (1, the
  * default since the H200 run at 3a43ec8: 0.52x SDPA against the FA2 kernel's 0.46x),
  * "wgmma-overlap" = S(t + 1) in flight during the softmax of tile t (2; measured no faster),
+ * "wgmma2" = attn_wgmma2_kernel, the FlashAttention-3 form (3; not yet run on a GPU), "wgmma2-nopp" = the
+ * same without the ping-pong named barriers (4: a diagnostic, what the hand-over buys),
  * "fa2" = attn_fa2_kernel (0), which every other shape takes anyway. */
 int prefill_wgmma_selected() {
   static const int mode = [] {
     const char *e = getenv("UPF_ATTN_PREFILL");
-    return !e || strcmp(e, "wgmma") == 0 ? 1 : strcmp(e, "wgmma-overlap") == 0 ? 2 : strcmp(e, "fa2") == 0 ? 0 : 1;
+    return !e || strcmp(e, "wgmma") == 0           ? 1
+           : strcmp(e, "wgmma-overlap") == 0       ? 2
+           : strcmp(e, "wgmma2") == 0              ? 3
+           : strcmp(e, "wgmma2-nopp") == 0         ? 4
+           : strcmp(e, "fa2") == 0                 ? 0
+                                                   : 1;
   }();
   return mode;
 }
@@ -1619,7 +1975,10 @@ template <bool PAGED> upf_status mma_plan_and_run(attn_args &a, const req_info *
   UPF_TRY(st);
   a.tiles = (const attn_tile *)ws;
   if (!PAGED && a.d == WA_D && prefill_wgmma_selected())
-    return prefill_wgmma_selected() == 2 ? launch_wgmma<true>(a, (int)ntiles) : launch_wgmma<false>(a, (int)ntiles);
+    return prefill_wgmma_selected() == 4   ? launch_wgmma2<false>(a, (int)ntiles)
+           : prefill_wgmma_selected() == 3 ? launch_wgmma2<true>(a, (int)ntiles)
+           : prefill_wgmma_selected() == 2 ? launch_wgmma<true>(a, (int)ntiles)
+                                           : launch_wgmma<false>(a, (int)ntiles);
   if (a.d == 64)
     return launch_fa2<64, 128, 3, PAGED>(a, (int)ntiles);
   if (a.d == 128)

@@ -1,7 +1,9 @@
 /* Hopper (sm_90a) building blocks of the wgmma kernels (cuda/attn.cu's prefill, cuda/select.cu's
  * score kernel): mbarriers, cp.async into the swizzled ring, wgmma fences, shared-memory descriptors and
  * the two wgmma shapes they use (A from registers, B from a shared-memory descriptor). Include only from
- * .cu files built for sm_90a with the wgmma code inside #if defined(__CUDA_ARCH_FEAT_SM90_ALL). */
+ * .cu files built for sm_90a with the wgmma code inside #if defined(__CUDA_ARCH_FEAT_SM90_ALL). The
+ * prefill's wgmma2 variant adds an all-shared-memory shape (m64n128k16, A and B descriptors), named
+ * barriers and a time-bounded mbarrier wait. */
 #ifndef UNIPREFILL_CUDA_WGMMA_CUH
 #define UNIPREFILL_CUDA_WGMMA_CUH
 
@@ -22,6 +24,44 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
                "}\n" ::"r"(bar),
                "r"(parity)
                : "memory");
+}
+/* One poll of the same phase: true once it has completed. */
+__device__ __forceinline__ bool mbar_try_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile("{\n"
+               ".reg .pred P1;\n"
+               "mbarrier.try_wait.parity.shared::cta.b64 P1, [%1], %2;\n"
+               "selp.u32 %0, 1, 0, P1;\n"
+               "}\n"
+               : "=r"(done)
+               : "r"(bar), "r"(parity)
+               : "memory");
+  return done != 0;
+}
+/* mbar_wait bounded in wall time (%globaltimer, read only once the first poll has failed): false when it
+ * gave up after limit_ns. A caller that stops waiting turns a barrier protocol error into wrong (NaN)
+ * results and a finished kernel instead of a hang. (__trap() would do it more plainly, but any trap in
+ * a kernel makes ptxas 13.0 drop the setmaxnreg register regions: spills at 168 registers.) */
+__device__ __forceinline__ uint64_t globaltimer_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ bool mbar_wait_bounded(uint32_t bar, uint32_t parity, uint64_t limit_ns) {
+  if (mbar_try_wait(bar, parity))
+    return true;
+  const uint64_t t0 = globaltimer_ns();
+  while (!mbar_try_wait(bar, parity))
+    if (globaltimer_ns() - t0 > limit_ns)
+      return false;
+  return true;
+}
+/* Named barriers 1..15 over n threads (a multiple of 32): sync waits, arrive only counts. */
+__device__ __forceinline__ void named_bar_sync(uint32_t id, uint32_t n) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+__device__ __forceinline__ void named_bar_arrive(uint32_t id, uint32_t n) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
 __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
   asm volatile("{\n"
@@ -98,6 +138,23 @@ __device__ __forceinline__ void wgmma_m64n128k16_tb(float (&d)[16][4], const uin
                "}\n"
                : UPF_WGMMA_D32(d, 0), UPF_WGMMA_D32(d, 8)
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d));
+}
+/* D (64 x 128, f32) (+)= A (64 x 16, K-major descriptor) * B (K-major, 128 x 16, descriptor)^T: both
+ * operands from shared memory (imm-trans-a = imm-trans-b = 0). */
+__device__ __forceinline__ void wgmma_m64n128k16_ss(float (&d)[16][4], uint64_t desc_a, uint64_t desc_b,
+                                                    int scale_d) {
+  asm volatile("{\n"
+               ".reg .pred p;\n"
+               "setp.ne.b32 p, %66, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+               "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+               "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+               "%64, %65, p, 1, 1, 0, 0;\n"
+               "}\n"
+               : UPF_WGMMA_D32(d, 0), UPF_WGMMA_D32(d, 8)
+               : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }
 #undef UPF_WGMMA_D32
 #undef UPF_WGMMA_D4

@@ -32,6 +32,8 @@ VARIANTS=(
   "decode-mma|UPF_ATTN_DECODE=mma|attn_paged/cuda|copy"
   "prefill-wgmma|UPF_ATTN_PREFILL=wgmma|attn_prefill/cuda/bf16/llama"
   "prefill-wgmma-overlap|UPF_ATTN_PREFILL=wgmma-overlap|attn_prefill/cuda/bf16/llama"
+  "prefill-wgmma2|UPF_ATTN_PREFILL=wgmma2|attn_prefill/cuda/bf16/llama"
+  "prefill-wgmma2-nopp|UPF_ATTN_PREFILL=wgmma2-nopp|attn_prefill/cuda/bf16/llama"
 )
 vfield() { echo "$1" | cut -d'|' -f"$2"; }
 vfilter() { echo "$1" | cut -d'|' -f3-; }
