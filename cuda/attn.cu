@@ -1331,8 +1331,8 @@ __global__ void __launch_bounds__(WA_THREADS, 1) attn_wgmma_kernel(const __grid_
  *  - every mbarrier wait gives up after W2_WAIT_LIMIT_NS of wall time; a consumer that gave up stops
  *    waiting and writes NaN (out and LSE), so a protocol error reads as a NaN verify failure and a
  *    slow but finished kernel, not a hang. (A named-barrier mismatch would still hang.)
- * PINGPONG = false (UPF_ATTN_PREFILL=wgmma2-nopp) drops the named barriers: a diagnostic of what the
- * hand-over buys, and the variant to try if the ping-pong ever hangs.
+ * PINGPONG = false (UPF_ATTN_PREFILL=wgmma2-nopp, the default) drops the named barriers: on the H200 the
+ * hand-over bought nothing at 32K and cost 4% at 128K (perf/NOTES.md, version 5 measured).
  * Shared memory: Q 32 KB + 3 x 64 KB ring + 12 barriers + 1 KB alignment slack = 230,496 bytes (of 232,448). */
 constexpr int W2_BN = 128;
 constexpr int W2_NS = 3;
@@ -1914,21 +1914,22 @@ template <bool OVERLAP> upf_status launch_wgmma(attn_args &a, int ntiles) {
 }
 
 /* UPF_ATTN_PREFILL (read once per process) picks the kernel of bf16 D = 128 prefill over contiguous
- * K/V: unset or "wgmma" = attn_wgmma_kernel with each wgmma group waited for at once (1, the
- * default since the H200 run at 3a43ec8: 0.52x SDPA against the FA2 kernel's 0.46x),
- * "wgmma-overlap" = S(t + 1) in flight during the softmax of tile t (2; measured no faster),
- * "wgmma2" = attn_wgmma2_kernel, the FlashAttention-3 form (3; not yet run on a GPU), "wgmma2-nopp" = the
- * same without the ping-pong named barriers (4: a diagnostic, what the hand-over buys),
- * "fa2" = attn_fa2_kernel (0), which every other shape takes anyway. */
+ * K/V: unset or "wgmma2-nopp" = attn_wgmma2_kernel without the ping-pong named barriers (4, the default
+ * since the H200 run at e863817: full verify 147/147, sanitizers clean; 512 / 473 TFLOP/s at 32K / 128K
+ * = 0.88x / 0.85x torch SDPA's cuDNN), "wgmma2" = the same with the ping-pong (3; 513 / 454: no faster
+ * at 32K, slower at 128K), "wgmma" = attn_wgmma_kernel with each wgmma group waited for at once (1,
+ * the default before: 297 / 302), "wgmma-overlap" = S(t + 1) in flight during the softmax of tile t (2;
+ * measured no faster), "fa2" = attn_fa2_kernel (0), which every other shape takes anyway. Any other
+ * value: the default. */
 int prefill_wgmma_selected() {
   static const int mode = [] {
     const char *e = getenv("UPF_ATTN_PREFILL");
-    return !e || strcmp(e, "wgmma") == 0           ? 1
+    return !e || strcmp(e, "wgmma2-nopp") == 0     ? 4
+           : strcmp(e, "wgmma") == 0               ? 1
            : strcmp(e, "wgmma-overlap") == 0       ? 2
            : strcmp(e, "wgmma2") == 0              ? 3
-           : strcmp(e, "wgmma2-nopp") == 0         ? 4
            : strcmp(e, "fa2") == 0                 ? 0
-                                                   : 1;
+                                                   : 4;
   }();
   return mode;
 }
