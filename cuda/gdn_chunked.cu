@@ -414,9 +414,15 @@ __global__ void __launch_bounds__(PREP2_THREADS, 2) chunk_prep_v2_kernel(const _
   upf_mma::cp_async_wait<0>();
   __syncthreads(); /* raw tiles and G visible to every warp */
 
-  /* Norms in place: warp w takes the row pairs (j, j + 1), j = 2w + 16m; lane holds dims lane + 32 e. */
-#pragma unroll 1
-  for (int j = 2 * warp; j < CH; j += 16) {
+  /* Norms in place: warp w takes the 4 consecutive row pairs (j, j + 1), j = 8w + 2m; lane holds dims
+   * lane + 32 e. The transposed words of (beta exp(G) k)^T and (beta v)^T wait in registers until all 4
+   * pairs are done, then lane l stores pair (k + l / 8) mod 4 in round k: word (d, j / 2) sits on bank
+   * (36 d + j / 2) mod 32 = 4 (l mod 8) + 4 w + m, so each store hits 32 banks (one pair for the whole
+   * warp, as v1 stores, hits 8: a 4-way conflict). Same values as v1 (each row's sums unchanged). */
+  uint32_t kbw[4][4], vbw[4][4]; /* [pair m][e]: rows (j, j + 1) of dim lane + 32 e, packed */
+#pragma unroll
+  for (int m = 0; m < 4; m++) {
+    const int j = 8 * warp + 2 * m;
     float qx[2][4], kx[2][4], vx[2][4], kb[2][4], vbv[2][4];
 #pragma unroll
     for (int rr = 0; rr < 2; rr++)
@@ -442,9 +448,20 @@ __global__ void __launch_bounds__(PREP2_THREADS, 2) chunk_prep_v2_kernel(const _
     }
 #pragma unroll
     for (int e = 0; e < 4; e++) {
+      kbw[m][e] = pack_bf16(kb[0][e], kb[1][e]);
+      vbw[m][e] = pack_bf16(vbv[0][e], vbv[1][e]);
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < 4; k++) {
+    const int m = (k + (lane >> 3)) & 3, j = 8 * warp + 2 * m;
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
       const int d = lane + 32 * e;
-      *reinterpret_cast<uint32_t *>(KbT + d * LDB + j) = pack_bf16(kb[0][e], kb[1][e]);
-      *reinterpret_cast<uint32_t *>(VbT + d * LDB + j) = pack_bf16(vbv[0][e], vbv[1][e]);
+      const uint32_t kw = m == 0 ? kbw[0][e] : m == 1 ? kbw[1][e] : m == 2 ? kbw[2][e] : kbw[3][e];
+      const uint32_t vw = m == 0 ? vbw[0][e] : m == 1 ? vbw[1][e] : m == 2 ? vbw[2][e] : vbw[3][e];
+      *reinterpret_cast<uint32_t *>(KbT + d * LDB + j) = kw;
+      *reinterpret_cast<uint32_t *>(VbT + d * LDB + j) = vw;
     }
   }
   __syncthreads();
