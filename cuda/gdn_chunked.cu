@@ -495,29 +495,37 @@ __global__ void __launch_bounds__(PREP2_THREADS, 2) chunk_prep_v2_kernel(const _
   if (warp < CH / TB && lane < TB)
     invert_diagonal_column(Am, Xm, TB * warp, lane);
   __syncthreads();
+  /* Each A (and T_II) element is loaded once for every block J it multiplies (v1 reloads it per J);
+   * every sum still runs over k in index order, so the same bits. */
   const int r = tid / TB, c = tid % TB;
 #pragma unroll
   for (int I = 1; I < CH / TB; I++) {
     const float *ar = Am + (TB * I + r) * LDF;
+    float y[CH / TB - 1] = {};
 #pragma unroll
-    for (int J = 0; J < I; J++) {
-      float y = 0.0f;
+    for (int k = 0; k < TB * I; k++) {
+      const float av = ar[k];
 #pragma unroll
-      for (int k = TB * J; k < TB * I; k++)
-        y += ar[k] * Xm[k * LDF + TB * J + c];
-      Ys[J * TB * TB + r * TB + c] = y;
+      for (int J = 0; J <= k / TB; J++)
+        y[J] += av * Xm[k * LDF + TB * J + c];
     }
+#pragma unroll
+    for (int J = 0; J < I; J++)
+      Ys[J * TB * TB + r * TB + c] = y[J];
     __syncthreads();
     const float *tr = Xm + (TB * I + r) * LDF + TB * I; /* row r of T_II */
+    float t[CH / TB - 1] = {};
 #pragma unroll
-    for (int J = 0; J < I; J++) {
-      float t = 0.0f;
+    for (int k = 0; k < TB; k++)
+      if (k <= r) {
+        const float tv = tr[k];
 #pragma unroll
-      for (int k = 0; k < TB; k++)
-        if (k <= r)
-          t += tr[k] * Ys[J * TB * TB + k * TB + c];
-      Xm[(TB * I + r) * LDF + TB * J + c] = -t;
-    }
+        for (int J = 0; J < I; J++)
+          t[J] += tv * Ys[J * TB * TB + k * TB + c];
+      }
+#pragma unroll
+    for (int J = 0; J < I; J++)
+      Xm[(TB * I + r) * LDF + TB * J + c] = -t[J];
     __syncthreads();
   }
 
