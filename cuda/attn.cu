@@ -986,7 +986,9 @@ __global__ void __launch_bounds__(MD_THREADS, md_shape<D>::MIN_CTAS)
 
     const bool masked = kv0 + MD_BN - 1 > pos_first || kv0 + MD_BN > w_hi || (a.window > 0 && kv0 < lo_last);
     fa_exponents<2>(sc, sc, capped, mul, cap2, masked, kv0, t4, w_hi, pos, lo);
-    /* attn_fa2_kernel's online softmax (its copy, see there), O rescaled only when a max grew */
+    /* attn_fa2_kernel's online softmax (its copy, see there; branch attn-softmax-helper has them as one
+     * helper, which reschedules this kernel and fa2's: to merge after a GPU verify), O rescaled only when
+     * a max grew */
     float mt[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int j = 0; j < 2; j++)
