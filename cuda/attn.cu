@@ -19,6 +19,9 @@
  * attn_fa2_kernel<D, BN, STAGES, PAGED>: the bf16 tensor-core prefill (FlashAttention-2 forward with
  * mma.sync m16n8k16, fp32 accumulation, 128-row tiles, cp.async K/V ring) for D = 64/128/256 with
  * 16-byte aligned rows; see its comment.
+ * attn_wgmma2_kernel / attn_wgmma_kernel: the Hopper prefill (wgmma, warp-specialised producer and
+ * consumers) that bf16 D = 128 over contiguous K/V takes instead of the FA2 kernel, by UPF_ATTN_PREFILL
+ * (see prefill_wgmma_selected; the FlashAttention-3 form without ping-pong is the default).
  * attn.prefill takes the tensor-core path for bf16 at those head dims, the FFMA kernel otherwise (f32,
  * odd D, unaligned views); attn.paged takes it (PAGED) for requests of at least MMA_MIN_Q_ROWS query
  * rows (prefill against the cache) and the FFMA kernel for the rest (decode rows: GQA packing and
