@@ -5,6 +5,7 @@
 #   split   = UPF_GDN_STATE=split                   (v1 prep; state pass without O + chunk_out_kernel)
 #   both    = UPF_GDN_PREP=v2 UPF_GDN_STATE=split
 #   both3   = UPF_GDN_PREP=v3 UPF_GDN_STATE=split
+# (written when v1 + fused was the default; since 92c0cbd the default is v2 + split, which `both` repeats)
 # From an unpacked bundle (bin/, lib/, COMMIT, fla_gdn.py, peer_common.py, this script), within
 # GDN_BUDGET_S (default 88 s; device-session.sh caps it at 95). Correctness runs entirely BEFORE any
 # timing, and nothing else runs on the GPU while a benchmark runs (the 2321d5f run lost its timings
@@ -141,46 +142,10 @@ else
 fi
 
 say "== medians (ms) of the chunked gdn.scan cases; (ratio) = variant / default; best/FLA"
-python3 - "$O" <<'EOF' 2>&1 | tee -a "$S"
-import glob, json, os, sys
-o = sys.argv[1]
-VARIANTS = ["default", "both3", "prep_v3", "both", "prep_v2", "split"]
-def ours(v):
-    out = {}
-    for f in sorted(glob.glob(os.path.join(o, f"bench-*-{v}.json"))):
-        try:
-            d = json.load(open(f))
-        except Exception:
-            continue
-        for b in d.get("benchmarks", []):
-            n = b["name"]
-            if n.endswith("_median") and "/chunked/" in n:
-                key = n.split("/")[3] + "/" + [p for p in n.split("/") if p.startswith("T:")][0]
-                out[key] = b["real_time"] / 1000.0  # us -> ms
-    return out
-fla, src = {}, "this run"
-try:
-    for r in json.load(open(os.path.join(o, "fla-gdn.json")))["results"]:
-        fla[r["name"].split("/")[3] + "/" + r["name"].split("/")[4]] = r["median_s"] * 1e3
-except Exception:
-    src = "282ec2f run (not this one)"
-    fla = {"qwen3next_prefill/T:8192": 1.160, "qwen3next_prefill/T:32768": 2.329,
-           "qwen3next_prefill/T:131072": 8.488, "qwen3next_batch16x2K/T:32768": 2.443}
-runs = {v: ours(v) for v in VARIANTS}
-keys = sorted({k for r in runs.values() for k in r}, key=lambda k: (k.split("/")[0], int(k.split(":")[1])))
-print(f"FLA column: {src}")
-print(f"{'case':30s} {'default':>8s}" + "".join(f" {v:>14s}" for v in VARIANTS[1:]) + f" {'FLA':>7s} {'best/FLA':>8s}")
-for k in keys:
-    d = runs["default"].get(k)
-    row = f"{k:30s} {d if d else float('nan'):8.3f}"
-    best = d
-    for v in VARIANTS[1:]:
-        x = runs[v].get(k)
-        row += f" {x:7.3f} ({x / d:4.2f})" if x and d else (f" {x:14.3f}" if x else f" {'-':>14s}")
-        if x and (best is None or x < best):
-            best = x
-    f = fla.get(k)
-    row += f" {f:7.3f} {best / f:8.2f}" if f and best else f" {'-':>7s} {'-':>8s}"
-    print(row)
-EOF
+ARGS=""
+for v in default both3 prep_v3 both prep_v2 split; do
+  F=$(ls $O/bench-*-$v.json 2>/dev/null | tr '\n' ',' | sed 's/,$//')
+  [ -n "$F" ] && ARGS="$ARGS $v=$F"
+done
+python3 compare_gdn.py $ARGS $([ -s $O/fla-gdn.json ] && echo --fla $O/fla-gdn.json) 2>&1 | tee -a "$S"
 stamp "done"

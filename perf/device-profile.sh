@@ -37,33 +37,8 @@ env $V2SPLIT timeout 40 bin/bench_upf --benchmark_filter="$FILTER" --benchmark_r
 say "bench v2+split rc=$?"
 timeout 60 python3 fla_gdn.py --iters 10 --warmup 2 --out "$G/fla-gdn.json" >"$G/fla-gdn.log" 2>&1
 say "fla rc=$?"
-python3 - "$G" <<'EOF' 2>&1 | tee -a "$OUT/summary.txt"
-import json, os, sys
-g = sys.argv[1]
-def ours(f):
-    out = {}
-    try:
-        for b in json.load(open(os.path.join(g, f)))["benchmarks"]:
-            if b["name"].endswith("_median"):
-                p = b["name"].split("/")
-                out[p[3] + "/" + [x for x in p if x.startswith("T:")][0]] = b["real_time"] / 1000.0
-    except Exception as e:
-        print(f, e)
-    return out
-fla = {}
-try:
-    for r in json.load(open(os.path.join(g, "fla-gdn.json")))["results"]:
-        p = r["name"].split("/")
-        fla[p[3] + "/" + p[4]] = r["median_s"] * 1e3
-except Exception as e:
-    print("fla", e)
-d, v = ours("bench-gdn-default.json"), ours("bench-gdn-v2split.json")
-print(f"{'case (ms)':30s} {'default':>8s} {'v2split':>8s} {'FLA':>8s} {'v2split/FLA':>11s}")
-for k in sorted(set(d) | set(v), key=lambda k: (k.split('/')[0], int(k.split(':')[1]))):
-    a, b, f = d.get(k), v.get(k), fla.get(k)
-    r = f"{b / f:11.2f}" if b and f else f"{'-':>11s}"
-    print(f"{k:30s} {a or float('nan'):8.3f} {b or float('nan'):8.3f} {f or float('nan'):8.3f} {r}")
-EOF
+python3 compare_gdn.py default="$G/bench-gdn-default.json" v2split="$G/bench-gdn-v2split.json" --fla "$G/fla-gdn.json" \
+  2>&1 | tee -a "$OUT/summary.txt"
 pack gdn
 
 say "C ncu"

@@ -65,31 +65,7 @@ timeout 45 bin/bench_upf --benchmark_filter='gdn.scan/cuda/bf16/qwen3next_(prefi
 say "bench gdn rc=$?"
 timeout "${FLA_S:-110}" python3 fla_gdn.py --iters 10 --warmup 2 --out "$G/fla-gdn.json" >"$G/fla-gdn.log" 2>&1
 say "fla rc=$?"
-python3 - "$G" <<'EOF' 2>&1 | tee -a "$OUT/summary.txt"
-import json, os, sys
-g = sys.argv[1]
-ours, fla = {}, {}
-try:
-    for b in json.load(open(os.path.join(g, "bench-gdn.json")))["benchmarks"]:
-        if b["name"].endswith("_median"):
-            p = b["name"].split("/")
-            ours[p[3] + "/" + [x for x in p if x.startswith("T:")][0]] = b["real_time"] / 1000.0
-except Exception as e:
-    print("ours:", e)
-src = "this run"
-try:
-    for r in json.load(open(os.path.join(g, "fla-gdn.json")))["results"]:
-        p = r["name"].split("/")
-        fla[p[3] + "/" + p[4]] = r["median_s"] * 1e3
-except Exception as e:
-    src = "282ec2f run (not this one): " + str(e)
-    fla = {"qwen3next_prefill/T:8192": 1.160, "qwen3next_prefill/T:32768": 2.329,
-           "qwen3next_prefill/T:131072": 8.488, "qwen3next_batch16x2K/T:32768": 2.443}
-print("FLA column:", src)
-for k in sorted(ours, key=lambda k: (k.split("/")[0], int(k.split(":")[1]))):
-    f = fla.get(k)
-    print(f"{k:30s} ours {ours[k]:8.3f} ms  FLA {f if f else float('nan'):8.3f} ms  ratio {ours[k] / f if f else float('nan'):5.2f}")
-EOF
+python3 compare_gdn.py ours="$G/bench-gdn.json" --fla "$G/fla-gdn.json" 2>&1 | tee -a "$OUT/summary.txt"
 timeout 40 "$NCU" --clock-control none --metrics gpu__time_duration.sum -k regex:chunk_ \
   --launch-skip 90 --launch-count 3 bin/bench_upf --benchmark_filter='gdn.scan/cuda/bf16/qwen3next_prefill/chunked/T:32768/' \
   --benchmark_repetitions=5 >"$G/ncu-gdn-32k.log" 2>&1
