@@ -1,5 +1,6 @@
 #include "uniprefill/env.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -16,16 +17,8 @@ upf_status upf_env_choice(const char *name, const char *const *choices, int coun
     }
   char accepted[256] = "";
   size_t used = 0;
-  for (int i = 0; i < count && used + 1 < sizeof accepted; i++) {
-    size_t len = strlen(choices[i]);
-    if (used + len + 3 >= sizeof accepted)
-      break;
-    if (i > 0)
-      accepted[used++] = '|';
-    memcpy(accepted + used, choices[i], len);
-    used += len;
-    accepted[used] = '\0';
-  }
+  for (int i = 0; i < count && used < sizeof accepted; i++)
+    used += (size_t)snprintf(accepted + used, sizeof accepted - used, "%s%s", i ? "|" : "", choices[i]);
   return upf_fail(UPF_ERR_INVALID_ARG, "%s=%.64s: unknown value (accepted: %s, or unset for %s)", name, value,
                   accepted, choices[fallback]);
 }

@@ -31,7 +31,6 @@
  * kv_cache_write_kernel: one CTA per token row, k and v rows to their slot. */
 #include <math.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
