@@ -37,7 +37,10 @@
  *   UPF_GDN_STATE=split  (default) FLA's split: the state pass leaves O out (all 8 warps on V', half the
  *                        W S chain a warp) and stores each chunk's S^T and V'^T (bf16, the operands it rounds
  *                        anyway); chunk_out_kernel then computes O over (chunk, value head), fully parallel,
- *                        with the same sums in the same order (the same bits).
+ *                        with the same sums in the same order (the same bits). The state pass is
+ *                        chunk_state_split_kernel (three stages, two barriers a chunk, ldmatrix/stmatrix).
+ *   UPF_GDN_STATE=split1 the same split with the first split state pass, chunk_state_kernel<TO, 8, true>
+ *                        (the same bits; kept for A/B timing).
  *   UPF_GDN_STATE=fused  the state pass above with O inside.
  *   UPF_GDN_STATE_WARPS=4  the first, 4-warp state pass.
  * Precision: bf16 operands, fp32 accumulation and fp32 state (FLA's chunk_gated_delta_rule makes the same
@@ -1009,6 +1012,198 @@ __global__ void __launch_bounds__(32 * WARPS, 1) chunk_state_kernel(const __grid
         }
 }
 
+/* The split state pass, second form (UPF_GDN_STATE=split, the default; the form above is split1): the same
+ * warps, products, sums and roundings as chunk_state_kernel<TO, 8, true>, so the same S^T, V'^T and state
+ * bits, with a shorter step per chunk:
+ *   - a stage holds only what the split form reads (W, K^T, U, G: 41.2 KB, not 67.8 KB), so three fit
+ *     (the next two chunks in flight) with S^T double-buffered, in 146.8 KB;
+ *   - loads and copies are unrolled straight-line code with the per-thread offsets hoisted (the generic
+ *     runtime loops cost about 200 instructions a thread a chunk before the first barrier);
+ *   - fragments by ldmatrix, S^T, V'^T and (diag .. V')^T stored by stmatrix .trans, U read by ldmatrix:
+ *     the same registers, a quarter of the shared-memory instructions, half the store wavefronts;
+ *   - two barriers a chunk, not three: the next stage is issued after the first barrier, when every warp
+ *     is past the previous chunk's reads of that stage, and S^T alternates between two buffers, so its
+ *     copy to the workspace moves behind the second barrier (off the W S phase) with nothing to guard.
+ * Per chunk n (stage n % 3, S^T buffer n % 2): S^T to shared; wait for stage n; barrier 1; issue stage
+ * n + 2; V' = U - W S to VpT, VdT; barrier 2; S^T and V'^T to the workspace, S <- e^G_L S + K^T VdT.
+ * Hazards, each write against the last read of its buffer: stage (n + 2) % 3 was last read in chunk
+ * n - 1 (before barrier 1 of n); S^T buffer n % 2 in chunk n - 2 (before barrier 1 of n - 1); VpT, VdT
+ * in chunk n - 1's second phase (before barrier 1 of n, and the writes come after it). */
+constexpr int SPLIT_STAGES = 3;
+constexpr size_t SPLIT_STAGE_BYTES = (size_t)(CH * LDA + D * LDB + CH * LDU) * sizeof(bf16) + CH * sizeof(float);
+constexpr size_t SPLIT_SMEM = SPLIT_STAGES * SPLIT_STAGE_BYTES + (size_t)(2 * BV * LDA + 2 * BV * LDB) * sizeof(bf16);
+constexpr int SPLIT_THREADS = 256;
+static_assert(SPLIT_STAGE_BYTES % 16 == 0, "stages must keep 16-byte alignment");
+static_assert(CH * D / 8 % SPLIT_THREADS == 0 && D * CH / 8 % SPLIT_THREADS == 0 && CH * BV / 8 == SPLIT_THREADS,
+              "whole 16-byte pieces a thread: W, K^T four each, U one");
+static_assert(BV * D / 8 % SPLIT_THREADS == 0 && BV * CH / 8 % SPLIT_THREADS == 0, "whole copy pieces a thread");
+
+/* A thread's 16-byte pieces of one stage and of the two workspace copies: offsets in elements, fixed for
+ * the kernel (piece i of W adds 16 rows, of K^T 32 rows, of S^T 16 rows). */
+struct split_lane_map {
+  int w_s, w_g;   /* W: row tid / 16, col 8 (tid % 16); shared (stride LDA) and global (stride D) */
+  int k_s, k_g;   /* K^T: row tid / 8, col 8 (tid % 8); LDB, CH */
+  int u_s, u_g;   /* U: row tid / 4, col 8 (tid % 4); LDU, D */
+  int st_s, st_g; /* S^T copy: row tid / 16, col 8 (tid % 16); LDA, D */
+  int vp_s, vp_g; /* V'^T copy: row tid / 8, col 8 (tid % 8); LDB, CH */
+};
+
+__device__ __forceinline__ split_lane_map split_lanes() {
+  const int t = threadIdx.x;
+  split_lane_map m;
+  m.w_s = (t >> 4) * LDA + (t & 15) * 8, m.w_g = (t >> 4) * D + (t & 15) * 8;
+  m.k_s = (t >> 3) * LDB + (t & 7) * 8, m.k_g = (t >> 3) * CH + (t & 7) * 8;
+  m.u_s = (t >> 2) * LDU + (t & 3) * 8, m.u_g = (t >> 2) * D + (t & 3) * 8;
+  m.st_s = m.w_s, m.st_g = m.w_g;
+  m.vp_s = m.k_s, m.vp_g = m.k_g;
+  return m;
+}
+
+/* The global rows of the next chunk to load (this thread's pieces): W, K^T, U (columns v0..), G of
+ * value head h, key head kh; `next` steps them one chunk on. */
+struct split_src {
+  const bf16 *w, *k, *u;
+  const float *g;
+  int64_t dw, dk, dg; /* elements a chunk: Hv CH D, Hk D CH, Hv CH */
+  __device__ __forceinline__ void next() { w += dw, k += dk, u += dw, g += dg; }
+};
+
+__device__ __forceinline__ split_src split_source(const state_args &a, const split_lane_map &m, int64_t n, int h,
+                                                  int kh, int v0) {
+  const int64_t ch_h = n * a.hv + h, ch_k = n * a.hk + kh;
+  split_src src;
+  src.w = a.ws.w + ch_h * CH * D + m.w_g, src.k = a.ws.kt + ch_k * D * CH + m.k_g;
+  src.u = a.ws.u + ch_h * CH * D + v0 + m.u_g, src.g = a.ws.gcum + ch_h * CH + 4 * threadIdx.x;
+  src.dw = (int64_t)a.hv * CH * D, src.dk = (int64_t)a.hk * D * CH, src.dg = (int64_t)a.hv * CH;
+  return src;
+}
+
+/* cp.async of one chunk's W, K^T, U, G (src) into one stage: ten 16-byte pieces a thread (G: threads 0-15). */
+__device__ __forceinline__ void load_stage_split(const split_src &src, const split_lane_map &m, unsigned char *stage) {
+  bf16 *Ws = reinterpret_cast<bf16 *>(stage), *Ks = Ws + CH * LDA, *Us = Ks + D * LDB;
+  float *Gs = reinterpret_cast<float *>(Us + CH * LDU);
+#pragma unroll
+  for (int i = 0; i < CH * D / 8 / SPLIT_THREADS; i++)
+    upf_mma::cp_async16(Ws + m.w_s + i * 16 * LDA, src.w + i * 16 * D);
+#pragma unroll
+  for (int i = 0; i < D * CH / 8 / SPLIT_THREADS; i++)
+    upf_mma::cp_async16(Ks + m.k_s + i * 32 * LDB, src.k + i * 32 * CH);
+  upf_mma::cp_async16(Us + m.u_s, src.u);
+  if (threadIdx.x < CH / 4)
+    upf_mma::cp_async16(Gs + 4 * threadIdx.x, src.g);
+}
+
+/* V' = U - W S (vp = W S of the calling warp's rows i0 + g (+8), columns cw + 8 nt + 2 t4 (+1)) as bf16 into
+ * VpT and, decayed by exp(G_last - G_i), into VdT, both [column][LDB]: store_vprime<2>'s values and
+ * roundings; U by one ldmatrix, each transposed tile by one stmatrix. */
+__device__ __forceinline__ void store_vprime_split(const float (&vp)[2][4], int i0, int cw, const bf16 *Us,
+                                                   const float *Gs, float GL, bf16 *VpT, bf16 *VdT) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, j = lane & 7, mi = lane >> 3; /* matrix mi: nt mi/2, half mi%2 */
+  uint32_t u[4];
+  upf_mma::ldsm_x4(u, Us + (i0 + 8 * (mi & 1) + j) * LDU + cw + 8 * (mi >> 1)); /* u[2 nt + half]: row g, cols 2t4.. */
+  uint32_t pv[4], pd[4];
+#pragma unroll
+  for (int half = 0; half < 2; half++) {
+    const float ed = expf(GL - Gs[i0 + g + 8 * half]);
+#pragma unroll
+    for (int nt = 0; nt < 2; nt++) {
+      const uint32_t uu = u[2 * nt + half];
+      const float v0 = __uint_as_float(uu << 16) - vp[nt][2 * half];          /* bf16 -> fp32, exact */
+      const float v1 = __uint_as_float(uu & 0xffff0000u) - vp[nt][2 * half + 1];
+      pv[2 * nt + half] = pack_bf16(v0, v1);
+      pd[2 * nt + half] = pack_bf16(v0 * ed, v1 * ed);
+    }
+  }
+  const int off = (cw + 8 * (mi >> 1) + j) * LDB + i0 + 8 * (mi & 1); /* row = value column, 8 chunk rows */
+  upf_mma::stsm_x4_trans(VpT + off, pv[0], pv[1], pv[2], pv[3]);
+  upf_mma::stsm_x4_trans(VdT + off, pd[0], pd[1], pd[2], pd[3]);
+}
+
+__global__ void __launch_bounds__(SPLIT_THREADS, 1) chunk_state_split_kernel(const __grid_constant__ state_args a) {
+  constexpr int NT = BV / 8, NVB = D / BV;
+  extern __shared__ __align__(16) unsigned char smem[];
+  bf16 *St2 = reinterpret_cast<bf16 *>(smem + SPLIT_STAGES * SPLIT_STAGE_BYTES); /* 2 x [BV][LDA] S^T, bf16 */
+  bf16 *VpT = St2 + 2 * BV * LDA;                                                  /* [BV][LDB] V'^T */
+  bf16 *VdT = VpT + BV * LDB;                                    /* [BV][LDB] (diag(exp(G_L - G)) V')^T */
+  const int vb = blockIdx.x % NVB, h = (blockIdx.x / NVB) % a.hv, r = blockIdx.x / (NVB * a.hv);
+  const int kh = h / (a.hv / a.hk), v0 = vb * BV;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+  const int j = lane & 7, mi = lane >> 3;
+  const int64_t soff = ((int64_t)r * a.hv + h) * D * D;
+  const split_lane_map m = split_lanes();
+
+  float s[NT][4]; /* S rows 16 warp + g (+8), columns v0 + 8 nt + 2 t4 (+1) */
+#pragma unroll
+  for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+    for (int c = 0; c < 4; c++) {
+      const int d = 16 * warp + g + 8 * (c >> 1), v = v0 + 8 * nt + 2 * t4 + (c & 1);
+      s[nt][c] = a.state_in ? a.state_in[soff + (int64_t)d * D + v] : 0.0f;
+    }
+
+  const int c0 = a.ws.req_chunk0[r], c1 = a.ws.req_chunk0[r + 1];
+  split_src src = split_source(a, m, c0, h, kh, v0);
+#pragma unroll
+  for (int p = 0; p < SPLIT_STAGES - 1; p++) { /* one group a stage, empty past the request's end */
+    if (c0 + p < c1)
+      load_stage_split(src, m, smem + p * SPLIT_STAGE_BYTES);
+    src.next();
+    upf_mma::cp_async_commit();
+  }
+  const int i0 = 16 * (warp & 3), cw = 16 * (warp >> 2);
+  const int64_t ch_h0 = (int64_t)c0 * a.hv + h, dst = (int64_t)a.hv * D * D, dvp = (int64_t)a.hv * D * CH;
+  bf16 *sto = a.ws.st + (ch_h0 * D + v0) * D + m.st_g, *vpo = a.ws.vpt + (ch_h0 * D + v0) * CH + m.vp_g;
+  /* stmatrix rows of this lane: matrix mi = (n-tile 2 p + mi / 2, row half mi % 2) of the S block */
+  const int st_lane = (8 * (mi >> 1) + j) * LDA + 16 * warp + 8 * (mi & 1);
+  for (int n = c0, it = 0, sl = 0; n < c1; n++, it++, sl = sl + 1 == SPLIT_STAGES ? 0 : sl + 1) {
+    bf16 *St = St2 + (it & 1) * BV * LDA;
+#pragma unroll
+    for (int p = 0; p < NT / 2; p++) /* S^T rounded to bf16: n-tiles 2p, 2p + 1, rows g and g + 8 */
+      upf_mma::stsm_x4_trans(St + st_lane + 16 * p * LDA, pack_bf16(s[2 * p][0], s[2 * p][1]),
+                             pack_bf16(s[2 * p][2], s[2 * p][3]), pack_bf16(s[2 * p + 1][0], s[2 * p + 1][1]),
+                             pack_bf16(s[2 * p + 1][2], s[2 * p + 1][3]));
+    upf_mma::cp_async_wait<SPLIT_STAGES - 2>(); /* this thread's pieces of chunk n's stage */
+    __syncthreads(); /* chunk n's stage and S^T visible; every warp past chunk n - 1 */
+    const unsigned char *stage = smem + (size_t)sl * SPLIT_STAGE_BYTES;
+    const bf16 *Ws = reinterpret_cast<const bf16 *>(stage), *Ks = Ws + CH * LDA, *Us = Ks + D * LDB;
+    const float *Gs = reinterpret_cast<const float *>(Us + CH * LDU);
+    const float GL = Gs[CH - 1];
+    {
+      float vp[2][4] = {};
+      upf_mma::warp_mma_ldsm<2, D>(vp, Ws + i0 * LDA, LDA, St + cw * LDA, LDA); /* W S, columns cw..cw+15 */
+      /* chunk n + 2 into the stage chunk n - 1 used, issued behind the W S chain's loads */
+      if (n + SPLIT_STAGES - 1 < c1)
+        load_stage_split(src, m, smem + (size_t)(sl == 0 ? SPLIT_STAGES - 1 : sl - 1) * SPLIT_STAGE_BYTES);
+      src.next();
+      upf_mma::cp_async_commit();
+      store_vprime_split(vp, i0, cw, Us, Gs, GL, VpT, VdT);
+    }
+    __syncthreads(); /* V' complete */
+    const float eL = expf(GL);
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+      for (int c = 0; c < 4; c++)
+        s[nt][c] *= eL;
+    upf_mma::warp_mma_ldsm<NT, CH>(s, Ks + 16 * warp * LDB, LDB, VdT, LDB); /* + K^T diag(..) V' */
+    /* S^T (as rounded for W S) and V'^T to the workspace for chunk_out_kernel: rows v0.. of chunk n */
+#pragma unroll
+    for (int i = 0; i < BV * D / 8 / SPLIT_THREADS; i++)
+      *reinterpret_cast<uint4 *>(sto + i * 16 * D) = *reinterpret_cast<const uint4 *>(St + m.st_s + i * 16 * LDA);
+    *reinterpret_cast<uint4 *>(vpo) = *reinterpret_cast<const uint4 *>(VpT + m.vp_s);
+    sto += dst, vpo += dvp;
+  }
+  upf_mma::cp_async_wait<0>(); /* nothing may land after the CTA exits (only empty groups are left) */
+  if (a.state_out)
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+      for (int c = 0; c < 4; c++) {
+        const int d = 16 * warp + g + 8 * (c >> 1), v = v0 + 8 * nt + 2 * t4 + (c & 1);
+        a.state_out[soff + (int64_t)d * D + v] = s[nt][c];
+      }
+}
+
 /* O of the split form (UPF_GDN_STATE=split), one CTA (8 warps) per (chunk, value head), all independent:
  * O = diag(exp(G)) Q S + P V' from the workspace's normalised q, P, G and the state pass's S^T and V'^T
  * (bf16, exactly the operands chunk_state_kernel's own O uses: the same sums in the same order, so the
@@ -1090,9 +1285,21 @@ template <typename TO, int WARPS, bool SPLIT = false> upf_status launch_state(co
   return UPF_OK;
 }
 
-/* The split form: the state pass without O, then chunk_out_kernel over (chunk, value head). */
-template <typename TO> upf_status launch_split(const state_args &s, unsigned grid, int64_t nch) {
-  UPF_TRY((launch_state<TO, 8, true>(s, grid)));
+/* The split form: the state pass without O (chunk_state_split_kernel, or the first split kernel where
+ * UPF_GDN_STATE=split1 asks for it: first_form), then chunk_out_kernel over (chunk, value head). */
+template <typename TO> upf_status launch_split(const state_args &s, unsigned grid, int64_t nch, bool first_form) {
+  if (first_form) {
+    UPF_TRY((launch_state<TO, 8, true>(s, grid)));
+  } else {
+    static bool split_attr_set;
+    if (!split_attr_set) {
+      UPF_CUDA_TRY(cudaFuncSetAttribute(chunk_state_split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)SPLIT_SMEM));
+      split_attr_set = true;
+    }
+    chunk_state_split_kernel<<<grid, SPLIT_THREADS, SPLIT_SMEM, upf_cuda_stream()>>>(s);
+    UPF_CUDA_LAUNCH_TRY("chunk_state_split_kernel");
+  }
   static bool attr_set;
   if (!attr_set) {
     UPF_CUDA_TRY(cudaFuncSetAttribute(chunk_out_kernel<TO>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)OUT_SMEM));
@@ -1107,25 +1314,28 @@ template <typename TO> upf_status launch_split(const state_args &s, unsigned gri
 
 /* The scan's switches, each read once per process (any value but the listed ones is an error naming the
  * variable):
- *   UPF_GDN_STATE        "split" (the default: chunk_out_kernel computes O) or "fused" (O inside the
- *                        state pass);
+ *   UPF_GDN_STATE        "split" (the default: chunk_state_split_kernel, then chunk_out_kernel computes
+ *                        O), "split1" (the same with the first split state pass, chunk_state_kernel<TO,
+ *                        8, true>, kept for A/B timing) or "fused" (O inside the state pass);
  *   UPF_GDN_STATE_WARPS  "8" (the default: V' and O on separate warps) or "4" (the first 4-warp pass,
  *                        kept for A/B timing; fused form only);
  *   UPF_GDN_PREP         "v2" (chunk_prep_v2_kernel, the default), "v1" (chunk_prep_kernel) or "v3"
  *                        (chunk_prep_v3_kernel: value-head pairs; v2 where Hv / Hk is odd). The same
  *                        workspace bits from each. */
 struct scan_switches {
-  bool split;
+  bool split, split1;
   int state_warps, prep;
 };
 upf_status scan_switches_selected(scan_switches *sw) {
-  static const char *const STATE[] = {"fused", "split"}, *const WARPS[] = {"8", "4"}, *const PREP[] = {"v1", "v2", "v3"};
+  static const char *const STATE[] = {"fused", "split", "split1"}, *const WARPS[] = {"8", "4"},
+                           *const PREP[] = {"v1", "v2", "v3"};
   static int state_cache = -1, warps_cache = -1, prep_cache = -1;
   int state = 1, warps = 0, prep = 1;
-  UPF_TRY(upf_env_choice_once("UPF_GDN_STATE", STATE, 2, 1, &state_cache, &state));
+  UPF_TRY(upf_env_choice_once("UPF_GDN_STATE", STATE, 3, 1, &state_cache, &state));
   UPF_TRY(upf_env_choice_once("UPF_GDN_STATE_WARPS", WARPS, 2, 0, &warps_cache, &warps));
   UPF_TRY(upf_env_choice_once("UPF_GDN_PREP", PREP, 3, 1, &prep_cache, &prep));
-  sw->split = state == 1;
+  sw->split = state != 0;
+  sw->split1 = state == 2;
   sw->state_warps = warps == 1 ? 4 : 8;
   sw->prep = prep + 1;
   return UPF_OK;
@@ -1147,7 +1357,8 @@ int rows_16byte_aligned(const upf_gdn_scan_inputs *in) {
 extern "C" int upf_cuda_gdn_scan_chunked_fits(const upf_gdn_scan_inputs *in) {
   return in->v->dtype == UPF_DTYPE_BF16 && in->q->shape[2] == D && in->v->shape[2] == D &&
          upf_cuda_smem_optin() >= STATE_SMEM && upf_cuda_smem_optin() >= PREP_SMEM &&
-         upf_cuda_smem_optin() >= PREP2_SMEM && upf_cuda_smem_optin() >= OUT_SMEM;
+         upf_cuda_smem_optin() >= PREP2_SMEM && upf_cuda_smem_optin() >= OUT_SMEM &&
+         upf_cuda_smem_optin() >= SPLIT_SMEM;
 }
 
 extern "C" upf_status upf_cuda_gdn_scan_chunked(const upf_gdn_batch *batch, const upf_gdn_scan_inputs *in,
@@ -1254,7 +1465,8 @@ extern "C" upf_status upf_cuda_gdn_scan_chunked(const upf_gdn_batch *batch, cons
   if (grid == 0)
     return UPF_OK;
   if (split)
-    return o->dtype == UPF_DTYPE_BF16 ? launch_split<bf16>(sa, grid, nch) : launch_split<float>(sa, grid, nch);
+    return o->dtype == UPF_DTYPE_BF16 ? launch_split<bf16>(sa, grid, nch, sw.split1)
+                                      : launch_split<float>(sa, grid, nch, sw.split1);
   if (sw.state_warps == 4)
     return o->dtype == UPF_DTYPE_BF16 ? launch_state<bf16, 4>(sa, grid) : launch_state<float, 4>(sa, grid);
   return o->dtype == UPF_DTYPE_BF16 ? launch_state<bf16, 8>(sa, grid) : launch_state<float, 8>(sa, grid);

@@ -75,6 +75,40 @@ __device__ __forceinline__ void ldsm_x4_trans(uint32_t &d0, uint32_t &d1, uint32
                : "r"(addr));
 }
 
+/* stmatrix .x4 .trans, the inverse of ldsm_x4_trans: lanes 8i..8i+7 give the 16-byte rows of 8x8 matrix i,
+ * and lane l's register i (two bf16, low half first) goes to (row 2(l%4), col l/4) and (row 2(l%4)+1,
+ * col l/4) of matrix i: an mma C fragment {row g, cols 2t, 2t+1} packed to bf16x2 lands transposed
+ * (row = C column, col = C row), 16 bytes a row. */
+__device__ __forceinline__ void stsm_x4_trans(bf16 *row, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  const uint32_t addr = (uint32_t)__cvta_generic_to_shared(row);
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1,%2,%3,%4};\n" ::"r"(addr), "r"(r0), "r"(r1),
+               "r"(r2), "r"(r3)
+               : "memory");
+}
+
+/* warp_mma for bf16 A with every fragment by ldmatrix .x4 (A: one a k-step; B: one per two n-tiles, so NT
+ * even): the very registers warp_mma assembles from 32-bit loads, fed to the same mma.sync in the same k
+ * order, with a quarter of the shared-memory instructions. Rows of a and bt 16-byte aligned. */
+template <int NT, int K>
+__device__ __forceinline__ void warp_mma_ldsm(float (&c)[NT][4], const bf16 *a, int lda, const bf16 *bt, int ldb) {
+  static_assert(NT % 2 == 0 && K % 16 == 0, "two n-tiles an ldmatrix, whole k-steps");
+  const int lane = threadIdx.x & 31;
+  const bf16 *al = a + (lane & 15) * lda + (lane >> 4) * 8;                 /* matrices: rows 0-7 / 8-15, k 0 / 8 */
+  const bf16 *bl = bt + ((lane & 7) + ((lane >> 4) << 3)) * ldb + ((lane >> 3) & 1) * 8; /* n 0-7 / 8-15, k 0 / 8 */
+#pragma unroll
+  for (int ks = 0; ks < K; ks += 16) {
+    uint32_t a0, a1, a2, a3;
+    ldsm_x4(a0, a1, a2, a3, al + ks);
+#pragma unroll
+    for (int n = 0; n < NT; n += 2) {
+      uint32_t b0, b1, b2, b3;
+      ldsm_x4(b0, b1, b2, b3, bl + n * 8 * ldb + ks);
+      mma_bf16(c[n], a0, a1, a2, a3, b0, b1);
+      mma_bf16(c[n + 1], a0, a1, a2, a3, b2, b3);
+    }
+  }
+}
+
 /* 16-byte asynchronous global -> shared copy (cp.async.cg, L2 only) and its group fences. */
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
   const uint32_t dst = (uint32_t)__cvta_generic_to_shared(smem);
