@@ -1316,8 +1316,10 @@ __global__ void __launch_bounds__(WA_THREADS, 1) attn_wgmma_kernel(const __grid_
  *  - Q lives in shared memory (copied once by the producer with tile 0, in the K tiles' swizzled
  *    K-major layout: per warpgroup and per 64 dims 64 rows x 128 bytes) and QK^T is an all-shared-memory
  *    wgmma: the 32 registers of the register-A Q fragment go to S, P and O.
- *  - all 4 producer warps copy (cp.async, 16 rows x 2 chunks per lane per tile), so the copy issue is
- *    spread over the 4 schedulers; a W2_NS = 3 stage ring of K + V (64 KB a stage) with full and
+ *  - all 4 producer warps copy (cp.async, per lane and tile 8 rows x 2 chunks of K and of V, the two
+ *    chunks of a row off one pointer, one 64-bit add a row, no predicates but on a range's last tile:
+ *    ~115 instructions a producer warp a tile, was ~566), so the copy issue is spread over the 4
+ *    schedulers; a W2_NS = 3 stage ring of K + V (64 KB a stage) with full and
  *    empty barriers for K and for V apart: S(t) waits for K(t) only, and K(t) is released as soon as
  *    S(t) completes, so K(t + 3) is copied while P V(t) still reads V(t) (K and V each ~2 rounds ahead).
  *  - softmax: the running max is kept on the raw logits (no multiply before the max); exponents are
@@ -1418,50 +1420,87 @@ __global__ void __launch_bounds__(WA_THREADS, 1) attn_wgmma2_kernel(const __grid
 
   if (warp >= 8) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(W2_PRODUCER_REGS));
-    /* Producer lane pl copies 16-byte chunk c (dims 8c .. 8c + 7) of rows r0 + 8 j, j < 16, of Q and of
-     * every K and V tile: with 128-byte rows and 1024-byte 8-row groups, row r0 + 8 j lands at
-     * (c / 8) * (64 dims block) + r0 * 128 + j * 1024, chunk (c % 8) ^ r0 (the 128-byte swizzle). */
-    const int pl = (int)threadIdx.x - 256, c = pl & 15, r0 = pl >> 4;
-    const uint32_t swz = (uint32_t)r0 * 128 + ((uint32_t)((c & 7) ^ r0) << 4);
+    /* Producer lane pl copies rows r + 16 j (j < 8, r = pl / 8) of Q (the CTA's 128 rows) and of every
+     * K and V tile (128 keys), and of each row the 16-byte chunks c and c + 8 (c = pl % 8: dims
+     * 8c .. 8c + 7 and 64 + 8c ..), 128 bytes apart in global memory (an immediate offset off one
+     * pointer) and one 64-dims block apart in shared memory. With 128-byte rows and 1024-byte 8-row
+     * groups, row R lands at (R / 8) * 1024 + (R % 8) * 128, chunk c ^ (R % 8) (the 128-byte swizzle);
+     * rows 16 apart keep R % 8 = r % 8, so row r + 16 j lands at kvoff + j * 2048 (Q: in warpgroup
+     * j / 4's block, at kvoff + (j % 4) * 2048). */
+    const int pl = (int)threadIdx.x - 256, c = pl & 7, r = pl >> 3;
+    const uint32_t kvoff = (uint32_t)(r >> 3) * 1024 + (uint32_t)(r & 7) * 128 + ((uint32_t)(c ^ (r & 7)) << 4);
+    /* Byte pointers to a lane's row and the byte step to its next (16 rows on): one 64-bit add a row
+     * (inline asm, so that the compiler does not turn the chain back into a multiply a row). */
+    auto advance = [](const char *&p, int64_t step) { asm("add.s64 %0, %0, %1;\n" : "+l"(p) : "l"(step)); };
     {
-      /* Q row r0 + 8 j of the tile: warpgroup j / 8's block, its row r0 + 8 (j % 8) */
-      const uint32_t qdst = qbase + (uint32_t)(c >> 3) * (64 * 128) + swz;
-      const bf16_t *qsrc = Q + (int64_t)hq * a.q_s1 + c * 8;
-#pragma unroll 4
-      for (int j = 0; j < 16; j++) {
-        const int qt = tile.row0 + r0 + 8 * j;
-        const bool ok = qt < tile.q_len; /* rows past the request: zeros (never written) */
-        cp_async16_to(qdst + (uint32_t)(j >> 3) * W2_Q_WG_BYTES + (uint32_t)(j & 7) * 1024,
-                      ok ? qsrc + (int64_t)(tile.q0 + qt) * a.q_s0 : qsrc, ok);
+      const char *qp = (const char *)(Q + (int64_t)(tile.q0 + tile.row0 + r) * a.q_s0 + (int64_t)hq * a.q_s1 + c * 8);
+      const int64_t qstep = 16 * 2 * a.q_s0;
+      const int qin = tile.q_len - (tile.row0 + r); /* row r + 16 j is in the request iff 16 j < qin */
+#pragma unroll
+      for (int j = 0; j < 8; j++) {
+        const bool ok = 16 * j < qin; /* rows past the request: zeros (never written) */
+        const uint32_t qdst = qbase + (uint32_t)(j >> 2) * W2_Q_WG_BYTES + (uint32_t)(j & 3) * 2048 + kvoff;
+        cp_async16_to(qdst, ok ? qp : (const char *)Q, ok);
+        cp_async16_to(qdst + 64 * 128, ok ? qp + 128 : (const char *)Q, ok);
+        advance(qp, qstep);
       }
     }
-    const uint32_t kvoff = (uint32_t)(c >> 3) * (W2_BN * 128) + swz;
-    const int64_t row = (int64_t)tile.kv_base + kv_lo + r0;
-    const bf16_t *kp = K + row * a.k_s0 + (int64_t)hk * a.k_s1 + c * 8;
-    const bf16_t *vp = V + row * a.v_s0 + (int64_t)hk * a.v_s1 + c * 8;
+    const int64_t row = (int64_t)tile.kv_base + kv_lo + r;
+    const char *kp = (const char *)(K + row * a.k_s0 + (int64_t)hk * a.k_s1 + c * 8);
+    const char *vp = (const char *)(V + row * a.v_s0 + (int64_t)hk * a.v_s1 + c * 8);
+    const int64_t kstep = 16 * 2 * a.k_s0, vstep = 16 * 2 * a.v_s0;
+    int nin = tile.kv_hi - (kv_lo + r); /* of tile t: row r + 16 j is a key iff 16 j < nin */
+    uint32_t st = 0, eph = 1;           /* tile t's ring stage; the parity its empty barriers' wait needs */
     bool live = true; /* false once a wait gave up: copy on without waiting, the kernel ends */
     for (int t = 0; t < ntiles; t++) {
-      const int st = t % W2_NS;
-      if (t >= W2_NS && live)
-        live = mbar_wait_bounded(emptyk + 8 * st, (uint32_t)((t / W2_NS - 1) & 1), W2_WAIT_LIMIT_NS);
-      const int nin = tile.kv_hi - (kv_lo + t * W2_BN + r0); /* row r0 + 8 j is a key iff 8 j < nin */
+      if (st == 0)
+        eph ^= 1;
+      const bool wait = t >= W2_NS && live;
+      if (wait)
+        live = mbar_wait_bounded(emptyk + 8 * st, eph, W2_WAIT_LIMIT_NS);
       const uint32_t kdst = ring + st * W2_STAGE_BYTES + kvoff, vdst = kdst + W2_TILE_BYTES;
-#pragma unroll 4
-      for (int j = 0; j < 16; j++) {
-        const bool in = 8 * j < nin; /* past the range: zero-filled (src-size 0) */
-        cp_async16_to(kdst + j * 1024, in ? kp + (int64_t)(8 * j) * a.k_s0 : kp, in);
+      /* Every row of the tile a key (all tiles but a range's last): no predicates. Else rows past the
+       * range are zero-filled (src-size 0; the pointer then only needs to be a valid address, and the
+       * rows of a range's last tile lie before the next tile's first, which the 8 adds reach anyway). */
+      const bool full = nin > 16 * 7;
+      if (full) {
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+          cp_async16_full(kdst + j * 2048, kp);
+          cp_async16_full(kdst + j * 2048 + W2_TILE_BYTES / 2, kp + 128);
+          advance(kp, kstep);
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+          const bool in = 16 * j < nin;
+          cp_async16_to(kdst + j * 2048, in ? kp : (const char *)K, in);
+          cp_async16_to(kdst + j * 2048 + W2_TILE_BYTES / 2, in ? kp + 128 : (const char *)K, in);
+          advance(kp, kstep);
+        }
       }
       cp_async_mbar_arrive(fullk + 8 * st);
-      if (t >= W2_NS && live)
-        live = mbar_wait_bounded(emptyv + 8 * st, (uint32_t)((t / W2_NS - 1) & 1), W2_WAIT_LIMIT_NS);
-#pragma unroll 4
-      for (int j = 0; j < 16; j++) {
-        const bool in = 8 * j < nin;
-        cp_async16_to(vdst + j * 1024, in ? vp + (int64_t)(8 * j) * a.v_s0 : vp, in);
+      if (wait && live)
+        live = mbar_wait_bounded(emptyv + 8 * st, eph, W2_WAIT_LIMIT_NS);
+      if (full) {
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+          cp_async16_full(vdst + j * 2048, vp);
+          cp_async16_full(vdst + j * 2048 + W2_TILE_BYTES / 2, vp + 128);
+          advance(vp, vstep);
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+          const bool in = 16 * j < nin;
+          cp_async16_to(vdst + j * 2048, in ? vp : (const char *)V, in);
+          cp_async16_to(vdst + j * 2048 + W2_TILE_BYTES / 2, in ? vp + 128 : (const char *)V, in);
+          advance(vp, vstep);
+        }
       }
       cp_async_mbar_arrive(fullv + 8 * st);
-      kp += (int64_t)W2_BN * a.k_s0;
-      vp += (int64_t)W2_BN * a.v_s0;
+      nin -= W2_BN;
+      st = st == W2_NS - 1 ? 0 : st + 1;
     }
     cp_async_wait_all();
     return;
