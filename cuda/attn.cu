@@ -1328,7 +1328,8 @@ __global__ void __launch_bounds__(WA_THREADS, 1) attn_wgmma_kernel(const __grid_
  *    (tanh first, then mul = 1). Masks only on tiles crossing a warp's diagonal, window edge or the end.
  *  - intra-warpgroup overlap (FA3 section 3.2): round t issues S(t) and P(t - 1) V(t - 1) as two commit
  *    groups, waits for S(t) only, runs the softmax of tile t while P V(t - 1) is on the tensor cores,
- *    then waits for P V(t - 1), rescales O and packs P(t). Live: S 64 + P 32 + O 64 fp32 registers.
+ *    then waits for P V(t - 1), rescales O (only where a row of the warp raised its max) and packs
+ *    P(t). Live: S 64 + P 32 + O 64 fp32 registers.
  *  - ping-pong (FA3 section 3.1): a round's wgmma issue is a critical section passed between the two
  *    warpgroups by named barriers 1 (warpgroup 0's turn) and 2 (warpgroup 1's), 256 threads each:
  *    warpgroup w syncs on 1 + w, issues, arrives on 2 - w; warpgroup 1 arrives once on barrier 1 before
@@ -1659,9 +1660,19 @@ __global__ void __launch_bounds__(WA_THREADS, 1) attn_wgmma2_kernel(const __grid
     wg_wait<1>();
     release(emptyk, t);
     softmax(t);
-    wg_wait<0>();
+    /* x 1 is exact: where no row of the warp raised its max, skipping the rescale changes nothing.
+     * The wait sits in both arms of the branch on purpose: as one wait after the softmax, ptxas 13.0
+     * hoisted its WARPGROUP.DEPBAR above the whole softmax (nothing in the softmax depends on it), so
+     * the softmax of tile t ran after P V(t - 1) had completed instead of under it. Behind the branch
+     * the DEPBAR stays after the last EX2 (checked in the SASS of both PINGPONG forms). */
+    const bool rescale = __any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f);
+    if (rescale) {
+      wg_wait<0>();
+      rescale_o();
+    } else {
+      wg_wait<0>();
+    }
     release(emptyv, t - 1);
-    rescale_o();
     pack_p();
   }
   /* round ntiles: the last P V */
