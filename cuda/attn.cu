@@ -1550,40 +1550,40 @@ __global__ void __launch_bounds__(WA_THREADS, 1) attn_wgmma2_kernel(const __grid
   float alpha[2];
   bool live = true; /* false once a wait gave up (see above): no more waits, NaN results */
 
-  /* Tile t's K (V) has landed; the cp.async (generic proxy) writes are ordered before the wgmma (async
-   * proxy) reads. */
-  auto ready_k = [&](int t) {
+  /* The K (V) tile in ring stage st has landed (full barrier phase parity ph: tile t is in stage
+   * t % W2_NS, parity (t / W2_NS) & 1; the loop below keeps both as counters). A round's waits are
+   * followed by one fence_proxy_async: the cp.async (generic proxy) writes are ordered before the
+   * wgmma (async proxy) reads. */
+  auto wait_k = [&](uint32_t st, uint32_t ph) {
     if (live)
-      live = mbar_wait_bounded(fullk + 8 * (t % W2_NS), (uint32_t)((t / W2_NS) & 1), W2_WAIT_LIMIT_NS);
-    fence_proxy_async();
+      live = mbar_wait_bounded(fullk + 8 * st, ph, W2_WAIT_LIMIT_NS);
   };
-  auto ready_v = [&](int t) {
+  auto wait_v = [&](uint32_t st, uint32_t ph) {
     if (live)
-      live = mbar_wait_bounded(fullv + 8 * (t % W2_NS), (uint32_t)((t / W2_NS) & 1), W2_WAIT_LIMIT_NS);
-    fence_proxy_async();
+      live = mbar_wait_bounded(fullv + 8 * st, ph, W2_WAIT_LIMIT_NS);
   };
   /* Descriptors are built once per operand and advanced by adding (byte offset >> 4) to the address
    * field: every operand lies below 2^18 bytes, so the 14-bit field never carries. */
   const uint64_t desc_q = desc_kmajor_sw128(qwg);
-  auto issue_s = [&](int t) { /* S = Q K(t)^T, one commit group */
-    const uint64_t desc_k = desc_kmajor_sw128(ring + (t % W2_NS) * W2_STAGE_BYTES);
+  auto issue_s = [&](uint32_t st) { /* S = Q K^T of the tile in stage st, one commit group */
+    const uint64_t desc_k = desc_kmajor_sw128(ring + st * W2_STAGE_BYTES);
 #pragma unroll
     for (int ks = 0; ks < KS; ks++)
       wgmma_m64n128k16_ss(s, desc_q + (uint64_t)(((ks >> 2) * (64 * 128) + (ks & 3) * 32) >> 4),
                           desc_k + (uint64_t)(((ks >> 2) * (W2_BN * 128) + (ks & 3) * 32) >> 4), ks);
     wg_commit();
   };
-  auto issue_pv = [&](int t) { /* O += P V(t), one commit group; k-step kk = keys 16 kk .. 16 kk + 15 */
-    const uint64_t desc_v = desc_mnmajor_sw128(ring + (t % W2_NS) * W2_STAGE_BYTES + W2_TILE_BYTES, W2_BN * 128);
+  auto issue_pv = [&](uint32_t st) { /* O += P V (stage st), one commit group; k-step kk = keys 16 kk .. 16 kk + 15 */
+    const uint64_t desc_v = desc_mnmajor_sw128(ring + st * W2_STAGE_BYTES + W2_TILE_BYTES, W2_BN * 128);
 #pragma unroll
     for (int kk = 0; kk < PK; kk++)
       wgmma_m64n128k16_tb(o, pa[kk], desc_v + (uint64_t)((kk * 2048) >> 4), 1);
     wg_commit();
   };
-  auto release = [&](uint32_t bars, int t) { /* this warp's wgmma reads of tile t's K (V) are complete */
+  auto release = [&](uint32_t bars, uint32_t st) { /* this warp's wgmma reads of stage st's K (V) are complete */
     __syncwarp();
     if (lane == 0)
-      mbar_arrive(bars + 8 * (t % W2_NS));
+      mbar_arrive(bars + 8 * st);
   };
   /* Softmax of S(t) (complete) in place: s becomes p; alpha = the factor for O and l. */
   auto softmax = [&](int t) {
@@ -1638,27 +1638,33 @@ __global__ void __launch_bounds__(WA_THREADS, 1) attn_wgmma2_kernel(const __grid
   if (PINGPONG && wg == 1)
     named_bar_arrive(1, 256); /* warpgroup 0 takes the first turn */
   /* round 0: S(0) */
-  ready_k(0);
+  uint32_t st = 0, ph = 0; /* tile t's ring stage and full-barrier parity */
+  wait_k(st, ph);
+  fence_proxy_async();
   my_turn();
   wg_fence();
-  issue_s(0);
+  issue_s(st);
   pass_turn();
   wg_wait<0>();
-  release(emptyk, 0);
+  release(emptyk, st);
   softmax(0); /* O is still 0: no rescale */
   pack_p();
   /* round t: S(t) and P V(t - 1) issued back to back; the softmax of t runs under P V(t - 1) and under
    * the other warpgroup's round. Commit order S(t), P V(t - 1): wait_group 1 = S(t) complete. */
   for (int t = 1; t < ntiles; t++) {
-    ready_k(t);
-    ready_v(t - 1);
+    const uint32_t sp = st, pp = ph; /* tile t - 1's */
+    st = st == W2_NS - 1 ? 0 : st + 1;
+    ph ^= st == 0 ? 1u : 0u;
+    wait_k(st, ph);
+    wait_v(sp, pp);
+    fence_proxy_async();
     my_turn();
     wg_fence();
-    issue_s(t);
-    issue_pv(t - 1);
+    issue_s(st);
+    issue_pv(sp);
     pass_turn();
     wg_wait<1>();
-    release(emptyk, t);
+    release(emptyk, st);
     softmax(t);
     /* x 1 is exact: where no row of the warp raised its max, skipping the rescale changes nothing.
      * The wait sits in both arms of the branch on purpose: as one wait after the softmax, ptxas 13.0
@@ -1672,18 +1678,19 @@ __global__ void __launch_bounds__(WA_THREADS, 1) attn_wgmma2_kernel(const __grid
     } else {
       wg_wait<0>();
     }
-    release(emptyv, t - 1);
+    release(emptyv, sp);
     pack_p();
   }
-  /* round ntiles: the last P V */
-  ready_v(ntiles - 1);
+  /* round ntiles: the last P V (st, ph: tile ntiles - 1's) */
+  wait_v(st, ph);
+  fence_proxy_async();
   my_turn();
   wg_fence();
-  issue_pv(ntiles - 1);
+  issue_pv(st);
   if (wg == 0)
     pass_turn(); /* warpgroup 1's last arrive would have no round to open */
   wg_wait<0>();
-  release(emptyv, ntiles - 1);
+  release(emptyv, st);
 
   if (!live)
     l[0] = l[1] = NAN;
