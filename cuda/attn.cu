@@ -1316,8 +1316,10 @@ __global__ void __launch_bounds__(WA_THREADS, 1) attn_wgmma_kernel(const __grid_
  *  - Q lives in shared memory (copied once by the producer with tile 0, in the K tiles' swizzled
  *    K-major layout: per warpgroup and per 64 dims 64 rows x 128 bytes) and QK^T is an all-shared-memory
  *    wgmma: the 32 registers of the register-A Q fragment go to S, P and O.
- *  - all 4 producer warps copy (cp.async, 16 rows x 2 chunks per lane per tile), so the copy issue is
- *    spread over the 4 schedulers; a W2_NS = 3 stage ring of K + V (64 KB a stage) with full and
+ *  - all 4 producer warps copy (cp.async, per lane and tile 8 rows x 2 chunks of K and of V, the two
+ *    chunks of a row off one pointer, one 64-bit add a row, no predicates but on a range's last tile:
+ *    ~115 instructions a producer warp a tile, was ~566), so the copy issue is spread over the 4
+ *    schedulers; a W2_NS = 3 stage ring of K + V (64 KB a stage) with full and
  *    empty barriers for K and for V apart: S(t) waits for K(t) only, and K(t) is released as soon as
  *    S(t) completes, so K(t + 3) is copied while P V(t) still reads V(t) (K and V each ~2 rounds ahead).
  *  - softmax: the running max is kept on the raw logits (no multiply before the max); exponents are
@@ -1326,7 +1328,8 @@ __global__ void __launch_bounds__(WA_THREADS, 1) attn_wgmma_kernel(const __grid_
  *    (tanh first, then mul = 1). Masks only on tiles crossing a warp's diagonal, window edge or the end.
  *  - intra-warpgroup overlap (FA3 section 3.2): round t issues S(t) and P(t - 1) V(t - 1) as two commit
  *    groups, waits for S(t) only, runs the softmax of tile t while P V(t - 1) is on the tensor cores,
- *    then waits for P V(t - 1), rescales O and packs P(t). Live: S 64 + P 32 + O 64 fp32 registers.
+ *    then waits for P V(t - 1), rescales O (only where a row of the warp raised its max) and packs
+ *    P(t). Live: S 64 + P 32 + O 64 fp32 registers.
  *  - ping-pong (FA3 section 3.1): a round's wgmma issue is a critical section passed between the two
  *    warpgroups by named barriers 1 (warpgroup 0's turn) and 2 (warpgroup 1's), 256 threads each:
  *    warpgroup w syncs on 1 + w, issues, arrives on 2 - w; warpgroup 1 arrives once on barrier 1 before
@@ -1418,50 +1421,90 @@ __global__ void __launch_bounds__(WA_THREADS, 1) attn_wgmma2_kernel(const __grid
 
   if (warp >= 8) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(W2_PRODUCER_REGS));
-    /* Producer lane pl copies 16-byte chunk c (dims 8c .. 8c + 7) of rows r0 + 8 j, j < 16, of Q and of
-     * every K and V tile: with 128-byte rows and 1024-byte 8-row groups, row r0 + 8 j lands at
-     * (c / 8) * (64 dims block) + r0 * 128 + j * 1024, chunk (c % 8) ^ r0 (the 128-byte swizzle). */
-    const int pl = (int)threadIdx.x - 256, c = pl & 15, r0 = pl >> 4;
-    const uint32_t swz = (uint32_t)r0 * 128 + ((uint32_t)((c & 7) ^ r0) << 4);
+    /* Producer lane pl copies rows r + 16 j (j < 8, r = pl / 8) of Q (the CTA's 128 rows) and of every
+     * K and V tile (128 keys), and of each row the 16-byte chunks c and c + 8 (c = pl % 8: dims
+     * 8c .. 8c + 7 and 64 + 8c ..), 128 bytes apart in global memory (an immediate offset off one
+     * pointer) and one 64-dims block apart in shared memory. With 128-byte rows and 1024-byte 8-row
+     * groups, row R lands at (R / 8) * 1024 + (R % 8) * 128, chunk c ^ (R % 8) (the 128-byte swizzle);
+     * rows 16 apart keep R % 8 = r % 8, so row r + 16 j lands at kvoff + j * 2048 (Q: in warpgroup
+     * j / 4's block, at kvoff + (j % 4) * 2048). */
+    const int pl = (int)threadIdx.x - 256, c = pl & 7, r = pl >> 3;
+    const uint32_t kvoff = (uint32_t)(r >> 3) * 1024 + (uint32_t)(r & 7) * 128 + ((uint32_t)(c ^ (r & 7)) << 4);
+    /* Byte pointers to a lane's row and the byte step to its next (16 rows on): one 64-bit add a row
+     * (inline asm, so that the compiler does not turn the chain back into a multiply a row). */
+    auto advance = [](const char *&p, int64_t step) { asm("add.s64 %0, %0, %1;\n" : "+l"(p) : "l"(step)); };
     {
-      /* Q row r0 + 8 j of the tile: warpgroup j / 8's block, its row r0 + 8 (j % 8) */
-      const uint32_t qdst = qbase + (uint32_t)(c >> 3) * (64 * 128) + swz;
-      const bf16_t *qsrc = Q + (int64_t)hq * a.q_s1 + c * 8;
-#pragma unroll 4
-      for (int j = 0; j < 16; j++) {
-        const int qt = tile.row0 + r0 + 8 * j;
-        const bool ok = qt < tile.q_len; /* rows past the request: zeros (never written) */
-        cp_async16_to(qdst + (uint32_t)(j >> 3) * W2_Q_WG_BYTES + (uint32_t)(j & 7) * 1024,
-                      ok ? qsrc + (int64_t)(tile.q0 + qt) * a.q_s0 : qsrc, ok);
+      const char *qp = (const char *)(Q + (int64_t)(tile.q0 + tile.row0 + r) * a.q_s0 + (int64_t)hq * a.q_s1 + c * 8);
+      const int64_t qstep = 16 * 2 * a.q_s0;
+      const int qin = tile.q_len - (tile.row0 + r); /* row r + 16 j is in the request iff 16 j < qin */
+#pragma unroll
+      for (int j = 0; j < 8; j++) {
+        const bool ok = 16 * j < qin; /* rows past the request: zeros (never written) */
+        const uint32_t qdst = qbase + (uint32_t)(j >> 2) * W2_Q_WG_BYTES + (uint32_t)(j & 3) * 2048 + kvoff;
+        cp_async16_to(qdst, ok ? qp : (const char *)Q, ok);
+        cp_async16_to(qdst + 64 * 128, ok ? qp + 128 : (const char *)Q, ok);
+        advance(qp, qstep);
       }
     }
-    const uint32_t kvoff = (uint32_t)(c >> 3) * (W2_BN * 128) + swz;
-    const int64_t row = (int64_t)tile.kv_base + kv_lo + r0;
-    const bf16_t *kp = K + row * a.k_s0 + (int64_t)hk * a.k_s1 + c * 8;
-    const bf16_t *vp = V + row * a.v_s0 + (int64_t)hk * a.v_s1 + c * 8;
+    const int64_t row = (int64_t)tile.kv_base + kv_lo + r;
+    const char *kp = (const char *)(K + row * a.k_s0 + (int64_t)hk * a.k_s1 + c * 8);
+    const char *vp = (const char *)(V + row * a.v_s0 + (int64_t)hk * a.v_s1 + c * 8);
+    const int64_t kstep = 16 * 2 * a.k_s0, vstep = 16 * 2 * a.v_s0;
+    int nin = tile.kv_hi - (kv_lo + r); /* of tile t: row r + 16 j is a key iff 16 j < nin */
+    /* Tile t's ring stage, and the parity its empty barriers' wait needs, (t / W2_NS - 1) & 1: flipped on
+     * entering stage 0, so 1 for t < W2_NS (never waited on), 0 from t = W2_NS (was 1: the first waits
+     * passed at once and tile W2_NS overwrote a stage still being read; NaN on the device from 4 tiles). */
+    uint32_t st = 0, eph = 0;
     bool live = true; /* false once a wait gave up: copy on without waiting, the kernel ends */
     for (int t = 0; t < ntiles; t++) {
-      const int st = t % W2_NS;
-      if (t >= W2_NS && live)
-        live = mbar_wait_bounded(emptyk + 8 * st, (uint32_t)((t / W2_NS - 1) & 1), W2_WAIT_LIMIT_NS);
-      const int nin = tile.kv_hi - (kv_lo + t * W2_BN + r0); /* row r0 + 8 j is a key iff 8 j < nin */
+      if (st == 0)
+        eph ^= 1;
+      const bool wait = t >= W2_NS && live;
+      if (wait)
+        live = mbar_wait_bounded(emptyk + 8 * st, eph, W2_WAIT_LIMIT_NS);
       const uint32_t kdst = ring + st * W2_STAGE_BYTES + kvoff, vdst = kdst + W2_TILE_BYTES;
-#pragma unroll 4
-      for (int j = 0; j < 16; j++) {
-        const bool in = 8 * j < nin; /* past the range: zero-filled (src-size 0) */
-        cp_async16_to(kdst + j * 1024, in ? kp + (int64_t)(8 * j) * a.k_s0 : kp, in);
+      /* Every row of the tile a key (all tiles but a range's last): no predicates. Else rows past the
+       * range are zero-filled (src-size 0; the pointer then only needs to be a valid address, and the
+       * rows of a range's last tile lie before the next tile's first, which the 8 adds reach anyway). */
+      const bool full = nin > 16 * 7;
+      if (full) {
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+          cp_async16_full(kdst + j * 2048, kp);
+          cp_async16_full(kdst + j * 2048 + W2_TILE_BYTES / 2, kp + 128);
+          advance(kp, kstep);
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+          const bool in = 16 * j < nin;
+          cp_async16_to(kdst + j * 2048, in ? kp : (const char *)K, in);
+          cp_async16_to(kdst + j * 2048 + W2_TILE_BYTES / 2, in ? kp + 128 : (const char *)K, in);
+          advance(kp, kstep);
+        }
       }
       cp_async_mbar_arrive(fullk + 8 * st);
-      if (t >= W2_NS && live)
-        live = mbar_wait_bounded(emptyv + 8 * st, (uint32_t)((t / W2_NS - 1) & 1), W2_WAIT_LIMIT_NS);
-#pragma unroll 4
-      for (int j = 0; j < 16; j++) {
-        const bool in = 8 * j < nin;
-        cp_async16_to(vdst + j * 1024, in ? vp + (int64_t)(8 * j) * a.v_s0 : vp, in);
+      if (wait && live)
+        live = mbar_wait_bounded(emptyv + 8 * st, eph, W2_WAIT_LIMIT_NS);
+      if (full) {
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+          cp_async16_full(vdst + j * 2048, vp);
+          cp_async16_full(vdst + j * 2048 + W2_TILE_BYTES / 2, vp + 128);
+          advance(vp, vstep);
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+          const bool in = 16 * j < nin;
+          cp_async16_to(vdst + j * 2048, in ? vp : (const char *)V, in);
+          cp_async16_to(vdst + j * 2048 + W2_TILE_BYTES / 2, in ? vp + 128 : (const char *)V, in);
+          advance(vp, vstep);
+        }
       }
       cp_async_mbar_arrive(fullv + 8 * st);
-      kp += (int64_t)W2_BN * a.k_s0;
-      vp += (int64_t)W2_BN * a.v_s0;
+      nin -= W2_BN;
+      st = st == W2_NS - 1 ? 0 : st + 1;
     }
     cp_async_wait_all();
     return;
@@ -1510,40 +1553,40 @@ __global__ void __launch_bounds__(WA_THREADS, 1) attn_wgmma2_kernel(const __grid
   float alpha[2];
   bool live = true; /* false once a wait gave up (see above): no more waits, NaN results */
 
-  /* Tile t's K (V) has landed; the cp.async (generic proxy) writes are ordered before the wgmma (async
-   * proxy) reads. */
-  auto ready_k = [&](int t) {
+  /* The K (V) tile in ring stage st has landed (full barrier phase parity ph: tile t is in stage
+   * t % W2_NS, parity (t / W2_NS) & 1; the loop below keeps both as counters). A round's waits are
+   * followed by one fence_proxy_async: the cp.async (generic proxy) writes are ordered before the
+   * wgmma (async proxy) reads. */
+  auto wait_k = [&](uint32_t st, uint32_t ph) {
     if (live)
-      live = mbar_wait_bounded(fullk + 8 * (t % W2_NS), (uint32_t)((t / W2_NS) & 1), W2_WAIT_LIMIT_NS);
-    fence_proxy_async();
+      live = mbar_wait_bounded(fullk + 8 * st, ph, W2_WAIT_LIMIT_NS);
   };
-  auto ready_v = [&](int t) {
+  auto wait_v = [&](uint32_t st, uint32_t ph) {
     if (live)
-      live = mbar_wait_bounded(fullv + 8 * (t % W2_NS), (uint32_t)((t / W2_NS) & 1), W2_WAIT_LIMIT_NS);
-    fence_proxy_async();
+      live = mbar_wait_bounded(fullv + 8 * st, ph, W2_WAIT_LIMIT_NS);
   };
   /* Descriptors are built once per operand and advanced by adding (byte offset >> 4) to the address
    * field: every operand lies below 2^18 bytes, so the 14-bit field never carries. */
   const uint64_t desc_q = desc_kmajor_sw128(qwg);
-  auto issue_s = [&](int t) { /* S = Q K(t)^T, one commit group */
-    const uint64_t desc_k = desc_kmajor_sw128(ring + (t % W2_NS) * W2_STAGE_BYTES);
+  auto issue_s = [&](uint32_t st) { /* S = Q K^T of the tile in stage st, one commit group */
+    const uint64_t desc_k = desc_kmajor_sw128(ring + st * W2_STAGE_BYTES);
 #pragma unroll
     for (int ks = 0; ks < KS; ks++)
       wgmma_m64n128k16_ss(s, desc_q + (uint64_t)(((ks >> 2) * (64 * 128) + (ks & 3) * 32) >> 4),
                           desc_k + (uint64_t)(((ks >> 2) * (W2_BN * 128) + (ks & 3) * 32) >> 4), ks);
     wg_commit();
   };
-  auto issue_pv = [&](int t) { /* O += P V(t), one commit group; k-step kk = keys 16 kk .. 16 kk + 15 */
-    const uint64_t desc_v = desc_mnmajor_sw128(ring + (t % W2_NS) * W2_STAGE_BYTES + W2_TILE_BYTES, W2_BN * 128);
+  auto issue_pv = [&](uint32_t st) { /* O += P V (stage st), one commit group; k-step kk = keys 16 kk .. 16 kk + 15 */
+    const uint64_t desc_v = desc_mnmajor_sw128(ring + st * W2_STAGE_BYTES + W2_TILE_BYTES, W2_BN * 128);
 #pragma unroll
     for (int kk = 0; kk < PK; kk++)
       wgmma_m64n128k16_tb(o, pa[kk], desc_v + (uint64_t)((kk * 2048) >> 4), 1);
     wg_commit();
   };
-  auto release = [&](uint32_t bars, int t) { /* this warp's wgmma reads of tile t's K (V) are complete */
+  auto release = [&](uint32_t bars, uint32_t st) { /* this warp's wgmma reads of stage st's K (V) are complete */
     __syncwarp();
     if (lane == 0)
-      mbar_arrive(bars + 8 * (t % W2_NS));
+      mbar_arrive(bars + 8 * st);
   };
   /* Softmax of S(t) (complete) in place: s becomes p; alpha = the factor for O and l. */
   auto softmax = [&](int t) {
@@ -1598,42 +1641,59 @@ __global__ void __launch_bounds__(WA_THREADS, 1) attn_wgmma2_kernel(const __grid
   if (PINGPONG && wg == 1)
     named_bar_arrive(1, 256); /* warpgroup 0 takes the first turn */
   /* round 0: S(0) */
-  ready_k(0);
+  uint32_t st = 0, ph = 0; /* tile t's ring stage and full-barrier parity */
+  wait_k(st, ph);
+  fence_proxy_async();
   my_turn();
   wg_fence();
-  issue_s(0);
+  issue_s(st);
   pass_turn();
   wg_wait<0>();
-  release(emptyk, 0);
+  release(emptyk, st);
   softmax(0); /* O is still 0: no rescale */
   pack_p();
   /* round t: S(t) and P V(t - 1) issued back to back; the softmax of t runs under P V(t - 1) and under
    * the other warpgroup's round. Commit order S(t), P V(t - 1): wait_group 1 = S(t) complete. */
   for (int t = 1; t < ntiles; t++) {
-    ready_k(t);
-    ready_v(t - 1);
+    const uint32_t sp = st, pp = ph; /* tile t - 1's */
+    st = st == W2_NS - 1 ? 0 : st + 1;
+    ph ^= st == 0 ? 1u : 0u;
+    wait_k(st, ph);
+    wait_v(sp, pp);
+    fence_proxy_async();
     my_turn();
     wg_fence();
-    issue_s(t);
-    issue_pv(t - 1);
+    issue_s(st);
+    issue_pv(sp);
     pass_turn();
     wg_wait<1>();
-    release(emptyk, t);
+    release(emptyk, st);
     softmax(t);
-    wg_wait<0>();
-    release(emptyv, t - 1);
-    rescale_o();
+    /* x 1 is exact: where no row of the warp raised its max, skipping the rescale changes nothing.
+     * The wait sits in both arms of the branch on purpose: as one wait after the softmax, ptxas 13.0
+     * hoisted its WARPGROUP.DEPBAR above the whole softmax (nothing in the softmax depends on it), so
+     * the softmax of tile t ran after P V(t - 1) had completed instead of under it. Behind the branch
+     * the DEPBAR stays after the last EX2 (checked in the SASS of both PINGPONG forms). */
+    const bool rescale = __any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f);
+    if (rescale) {
+      wg_wait<0>();
+      rescale_o();
+    } else {
+      wg_wait<0>();
+    }
+    release(emptyv, sp);
     pack_p();
   }
-  /* round ntiles: the last P V */
-  ready_v(ntiles - 1);
+  /* round ntiles: the last P V (st, ph: tile ntiles - 1's) */
+  wait_v(st, ph);
+  fence_proxy_async();
   my_turn();
   wg_fence();
-  issue_pv(ntiles - 1);
+  issue_pv(st);
   if (wg == 0)
     pass_turn(); /* warpgroup 1's last arrive would have no round to open */
   wg_wait<0>();
-  release(emptyv, ntiles - 1);
+  release(emptyv, st);
 
   if (!live)
     l[0] = l[1] = NAN;

@@ -79,6 +79,10 @@ __device__ __forceinline__ void cp_async16_to(uint32_t dst, const void *src, boo
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
                : "memory");
 }
+/* The same, always 16 bytes (no src-size operand: no predicate in the SASS). */
+__device__ __forceinline__ void cp_async16_full(uint32_t dst, const void *src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
 /* Waits for every cp.async this thread issued (a producer's last step: no copy outlives the CTA). */
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
