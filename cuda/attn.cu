@@ -18,17 +18,17 @@
  * Paged variants read K/V rows through the block table (PAGED = true), everything else is shared.
  * attn_fa2_kernel<D, BN, STAGES, PAGED, BM>: the bf16 tensor-core prefill (FlashAttention-2 forward with
  * mma.sync m16n8k16, fp32 accumulation, 128-row tiles, 64-row ones for sliding windows at D = 64/256
- * by UPF_ATTN_SWA_BM (see swa_bm_selected), cp.async K/V ring) for D = 64/128/256 with 16-byte aligned
+ * by UPF_ATTN_SWA_BM (see fa2_tile_rows), cp.async K/V ring) for D = 64/128/256 with 16-byte aligned
  * rows; see its comment.
  * attn_wgmma2_kernel / attn_wgmma_kernel: the Hopper prefill (wgmma, warp-specialised producer and
  * consumers) that bf16 D = 128 over contiguous K/V takes instead of the FA2 kernel, by UPF_ATTN_PREFILL
- * (see prefill_wgmma_selected; the FlashAttention-3 form without ping-pong is the default).
+ * (see prefill_kernel_selected; the FlashAttention-3 form without ping-pong is the default).
  * attn.prefill takes the tensor-core path for bf16 at those head dims, the FFMA kernel otherwise (f32,
  * odd D, unaligned views); attn.paged takes it (PAGED) for requests of at least MMA_MIN_Q_ROWS query
  * rows (prefill against the cache) and the FFMA kernel for the rest (decode rows: GQA packing and
  * split-KV matter more there), two launches writing disjoint rows. Those decode rows go, where the mma
  * path's layout holds, to attn_decode_mma_kernel (mma.sync, the default) or attn_decode_v2_kernel
- * (FFMA) by UPF_ATTN_DECODE (see decode_selected).
+ * (FFMA) by UPF_ATTN_DECODE (see decode_kernel_selected).
  * kv_cache_write_kernel: one CTA per token row, k and v rows to their slot. */
 #include <math.h>
 #include <stdlib.h>
@@ -42,6 +42,7 @@
 #include "cuda/cuda_check.cuh"
 #include "cuda/mma_sync.cuh"
 #include "cuda/wgmma.cuh"
+#include "uniprefill/env.h"
 
 namespace {
 
@@ -1761,12 +1762,12 @@ template <typename T, bool PAGED> upf_status launch_d(attn_args &a, int ntiles, 
   return launch_attn<T, 8, PAGED>(a, ntiles, ngroups);
 }
 
-/* The kernel of the paged rows the FFMA kernel would take (see decode_selected). */
+/* The kernel of the paged rows the FFMA kernel would take (see decode_kernel_selected). */
 enum dec_kernel { DEC_FFMA = 0, DEC_V2 = 1, DEC_MMA = 2 };
 
 /* Tiles every request's (token, group head) rows in ATT_BR blocks, splits long KV ranges when the
  * tiles alone would leave the GPU idle, uploads the plan and launches the FFMA kernel, or (decode =
- * DEC_V2 / DEC_MMA: paged bf16 with D = 64/128/256 and 16-byte rows, see decode_selected)
+ * DEC_V2 / DEC_MMA: paged bf16 with D = 64/128/256 and 16-byte rows, see decode_kernel_selected)
  * attn_decode_v2_kernel / attn_decode_mma_kernel. `a` has everything but the plan pointers. */
 upf_status attn_plan_and_run(attn_args &a, const req_info *reqs, int32_t num_reqs, upf_dtype dtype, bool paged,
                              dec_kernel decode) {
@@ -1929,25 +1930,18 @@ template <bool OVERLAP> upf_status launch_wgmma(attn_args &a, int ntiles) {
   return UPF_OK;
 }
 
-/* UPF_ATTN_PREFILL (read once per process) picks the kernel of bf16 D = 128 prefill over contiguous
- * K/V: unset or "wgmma2-nopp" = attn_wgmma2_kernel without the ping-pong named barriers (4, the default
- * since the H200 run at e863817: full verify 147/147, sanitizers clean; 512 / 473 TFLOP/s at 32K / 128K
- * = 0.88x / 0.85x torch SDPA's cuDNN), "wgmma2" = the same with the ping-pong (3; 513 / 454: no faster
- * at 32K, slower at 128K), "wgmma" = attn_wgmma_kernel with each wgmma group waited for at once (1,
- * the default before: 297 / 302), "wgmma-overlap" = S(t + 1) in flight during the softmax of tile t (2;
- * measured no faster), "fa2" = attn_fa2_kernel (0), which every other shape takes anyway. Any other
- * value: the default. */
-int prefill_wgmma_selected() {
-  static const int mode = [] {
-    const char *e = getenv("UPF_ATTN_PREFILL");
-    return !e || strcmp(e, "wgmma2-nopp") == 0     ? 4
-           : strcmp(e, "wgmma") == 0               ? 1
-           : strcmp(e, "wgmma-overlap") == 0       ? 2
-           : strcmp(e, "wgmma2") == 0              ? 3
-           : strcmp(e, "fa2") == 0                 ? 0
-                                                   : 4;
-  }();
-  return mode;
+/* UPF_ATTN_PREFILL (read once per process; any value but these is an error naming it) picks the kernel
+ * of bf16 D = 128 prefill over contiguous K/V, by its index here: unset or "wgmma2-nopp" =
+ * attn_wgmma2_kernel without the ping-pong named barriers (4, the default since the H200 run at e863817:
+ * full verify 147/147, sanitizers clean; 512 / 473 TFLOP/s at 32K / 128K = 0.88x / 0.85x torch SDPA's
+ * cuDNN), "wgmma2" = the same with the ping-pong (3; 513 / 454: no faster at 32K, slower at 128K),
+ * "wgmma" = attn_wgmma_kernel with each wgmma group waited for at once (1, the default before: 297 /
+ * 302), "wgmma-overlap" = S(t + 1) in flight during the softmax of tile t (2; measured no faster),
+ * "fa2" = attn_fa2_kernel (0), which every other shape takes anyway. */
+const char *const PREFILL_KERNELS[] = {"fa2", "wgmma", "wgmma-overlap", "wgmma2", "wgmma2-nopp"};
+upf_status prefill_kernel_selected(int *mode) {
+  static int cache = -1;
+  return upf_env_choice_once("UPF_ATTN_PREFILL", PREFILL_KERNELS, 5, 4, &cache, mode);
 }
 
 /* Heaviest tiles (longest key span) first, ties in plan order: the last wave holds short tiles. */
@@ -1961,27 +1955,31 @@ int tile_heavier_first(const void *x, const void *y) {
   return p->row0 < q->row0 ? -1 : p->row0 > q->row0;
 }
 
-/* UPF_ATTN_SWA_BM (read once per process): the query rows of a tile of windowed prefill at D = 64 and
- * 256 on the FA2 kernel. Unset or "64" = FA_SWA_BM (the default since this branch, swa-next; not yet
- * run on a GPU), "128" = FA_BM, the tiles every other prefill takes (the form measured at d6b2582:
- * 1.41x / 1.22x / 1.18x of global causal per visible key at T = 4K / 16K / 64K). Any other value: 64. */
-int swa_bm_selected() {
-  static const int bm = [] {
-    const char *e = getenv("UPF_ATTN_SWA_BM");
-    return e && strcmp(e, "128") == 0 ? FA_BM : FA_SWA_BM;
-  }();
-  return bm;
-}
-
-/* Rows per tile of this call's plan: FA_SWA_BM for windowed rows at D = 64 and 256 (by the switch above),
- * FA_BM for everything else. D = 128 keeps FA_BM either way: its contiguous form runs the wgmma kernels
- * on the same plan (WA_BM rows). */
-int fa2_tile_rows(const attn_args &a) {
-  return a.window > 0 && (a.d == 64 || a.d == 256) ? swa_bm_selected() : FA_BM;
+/* UPF_ATTN_SWA_BM (read once per process; any value but these is an error naming it): the query rows of
+ * a tile of windowed prefill at D = 64 and 256 on the FA2 kernel. Unset or "64" = FA_SWA_BM (the default
+ * since this branch, swa-next; not yet run on a GPU), "128" = FA_BM, the tiles every other prefill takes
+ * (the form measured at d6b2582: 1.41x / 1.22x / 1.18x of global causal per visible key at T = 4K / 16K /
+ * 64K). Rows per tile of this call's plan: FA_SWA_BM or FA_BM (by the switch) for windowed rows at D = 64
+ * and 256, FA_BM for everything else. D = 128 keeps FA_BM either way: its contiguous form runs the wgmma
+ * kernels on the same plan (WA_BM rows). */
+const char *const SWA_TILE_ROWS[] = {"64", "128"};
+upf_status fa2_tile_rows(const attn_args &a, int32_t *bm) {
+  *bm = FA_BM;
+  if (!(a.window > 0 && (a.d == 64 || a.d == 256)))
+    return UPF_OK;
+  static int cache = -1;
+  int index = 0;
+  UPF_TRY(upf_env_choice_once("UPF_ATTN_SWA_BM", SWA_TILE_ROWS, 2, 0, &cache, &index));
+  *bm = index == 0 ? FA_SWA_BM : FA_BM;
+  return UPF_OK;
 }
 
 template <bool PAGED> upf_status mma_plan_and_run(attn_args &a, const req_info *reqs, int32_t num_reqs) {
-  const int32_t bm = fa2_tile_rows(a);
+  int32_t bm = FA_BM;
+  UPF_TRY(fa2_tile_rows(a, &bm));
+  int prefill = 0; /* 0: the FA2 kernel; else a Hopper kernel, see prefill_kernel_selected */
+  if (!PAGED && a.d == WA_D)
+    UPF_TRY(prefill_kernel_selected(&prefill));
   int64_t ntiles = 0;
   for (int32_t r = 0; r < num_reqs; r++)
     ntiles += (reqs[r].q_len + bm - 1) / bm;
@@ -2015,11 +2013,11 @@ template <bool PAGED> upf_status mma_plan_and_run(attn_args &a, const req_info *
   if (bm == FA_SWA_BM)
     return a.d == 64 ? launch_fa2<64, 64, 3, PAGED, FA_SWA_BM>(a, (int)ntiles)
                      : launch_fa2<256, 32, 2, PAGED, FA_SWA_BM>(a, (int)ntiles);
-  if (!PAGED && a.d == WA_D && prefill_wgmma_selected())
-    return prefill_wgmma_selected() == 4   ? launch_wgmma2<false>(a, (int)ntiles)
-           : prefill_wgmma_selected() == 3 ? launch_wgmma2<true>(a, (int)ntiles)
-           : prefill_wgmma_selected() == 2 ? launch_wgmma<true>(a, (int)ntiles)
-                                           : launch_wgmma<false>(a, (int)ntiles);
+  if (prefill)
+    return prefill == 4   ? launch_wgmma2<false>(a, (int)ntiles)
+           : prefill == 3 ? launch_wgmma2<true>(a, (int)ntiles)
+           : prefill == 2 ? launch_wgmma<true>(a, (int)ntiles)
+                          : launch_wgmma<false>(a, (int)ntiles);
   if (a.d == 64)
     return launch_fa2<64, 128, 3, PAGED>(a, (int)ntiles);
   if (a.d == 128)
@@ -2045,19 +2043,21 @@ bool mma_ok(const upf_tensor *q, const upf_tensor *k, const upf_tensor *v, const
   return true;
 }
 
-/* UPF_ATTN_DECODE (read once per process): unset or "mma" sends the paged rows that the FFMA kernel
- * takes (decode steps and chunks of fewer than MMA_MIN_Q_ROWS query rows) to attn_decode_mma_kernel
- * wherever the mma path's layout conditions hold (bf16, D = 64/128/256, 16-byte rows) — the default
- * since the H200 run at 2d560e6 (full verify 147/147, sanitizers clean; 0.83-0.93 of copy bandwidth
- * against v2's 0.47-0.54); "v2" sends the same rows to attn_decode_v2_kernel (FFMA dot products, the
- * default before); "ffma" keeps them on the FFMA kernel, which every other shape takes anyway. Any
- * other value: mma. */
-dec_kernel decode_selected() {
-  static const dec_kernel k = [] {
-    const char *e = getenv("UPF_ATTN_DECODE");
-    return !e ? DEC_MMA : strcmp(e, "ffma") == 0 ? DEC_FFMA : strcmp(e, "v2") == 0 ? DEC_V2 : DEC_MMA;
-  }();
-  return k;
+/* UPF_ATTN_DECODE (read once per process; any value but these is an error naming it): unset or "mma"
+ * sends the paged rows that the FFMA kernel takes (decode steps and chunks of fewer than MMA_MIN_Q_ROWS
+ * query rows) to attn_decode_mma_kernel wherever the mma path's layout conditions hold (bf16, D =
+ * 64/128/256, 16-byte rows) — the default since the H200 run at 2d560e6 (full verify 147/147,
+ * sanitizers clean; 0.83-0.93 of copy bandwidth against v2's 0.47-0.54); "v2" sends the same rows to
+ * attn_decode_v2_kernel (FFMA dot products, the default before); "ffma" keeps them on the FFMA kernel,
+ * which every other shape takes anyway. Indexed as dec_kernel. */
+const char *const DECODE_KERNELS[] = {"ffma", "v2", "mma"};
+static_assert(DEC_FFMA == 0 && DEC_V2 == 1 && DEC_MMA == 2, "DECODE_KERNELS is indexed by dec_kernel");
+upf_status decode_kernel_selected(dec_kernel *k) {
+  static int cache = -1;
+  int index = DEC_MMA;
+  UPF_TRY(upf_env_choice_once("UPF_ATTN_DECODE", DECODE_KERNELS, 3, DEC_MMA, &cache, &index));
+  *k = (dec_kernel)index;
+  return UPF_OK;
 }
 
 /* Paged requests with at least this many query rows (prefill against the cache) take the mma path
@@ -2157,9 +2157,12 @@ extern "C" upf_status upf_cuda_attn_paged(const upf_attn_paged *b, const upf_ten
   a.v = v_cache->data, a.v_s0 = v_cache->stride[0], a.v_s1 = v_cache->stride[1], a.v_s2 = v_cache->stride[2];
   a.block_table = b->block_table, a.max_blocks = b->max_blocks, a.page_size = b->page_size;
   a.vec8 = kv_vec8(k_cache, v_cache);
-  upf_status st = n_long ? mma_plan_and_run<true>(a, reqs, n_long) : UPF_OK;
+  dec_kernel decode = DEC_FFMA;
+  upf_status st = mma ? decode_kernel_selected(&decode) : UPF_OK;
+  if (st == UPF_OK && n_long)
+    st = mma_plan_and_run<true>(a, reqs, n_long);
   if (st == UPF_OK && n_long < b->num_reqs)
-    st = attn_plan_and_run(a, reqs + n_long, b->num_reqs - n_long, q->dtype, true, mma ? decode_selected() : DEC_FFMA);
+    st = attn_plan_and_run(a, reqs + n_long, b->num_reqs - n_long, q->dtype, true, decode);
   free(reqs);
   return st;
 }

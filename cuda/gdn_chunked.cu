@@ -54,6 +54,7 @@
 #include "cuda/cuda_check.cuh"
 #include "cuda/gdn.cuh"
 #include "cuda/mma_sync.cuh"
+#include "uniprefill/env.h"
 
 namespace {
 
@@ -1105,38 +1106,30 @@ template <typename TO> upf_status launch_split(const state_args &s, unsigned gri
   return UPF_OK;
 }
 
-/* State pass: the split form (the default: chunk_out_kernel computes O) or the fused form (O inside)
- * where UPF_GDN_STATE=fused asks for it. Read once. */
-bool state_split() {
-  static int split = -1;
-  if (split < 0) {
-    const char *env = getenv("UPF_GDN_STATE");
-    split = !(env && strcmp(env, "fused") == 0);
-  }
-  return split != 0;
-}
-
-/* Warps of the state pass: 8 (V' and O on separate warps), or 4 where UPF_GDN_STATE_WARPS=4 asks for
- * the first version (kept for A/B timing on the device). */
-int state_warps() {
-  static int warps;
-  if (!warps) {
-    const char *env = getenv("UPF_GDN_STATE_WARPS");
-    warps = env && atoi(env) == 4 ? 4 : 8;
-  }
-  return warps;
-}
-
-/* Prep kernel: 2 (chunk_prep_v2_kernel, the default), 1 where UPF_GDN_PREP=v1 asks for chunk_prep_kernel,
- * 3 where UPF_GDN_PREP=v3 asks for chunk_prep_v3_kernel (value-head pairs; v2 where Hv / Hk is odd). The
- * same workspace bits from each. Read once. */
-int prep_version() {
-  static int version;
-  if (!version) {
-    const char *env = getenv("UPF_GDN_PREP");
-    version = env && strcmp(env, "v1") == 0 ? 1 : env && strcmp(env, "v3") == 0 ? 3 : 2;
-  }
-  return version;
+/* The scan's switches, each read once per process (any value but the listed ones is an error naming the
+ * variable):
+ *   UPF_GDN_STATE        "split" (the default: chunk_out_kernel computes O) or "fused" (O inside the
+ *                        state pass);
+ *   UPF_GDN_STATE_WARPS  "8" (the default: V' and O on separate warps) or "4" (the first 4-warp pass,
+ *                        kept for A/B timing; fused form only);
+ *   UPF_GDN_PREP         "v2" (chunk_prep_v2_kernel, the default), "v1" (chunk_prep_kernel) or "v3"
+ *                        (chunk_prep_v3_kernel: value-head pairs; v2 where Hv / Hk is odd). The same
+ *                        workspace bits from each. */
+struct scan_switches {
+  bool split;
+  int state_warps, prep;
+};
+upf_status scan_switches_selected(scan_switches *sw) {
+  static const char *const STATE[] = {"fused", "split"}, *const WARPS[] = {"8", "4"}, *const PREP[] = {"v1", "v2", "v3"};
+  static int state_cache = -1, warps_cache = -1, prep_cache = -1;
+  int state = 1, warps = 0, prep = 1;
+  UPF_TRY(upf_env_choice_once("UPF_GDN_STATE", STATE, 2, 1, &state_cache, &state));
+  UPF_TRY(upf_env_choice_once("UPF_GDN_STATE_WARPS", WARPS, 2, 0, &warps_cache, &warps));
+  UPF_TRY(upf_env_choice_once("UPF_GDN_PREP", PREP, 3, 1, &prep_cache, &prep));
+  sw->split = state == 1;
+  sw->state_warps = warps == 1 ? 4 : 8;
+  sw->prep = prep + 1;
+  return UPF_OK;
 }
 
 /* prep_args.rows16: which of q, k, v (bits 0, 1, 2) have 16-byte aligned rows (base, token and head
@@ -1160,6 +1153,8 @@ extern "C" int upf_cuda_gdn_scan_chunked_fits(const upf_gdn_scan_inputs *in) {
 
 extern "C" upf_status upf_cuda_gdn_scan_chunked(const upf_gdn_batch *batch, const upf_gdn_scan_inputs *in,
                                                 const upf_tensor *o, const upf_tensor *state_out) {
+  scan_switches sw;
+  UPF_TRY(scan_switches_selected(&sw));
   const int32_t B = batch->num_reqs;
   const int64_t Hk = in->q->shape[1], Hv = in->v->shape[1];
   const int32_t *cu = batch->cu_seqlens_host;
@@ -1181,7 +1176,7 @@ extern "C" upf_status upf_cuda_gdn_scan_chunked(const upf_gdn_batch *batch, cons
   const size_t p_bytes = align256((size_t)nch * Hv * CH * CH * sizeof(bf16));
   const size_t g_bytes = align256((size_t)nch * Hv * CH * sizeof(float));
   const size_t qk_bytes = align256((size_t)nch * Hk * CH * D * sizeof(bf16));
-  const bool split = state_split();
+  const bool split = sw.split;
   const size_t st_bytes = split ? align256((size_t)nch * Hv * D * D * sizeof(bf16)) : 0;
   const size_t vpt_bytes = split ? align256((size_t)nch * Hv * D * CH * sizeof(bf16)) : 0;
   void *wsp = nullptr;
@@ -1218,7 +1213,7 @@ extern "C" upf_status upf_cuda_gdn_scan_chunked(const upf_gdn_batch *batch, cons
       return upf_fail(UPF_ERR_SHAPE, "gdn.scan (cuda, chunked): %lld chunks exceed the grid", (long long)nch);
     const dim3 grid((unsigned)nch, (unsigned)Hv);
     pa.rows16 = rows_16byte_aligned(in);
-    const int prep = prep_version();
+    const int prep = sw.prep;
     if (prep == 3 && (Hv / Hk) % 2 == 0 && upf_cuda_smem_optin() >= PREP3_SMEM) {
       static bool attr_set;
       if (!attr_set) {
@@ -1261,7 +1256,7 @@ extern "C" upf_status upf_cuda_gdn_scan_chunked(const upf_gdn_batch *batch, cons
     return UPF_OK;
   if (split)
     return o->dtype == UPF_DTYPE_BF16 ? launch_split<bf16>(sa, grid, nch) : launch_split<float>(sa, grid, nch);
-  if (state_warps() == 4)
+  if (sw.state_warps == 4)
     return o->dtype == UPF_DTYPE_BF16 ? launch_state<bf16, 4>(sa, grid) : launch_state<float, 4>(sa, grid);
   return o->dtype == UPF_DTYPE_BF16 ? launch_state<bf16, 8>(sa, grid) : launch_state<float, 8>(sa, grid);
 }

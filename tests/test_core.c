@@ -1,10 +1,12 @@
-/* Core: bf16 rounding, the seeded RNG's portability, status messages, tensor descriptors. */
+/* Core: bf16 rounding, the seeded RNG's portability, status messages, environment switches, tensor descriptors. */
 #include <CUnit/CUnit.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "tests/test_util.h"
 #include "uniprefill/bf16.h"
+#include "uniprefill/env.h"
 #include "uniprefill/rng.h"
 #include "uniprefill/tensor.h"
 
@@ -73,6 +75,29 @@ static void test_status_messages(void) {
   CU_ASSERT_STRING_EQUAL(upf_status_name((upf_status)999), "UPF_ERR_UNKNOWN");
 }
 
+static void test_env_switch(void) {
+  static const char *const choices[] = {"fa2", "wgmma", "wgmma2-nopp"};
+  int index = -1;
+  unsetenv("UPF_TEST_SWITCH");
+  CU_ASSERT_EQUAL(upf_env_choice("UPF_TEST_SWITCH", choices, 3, 2, &index), UPF_OK);
+  CU_ASSERT_EQUAL(index, 2); /* unset: the fallback */
+  setenv("UPF_TEST_SWITCH", "", 1);
+  CU_ASSERT_EQUAL(upf_env_choice("UPF_TEST_SWITCH", choices, 3, 2, &index), UPF_OK);
+  CU_ASSERT_EQUAL(index, 2); /* empty: the fallback */
+  setenv("UPF_TEST_SWITCH", "wgmma", 1);
+  CU_ASSERT_EQUAL(upf_env_choice("UPF_TEST_SWITCH", choices, 3, 2, &index), UPF_OK);
+  CU_ASSERT_EQUAL(index, 1);
+  setenv("UPF_TEST_SWITCH", "wgmma3", 1); /* a typo: an error, and index untouched */
+  index = -7;
+  CU_ASSERT_EQUAL(upf_env_choice("UPF_TEST_SWITCH", choices, 3, 2, &index), UPF_ERR_INVALID_ARG);
+  CU_ASSERT_EQUAL(index, -7);
+  CU_ASSERT_PTR_NOT_NULL(strstr(upf_last_error(), "UPF_TEST_SWITCH=wgmma3"));
+  CU_ASSERT_PTR_NOT_NULL(strstr(upf_last_error(), "fa2|wgmma|wgmma2-nopp"));
+  setenv("UPF_TEST_SWITCH", "WGMMA", 1); /* values are case-sensitive */
+  CU_ASSERT_EQUAL(upf_env_choice("UPF_TEST_SWITCH", choices, 3, 2, &index), UPF_ERR_INVALID_ARG);
+  unsetenv("UPF_TEST_SWITCH");
+}
+
 static void test_tensor_descriptor(void) {
   upf_tensor t;
   int64_t shape[3] = {4, 32, 128};
@@ -100,4 +125,5 @@ void upf_register_core_tests(void) {
   CU_add_test(suite, "rng is machine independent", test_rng_is_machine_independent);
   CU_add_test(suite, "status messages", test_status_messages);
   CU_add_test(suite, "tensor descriptor", test_tensor_descriptor);
+  CU_add_test(suite, "env switch: values, fallback, typo named", test_env_switch);
 }
