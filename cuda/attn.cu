@@ -16,9 +16,10 @@
  * their LSE to the workspace; attn_combine_kernel merges them in chunk order (no atomics, so the
  * result does not depend on scheduling).
  * Paged variants read K/V rows through the block table (PAGED = true), everything else is shared.
- * attn_fa2_kernel<D, BN, STAGES, PAGED>: the bf16 tensor-core prefill (FlashAttention-2 forward with
- * mma.sync m16n8k16, fp32 accumulation, 128-row tiles, cp.async K/V ring) for D = 64/128/256 with
- * 16-byte aligned rows; see its comment.
+ * attn_fa2_kernel<D, BN, STAGES, PAGED, BM>: the bf16 tensor-core prefill (FlashAttention-2 forward with
+ * mma.sync m16n8k16, fp32 accumulation, 128-row tiles, 64-row ones for sliding windows at D = 64/256
+ * by UPF_ATTN_SWA_BM (see fa2_tile_rows), cp.async K/V ring) for D = 64/128/256 with 16-byte aligned
+ * rows; see its comment.
  * attn_wgmma2_kernel / attn_wgmma_kernel: the Hopper prefill (wgmma, warp-specialised producer and
  * consumers) that bf16 D = 128 over contiguous K/V takes instead of the FA2 kernel, by UPF_ATTN_PREFILL
  * (see prefill_kernel_selected; the FlashAttention-3 form without ping-pong is the default).
@@ -287,9 +288,10 @@ using upf_mma::ldsm_x4_trans;
 using upf_mma::mma_bf16;
 using upf_mma::pack_bf16;
 
-/* attn_fa2_kernel<D, BN, STAGES, PAGED>: a CTA of 8 warps owns FA_BM = 128 query rows of one request
- * and one q head; warp w owns rows [16w, 16w + 16). (Its first version, 64-row tiles with synchronous
- * loads, ran at 157 TFLOP/s against this one's 261 at Llama 32K: perf/NOTES.md.)
+/* attn_fa2_kernel<D, BN, STAGES, PAGED, BM>: a CTA of BM / 16 warps owns BM (FA_BM = 128, or FA_SWA_BM
+ * below) query rows of one request and one q head; warp w owns rows [16w, 16w + 16). (Its first version,
+ * 64-row tiles with synchronous loads, ran at 157 TFLOP/s against this one's 261 at Llama 32K:
+ * perf/NOTES.md.)
  *  - K/V tiles stream through a STAGES-deep cp.async ring (tile t + STAGES - 1 is in flight while
  *    tile t is computed); Q arrives with the first tile's group. Rows past the request or past the
  *    tile's key range are zero-filled by cp.async's src-size 0 (zero V rows: P = 0 times 0, never NaN).
@@ -301,8 +303,14 @@ using upf_mma::pack_bf16;
  *    (warp-uniform test); a warp none of whose rows sees any key of a tile skips that tile's math.
  *  - the launch is one-dimensional, heads fastest, over tiles sorted by decreasing key span: the
  *    heaviest (latest causal) tiles start first, and the q heads of one kv head run side by side and
- *    share K/V through L2. */
+ *    share K/V through L2.
+ * BM = FA_SWA_BM = 64 (4 warps, two CTAs an SM) is an optional tile of windowed rows at D = 64 and 256
+ * (UPF_ATTN_SWA_BM=64, see fa2_tile_rows): a BM-row tile of a window w computes w + BM - 1 keys for w
+ * visible a row, so half the rows halve that excess, and a second CTA an SM could run its main loop
+ * through the other's Q load, ring fill and epilogue. Measured on the H200 it is slower than 128 rows
+ * (1.35x against 1.18x of global per visible key at 64K): 128 stays the default. */
 constexpr int FA_BM = 128;
+constexpr int FA_SWA_BM = 64;
 constexpr int FA_WARPS = 8;
 constexpr int FA_THREADS = FA_WARPS * 32;
 constexpr float FA_LOG2E = 1.4426950408889634f;
@@ -366,14 +374,14 @@ __device__ __forceinline__ void fa_store_rows(const attn_args &a, const attn_til
   }
 }
 
-template <int D, int BN, int STAGES, bool PAGED>
-__global__ void __launch_bounds__(FA_THREADS, 1) attn_fa2_kernel(const __grid_constant__ attn_args a) {
-  constexpr int LD = D + 8, NT = BN / 8, DT = D / 8, KS = D / 16, CH = D / 8;
+template <int D, int BN, int STAGES, bool PAGED, int BM = FA_BM>
+__global__ void __launch_bounds__(BM / 16 * 32, FA_BM / BM) attn_fa2_kernel(const __grid_constant__ attn_args a) {
+  constexpr int LD = D + 8, NT = BN / 8, DT = D / 8, KS = D / 16, CH = D / 8, NTHREADS = BM / 16 * 32;
   constexpr bool Q_IN_REGS = D <= 128;
-  static_assert(NT % 2 == 0 && DT % 2 == 0 && STAGES >= 2, "tile shape");
+  static_assert(NT % 2 == 0 && DT % 2 == 0 && STAGES >= 2 && (BM == FA_BM || BM == FA_SWA_BM), "tile shape");
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  bf16_t *Qs = reinterpret_cast<bf16_t *>(smem_raw); /* [FA_BM][LD] */
-  bf16_t *Ks = Qs + FA_BM * LD;                      /* [STAGES][BN][LD] */
+  bf16_t *Qs = reinterpret_cast<bf16_t *>(smem_raw); /* [BM][LD] */
+  bf16_t *Ks = Qs + BM * LD;                         /* [STAGES][BN][LD] */
   bf16_t *Vs = Ks + STAGES * BN * LD;                /* [STAGES][BN][LD] */
   const attn_tile tile = a.tiles[blockIdx.x / a.hq];
   const int hq = blockIdx.x % a.hq, hk = hq / a.group;
@@ -381,14 +389,14 @@ __global__ void __launch_bounds__(FA_THREADS, 1) attn_fa2_kernel(const __grid_co
   const int off = tile.kv_len - tile.q_len;
   const bf16_t *Q = (const bf16_t *)a.q, *K = (const bf16_t *)a.k, *V = (const bf16_t *)a.v;
 
-  for (int c = threadIdx.x; c < FA_BM * CH; c += FA_THREADS) {
+  for (int c = threadIdx.x; c < BM * CH; c += NTHREADS) {
     const int r = c / CH, e = (c % CH) * 8, qt = tile.row0 + r;
     const bool ok = qt < tile.q_len;
     cp_async16(Qs + r * LD + e, ok ? Q + (int64_t)(tile.q0 + qt) * a.q_s0 + (int64_t)hq * a.q_s1 + e : Q, ok);
   }
   auto load_kv = [&](int stage, int kv0) {
     bf16_t *ks = Ks + stage * BN * LD, *vs = Vs + stage * BN * LD;
-    for (int c = threadIdx.x; c < BN * CH; c += FA_THREADS) {
+    for (int c = threadIdx.x; c < BN * CH; c += NTHREADS) {
       const int r = c / CH, e = (c % CH) * 8, kj = kv0 + r;
       const bool ok = kj < tile.kv_hi;
       int64_t ko = 0, vo = 0;
@@ -1936,18 +1944,22 @@ upf_status attn_plan_and_run(attn_args &a, const req_info *reqs, int32_t num_req
                : launch_d<float, false>(a, (int)ntiles, (int)ngroups);
 }
 
-/* The tensor-core path: tiles of FA_BM query rows per (request, q head), no split (a prefill has rows
+/* The tensor-core path: tiles of BM query rows per (request, q head), no split (a prefill has rows
  * enough to fill the GPU). */
-template <int D, int BN, int STAGES, bool PAGED> upf_status launch_fa2(attn_args &a, int ntiles) {
-  constexpr size_t smem = (size_t)(FA_BM + 2 * STAGES * BN) * (D + 8) * sizeof(bf16_t);
+template <int D, int BN, int STAGES, bool PAGED, int BM = FA_BM> upf_status launch_fa2(attn_args &a, int ntiles) {
+  constexpr size_t smem = (size_t)(BM + 2 * STAGES * BN) * (D + 8) * sizeof(bf16_t);
   if (smem > upf_cuda_smem_optin())
     return upf_fail(UPF_ERR_UNSUPPORTED, "attn (cuda): D=%d pipelined tiles need %zu bytes of shared memory, the "
                     "device has %zu", D, smem, upf_cuda_smem_optin());
   if ((int64_t)ntiles * a.hq > INT32_MAX)
     return upf_fail(UPF_ERR_SHAPE, "attn (cuda): %d tiles x %d heads exceed the grid", ntiles, a.hq);
-  UPF_CUDA_TRY(cudaFuncSetAttribute(attn_fa2_kernel<D, BN, STAGES, PAGED>,
+  UPF_CUDA_TRY(cudaFuncSetAttribute(attn_fa2_kernel<D, BN, STAGES, PAGED, BM>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-  attn_fa2_kernel<D, BN, STAGES, PAGED><<<(unsigned)(ntiles * a.hq), FA_THREADS, smem, upf_cuda_stream()>>>(a);
+  if constexpr (BM != FA_BM) /* all of the SM's unified memory as shared memory: two CTAs an SM need it */
+    UPF_CUDA_TRY(cudaFuncSetAttribute(attn_fa2_kernel<D, BN, STAGES, PAGED, BM>,
+                                      cudaFuncAttributePreferredSharedMemoryCarveout,
+                                      (int)cudaSharedmemCarveoutMaxShared));
+  attn_fa2_kernel<D, BN, STAGES, PAGED, BM><<<(unsigned)(ntiles * a.hq), BM / 16 * 32, smem, upf_cuda_stream()>>>(a);
   UPF_CUDA_LAUNCH_TRY("attn_fa2_kernel");
   return UPF_OK;
 }
@@ -2003,13 +2015,35 @@ int tile_heavier_first(const void *x, const void *y) {
   return p->row0 < q->row0 ? -1 : p->row0 > q->row0;
 }
 
+/* UPF_ATTN_SWA_BM (read once per process; any value but these is an error naming it): the query rows of
+ * a tile of windowed prefill at D = 64 and 256 on the FA2 kernel. Unset or "128" = FA_BM, the tiles every
+ * other prefill takes; "64" = FA_SWA_BM. Measured at b0390b2 (Gemma-3 shapes, w = 1024, time per visible
+ * key vs global causal at T = 4K / 16K / 64K): 128 rows 1.42x / 1.22x / 1.18x, 64 rows 1.54x / 1.37x /
+ * 1.35x, so 128 is the default (64 had been predicted 1.30x / 1.14x / 1.12x; perf/NOTES.md). Rows per
+ * tile of this call's plan: FA_SWA_BM or FA_BM (by the switch) for windowed rows at D = 64 and 256,
+ * FA_BM for everything else. D = 128 keeps FA_BM either way: its contiguous form runs the wgmma kernels
+ * on the same plan (WA_BM rows). */
+const char *const SWA_TILE_ROWS[] = {"128", "64"};
+upf_status fa2_tile_rows(const attn_args &a, int32_t *bm) {
+  *bm = FA_BM;
+  if (!(a.window > 0 && (a.d == 64 || a.d == 256)))
+    return UPF_OK;
+  static int cache = -1;
+  int index = 0;
+  UPF_TRY(upf_env_choice_once("UPF_ATTN_SWA_BM", SWA_TILE_ROWS, 2, 0, &cache, &index));
+  *bm = index == 0 ? FA_BM : FA_SWA_BM;
+  return UPF_OK;
+}
+
 template <bool PAGED> upf_status mma_plan_and_run(attn_args &a, const req_info *reqs, int32_t num_reqs) {
+  int32_t bm = FA_BM;
+  UPF_TRY(fa2_tile_rows(a, &bm));
   int prefill = 0; /* 0: the FA2 kernel; else a Hopper kernel, see prefill_kernel_selected */
   if (!PAGED && a.d == WA_D)
     UPF_TRY(prefill_kernel_selected(&prefill));
   int64_t ntiles = 0;
   for (int32_t r = 0; r < num_reqs; r++)
-    ntiles += (reqs[r].q_len + FA_BM - 1) / FA_BM;
+    ntiles += (reqs[r].q_len + bm - 1) / bm;
   if (ntiles == 0)
     return UPF_OK;
   if (ntiles > INT32_MAX)
@@ -2021,8 +2055,8 @@ template <bool PAGED> upf_status mma_plan_and_run(attn_args &a, const req_info *
   for (int32_t r = 0; r < num_reqs; r++) {
     const req_info &q = reqs[r];
     const int32_t off = q.kv_len - q.q_len;
-    for (int32_t row0 = 0; row0 < q.q_len; row0 += FA_BM) {
-      const int32_t last = (row0 + FA_BM < q.q_len ? row0 + FA_BM : q.q_len) - 1;
+    for (int32_t row0 = 0; row0 < q.q_len; row0 += bm) {
+      const int32_t last = (row0 + bm < q.q_len ? row0 + bm : q.q_len) - 1;
       int32_t lo = a.window > 0 ? row0 + off - a.window + 1 : 0;
       lo = lo < 0 ? 0 : lo;
       tiles[n++] = attn_tile{q.q0, q.q_len, q.kv_len, q.kv_base, q.req, row0, lo, last + off + 1, -1};
@@ -2036,6 +2070,10 @@ template <bool PAGED> upf_status mma_plan_and_run(attn_args &a, const req_info *
   free(tiles);
   UPF_TRY(st);
   a.tiles = (const attn_tile *)ws;
+  /* 64-row tiles: two CTAs an SM (D = 256: 99 KB of shared memory each, 32-key ring stages; D = 64: 63 KB) */
+  if (bm == FA_SWA_BM)
+    return a.d == 64 ? launch_fa2<64, 64, 3, PAGED, FA_SWA_BM>(a, (int)ntiles)
+                     : launch_fa2<256, 32, 2, PAGED, FA_SWA_BM>(a, (int)ntiles);
   if (prefill)
     return prefill == 4   ? launch_wgmma2<false>(a, (int)ntiles)
            : prefill == 3 ? launch_wgmma2<true>(a, (int)ntiles)

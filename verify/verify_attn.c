@@ -328,6 +328,9 @@ static const attn_case prefill_cases[] = {
     {"cached prefill, window 64", 3, {17, 37, 5}, {500, 3, 200}, 8, 2, 64, 64, 0, 0, 0, 0},
     {"odd D=80, GQA 3", 2, {17, 97}, {0, 20}, 6, 2, 80, 0, 0, 0, 0, AC_QUICK},
     {"softcap 30, D=128, GQA 2, cached", 2, {200, 77}, {0, 50}, 8, 4, 128, 0, 30.0f, 0, 0, AC_QUICK},
+    /* windowed D = 256 in the quick set (the sanitizers' run): the 64-row tiles of the mma path */
+    {"window 100, softcap 30, D=256, GQA 2, cached", 3, {17, 200, 130}, {0, 50, 300}, 8, 4, 256, 100, 30.0f, 0, 0,
+     AC_QUICK},
 };
 
 static const attn_case paged_cases[] = {
@@ -341,6 +344,8 @@ static const attn_case paged_cases[] = {
      AC_QUICK},
     {"cached prefill, page 64, softcap 30", 2, {17, 577}, {200, 64}, 4, 4, 64, 0, 30.0f, 0, 64, 0},
     {"mixed, window 64, page 1, GQA 8", 3, {1, 17, 1}, {300, 40, 0}, 8, 1, 64, 64, 0, 0, 1, 0},
+    {"mixed, window 100, page 16, D=256, softcap 30", 3, {17, 1, 150}, {200, 50, 40}, 8, 2, 256, 100, 30.0f, 0, 16,
+     AC_QUICK},
     /* decode with split-KV at the GQA extremes (the mma decode kernel packs the group into one m16 tile) */
     {"decode, GQA 1, page 1, long row 5000 (split-KV), softcap 20", 2, {1, 1}, {4999, 300}, 4, 4, 128, 0, 20.0f,
      0, 1, AC_QUICK},
