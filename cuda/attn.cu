@@ -1475,41 +1475,29 @@ __global__ void __launch_bounds__(WA_THREADS, 1) attn_wgmma2_kernel(const __grid
        * range are zero-filled (src-size 0; the pointer then only needs to be a valid address, and the
        * rows of a range's last tile lie before the next tile's first, which the 8 adds reach anyway). */
       const bool full = nin > 16 * 7;
-      if (full) {
+      auto copy_tile = [&](uint32_t dst, const char *&p, int64_t step, const bf16_t *base) {
+        if (full) {
 #pragma unroll
-        for (int j = 0; j < 8; j++) {
-          cp_async16_full(kdst + j * 2048, kp);
-          cp_async16_full(kdst + j * 2048 + W2_TILE_BYTES / 2, kp + 128);
-          advance(kp, kstep);
-        }
-      } else {
+          for (int j = 0; j < 8; j++) {
+            cp_async16_full(dst + j * 2048, p);
+            cp_async16_full(dst + j * 2048 + W2_TILE_BYTES / 2, p + 128);
+            advance(p, step);
+          }
+        } else {
 #pragma unroll
-        for (int j = 0; j < 8; j++) {
-          const bool in = 16 * j < nin;
-          cp_async16_to(kdst + j * 2048, in ? kp : (const char *)K, in);
-          cp_async16_to(kdst + j * 2048 + W2_TILE_BYTES / 2, in ? kp + 128 : (const char *)K, in);
-          advance(kp, kstep);
+          for (int j = 0; j < 8; j++) {
+            const bool in = 16 * j < nin;
+            cp_async16_to(dst + j * 2048, in ? p : (const char *)base, in);
+            cp_async16_to(dst + j * 2048 + W2_TILE_BYTES / 2, in ? p + 128 : (const char *)base, in);
+            advance(p, step);
+          }
         }
-      }
+      };
+      copy_tile(kdst, kp, kstep, K);
       cp_async_mbar_arrive(fullk + 8 * st);
       if (wait && live)
         live = mbar_wait_bounded(emptyv + 8 * st, eph, W2_WAIT_LIMIT_NS);
-      if (full) {
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-          cp_async16_full(vdst + j * 2048, vp);
-          cp_async16_full(vdst + j * 2048 + W2_TILE_BYTES / 2, vp + 128);
-          advance(vp, vstep);
-        }
-      } else {
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-          const bool in = 16 * j < nin;
-          cp_async16_to(vdst + j * 2048, in ? vp : (const char *)V, in);
-          cp_async16_to(vdst + j * 2048 + W2_TILE_BYTES / 2, in ? vp + 128 : (const char *)V, in);
-          advance(vp, vstep);
-        }
-      }
+      copy_tile(vdst, vp, vstep, V);
       cp_async_mbar_arrive(fullv + 8 * st);
       nin -= W2_BN;
       st = st == W2_NS - 1 ? 0 : st + 1;
