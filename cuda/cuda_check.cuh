@@ -39,4 +39,17 @@ static inline upf_status upf_cuda_fail(cudaError_t err, const char *what, const 
                   file, line);
 }
 
+#ifdef __cplusplus
+/* Raises `kernel`'s dynamic shared-memory limit to `bytes` the first time a launch site asks: *done is
+ * that site's static flag (threads racing on it only repeat a harmless attribute set). A launch on a hot
+ * path (a decode step, a layer's scan) then costs no driver call for it after the first. */
+template <typename Kernel> static inline upf_status upf_cuda_smem_attr_once(Kernel *kernel, size_t bytes, bool *done) {
+  if (!*done) {
+    UPF_CUDA_TRY(cudaFuncSetAttribute((const void *)kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+    *done = true;
+  }
+  return UPF_OK;
+}
+#endif
+
 #endif
