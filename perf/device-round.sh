@@ -100,4 +100,15 @@ for j in "$T"/bench-attn-*.json; do
 done
 grep -E "^===|llama|decode|share" "$T/compare-attn.txt" | cut -c1-140 | head -60 | tee -a "$OUT/summary.txt"
 pack attn
+if [ "${PROFILE:-0}" = 1 ]; then
+say "E ncu, alone on the GPU: the default prefill at 4K, the GDN state pass at 32K"
+P=$OUT/ncu; mkdir -p "$P"
+timeout 70 "$NCU" --clock-control none --set full -k regex:attn_wgmma2 --launch-skip 150 --launch-count 1 bin/bench_upf \
+  --benchmark_filter='^attn_prefill/cuda/bf16/llama_causal/B:1/kv:4096/' --benchmark_repetitions=5 >"$P/ncu-prefill-4k.log" 2>&1
+say "ncu prefill rc=$?: $(grep -E ' Duration|Executed Instructions  |Compute \(SM\) Throughput' "$P/ncu-prefill-4k.log" | tr -s ' ' | tr '\n' ' ')"
+timeout 70 "$NCU" --clock-control none --set full -k regex:chunk_state_split --launch-skip 30 --launch-count 1 bin/bench_upf \
+  --benchmark_filter='gdn.scan/cuda/bf16/qwen3next_prefill/chunked/T:32768/' --benchmark_repetitions=5 >"$P/ncu-gdn-state-32k.log" 2>&1
+say "ncu gdn state rc=$?: $(grep -E ' Duration|Memory Throughput|DRAM Throughput|L2 Hit Rate  |Executed Instructions  ' "$P/ncu-gdn-state-32k.log" | tr -s ' ' | tr '\n' ' ')"
+pack ncu
+fi
 say "done: $(ls "$OUT" | tr '\n' ' ')"
