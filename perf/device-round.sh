@@ -11,7 +11,8 @@
 #      and the prep kernel's warp-stall reasons at 32K;
 #   D. alone on the GPU: attention prefill (Llama 32K, 128K) and paged decode under the default and
 #      each variant that passed A, then the torch SDPA peer; compare_attn.py ratios.
-# SDPA=0 leaves the SDPA peer out, GDN=0 step C. Variants: ATTN_VARIANTS="name=ENV=value[,ENV=value] ..." (default below). $OUT gets summary.txt and
+# SDPA=0 leaves the SDPA peer out, GDN=0 step C; GDN_VARIANTS="name=ENV=value ..." adds scan timings (and a quick verify) under each.
+# Variant names starting decode/swa time the paged-decode/Gemma sliding-window benches, others Llama prefill. Variants: ATTN_VARIANTS="name=ENV=value[,ENV=value] ..." (default below). $OUT gets summary.txt and
 # one archive a step.   OUT=dir bash device-round.sh   (FLA wheels on PYTHONPATH for step C)
 set -u
 source "$(dirname "$0")/device-common.sh"
@@ -40,8 +41,10 @@ say "passed quick verify: ${PASSED:-none}"
 
 say "B full verifies and sanitizers"
 (timeout 150 bin/upf verify gdn.scan --log "$A/full-gdn.scan.log" >/dev/null 2>&1; echo "# rc=$?" >>"$A/full-gdn.scan.log") &
-(timeout 150 "$SAN" --tool memcheck --error-exitcode 9 bin/upf verify gdn.scan --quick >"$A/memcheck-gdn.scan.log" 2>&1
-  echo "# rc=$?" >>"$A/memcheck-gdn.scan.log") &
+for tool in memcheck racecheck; do
+  (timeout 150 "$SAN" --tool $tool --error-exitcode 9 bin/upf verify gdn.scan --quick >"$A/$tool-gdn.scan.log" 2>&1
+    echo "# rc=$?" >>"$A/$tool-gdn.scan.log") &
+done
 for v in $PASSED; do
   n=$(vname "$v")
   (env $(venv "$v") timeout 150 bin/upf verify attn --log "$A/full-attn-$n.log" >/dev/null 2>&1; echo "# rc=$?" >>"$A/full-attn-$n.log") &
@@ -63,9 +66,16 @@ G=$OUT/gdn; mkdir -p "$G"
 timeout 45 bin/bench_upf --benchmark_filter='gdn.scan/cuda/bf16/qwen3next_(prefill/chunked|batch16x2K/chunked)/' \
   --benchmark_repetitions=3 --benchmark_out="$G/bench-gdn.json" --benchmark_out_format=json >"$G/bench-gdn.log" 2>&1
 say "bench gdn rc=$?"
+for v in ${GDN_VARIANTS:-}; do
+  n=$(vname "$v")
+  env $(venv "$v") timeout 45 bin/bench_upf --benchmark_filter='gdn.scan/cuda/bf16/qwen3next_(prefill/chunked|batch16x2K/chunked)/' \
+    --benchmark_repetitions=3 --benchmark_out="$G/bench-gdn-$n.json" --benchmark_out_format=json >"$G/bench-gdn-$n.log" 2>&1
+  say "bench gdn $n rc=$?"
+  (env $(venv "$v") timeout 60 bin/upf verify gdn.scan --quick --log "$G/quick-gdn.scan-$n.log" >/dev/null 2>&1; echo "# rc=$?" >>"$G/quick-gdn.scan-$n.log")
+done
 timeout "${FLA_S:-110}" python3 fla_gdn.py --iters 10 --warmup 2 --out "$G/fla-gdn.json" >"$G/fla-gdn.log" 2>&1
 say "fla rc=$?"
-python3 compare_gdn.py ours="$G/bench-gdn.json" --fla "$G/fla-gdn.json" 2>&1 | tee -a "$OUT/summary.txt"
+python3 compare_gdn.py ours="$G/bench-gdn.json" $(for v in ${GDN_VARIANTS:-}; do n=$(vname "$v"); echo "$n=$G/bench-gdn-$n.json"; done) --fla "$G/fla-gdn.json" 2>&1 | tee -a "$OUT/summary.txt"
 timeout 40 "$NCU" --clock-control none --metrics gpu__time_duration.sum -k regex:chunk_ \
   --launch-skip 90 --launch-count 3 bin/bench_upf --benchmark_filter='gdn.scan/cuda/bf16/qwen3next_prefill/chunked/T:32768/' \
   --benchmark_repetitions=5 >"$G/ncu-gdn-32k.log" 2>&1
@@ -81,12 +91,13 @@ say "D attention timings"
 T=$OUT/attn; mkdir -p "$T"
 PF='^copy|^attn_prefill/cuda/bf16/llama_causal/B:1/kv:(32768|131072)/'
 DF='^copy|^attn_paged/cuda/bf16/'
-timeout 45 bin/bench_upf --benchmark_filter="$PF|${DF#^copy|}" --benchmark_out="$T/bench-attn-default.json" \
+SF='^copy|^attn_prefill/cuda/bf16/gemma_(swa1024|global)/'
+timeout 60 bin/bench_upf --benchmark_filter="$PF|${DF#^copy|}|${SF#^copy|}" --benchmark_out="$T/bench-attn-default.json" \
   --benchmark_out_format=json >"$T/bench-attn-default.log" 2>&1
 say "bench default rc=$?"
 for v in $PASSED; do
   n=$(vname "$v")
-  case $n in decode*) f=$DF ;; *) f=$PF ;; esac
+  case $n in decode*) f=$DF ;; swa*) f=$SF ;; *) f=$PF ;; esac
   env $(venv "$v") timeout 45 bin/bench_upf --benchmark_filter="$f" --benchmark_out="$T/bench-attn-$n.json" \
     --benchmark_out_format=json >"$T/bench-attn-$n.log" 2>&1
   say "bench $n rc=$?"
