@@ -19,7 +19,9 @@
  * attn_fa2_kernel<D, BN, STAGES, PAGED, BM>: the bf16 tensor-core prefill (FlashAttention-2 forward with
  * mma.sync m16n8k16, fp32 accumulation, 128-row tiles, 64-row ones for sliding windows at D = 64/256
  * by UPF_ATTN_SWA_BM (see fa2_tile_rows), cp.async K/V ring) for D = 64/128/256 with 16-byte aligned
- * rows; see its comment.
+ * rows; see its comment. attn_fa2_persistent_kernel: the same tiles at D = 64/256 with one CTA a resident
+ * slot looping over them, the next tile's loads issued under the current one's last P V, by
+ * UPF_ATTN_SWA_SCHED (see fa2_schedule_selected; the grid form is the default).
  * attn_wgmma2_kernel / attn_wgmma_kernel: the Hopper prefill (wgmma, warp-specialised producer and
  * consumers) that bf16 D = 128 over contiguous K/V takes instead of the FA2 kernel, by UPF_ATTN_PREFILL
  * (see prefill_kernel_selected; the FlashAttention-3 form without ping-pong is the default).
@@ -88,6 +90,8 @@ struct attn_args {
   float scale, softcap;
   int window;
   int vec8;            /* bf16 K/V rows in 16-byte aligned runs of 8 (FFMA kernel: vector tile loads) */
+  int32_t *work_next;  /* (1) persistent FA2: items taken after the first gridDim.x; zeroed before each launch */
+  int32_t work_items;  /* persistent FA2: tiles x q heads */
 };
 
 __device__ __forceinline__ float to_f(float x) { return x; }
@@ -374,6 +378,97 @@ __device__ __forceinline__ void fa_store_rows(const attn_args &a, const attn_til
   }
 }
 
+/* One key tile of attn_fa2_persistent_kernel, in two halves so that it can put a barrier between them:
+ * attn_fa2_kernel's per-tile step, expression for expression and in the same order, so each row gets the
+ * same operations and the same bits in either kernel. Keep the two in step. attn_fa2_kernel keeps its
+ * inline copy: calling these helpers from it changed its SASS (other registers and order; compared by
+ * readelf on the cubin), and its measured numbers are the baseline.
+ * fa2_scores: S (16 x BN) = Q K^T for this warp's rows; Q fragments from registers (qf, D <= 128) or
+ * from shared memory (q_lane), K from the stage ks_tile. */
+template <int D, int BN>
+__device__ __forceinline__ void fa2_scores(float (&s)[BN / 8][4], const uint32_t (&qf)[D <= 128 ? D / 16 : 1][4],
+                                           const bf16_t *q_lane, const bf16_t *ks_tile, int k_lane) {
+  constexpr int LD = D + 8, NT = BN / 8, KS = D / 16;
+  constexpr bool Q_IN_REGS = D <= 128;
+#pragma unroll
+  for (int j = 0; j < NT; j++)
+    s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll
+  for (int ks = 0; ks < KS; ks++) {
+    uint32_t qa[4];
+    if (Q_IN_REGS) {
+      qa[0] = qf[Q_IN_REGS ? ks : 0][0], qa[1] = qf[Q_IN_REGS ? ks : 0][1];
+      qa[2] = qf[Q_IN_REGS ? ks : 0][2], qa[3] = qf[Q_IN_REGS ? ks : 0][3];
+    } else {
+      ldsm_x4(qa, q_lane + ks * 16);
+    }
+#pragma unroll
+    for (int j = 0; j < NT; j += 2) {
+      uint32_t kb[4];
+      ldsm_x4(kb, ks_tile + j * 8 * LD + k_lane + ks * 16);
+      mma_bf16(s[j], qa[0], qa[1], qa[2], qa[3], kb[0], kb[1]);
+      mma_bf16(s[j + 1], qa[0], qa[1], qa[2], qa[3], kb[2], kb[3]);
+    }
+  }
+}
+
+/* fa2_softmax_pv: the logits s to exponents (masked where asked), the online softmax (m, l of this
+ * thread's two rows), O = O alpha + P V with V from the stage vs_tile. */
+template <int D, int BN>
+__device__ __forceinline__ void fa2_softmax_pv(float (&s)[BN / 8][4], float (&m)[2], float (&l)[2],
+                                               float (&o)[D / 8][4], const bf16_t *vs_tile, int v_lane, bool capped,
+                                               float mul, float cap2, bool masked, int kv0, int t4, int kv_hi,
+                                               const int (&pos)[2], const int (&lo)[2]) {
+  constexpr int LD = D + 8, NT = BN / 8, DT = D / 8;
+  fa_exponents<NT>(s, s, capped, mul, cap2, masked, kv0, t4, kv_hi, pos, lo);
+  float mt[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int j = 0; j < NT; j++)
+#pragma unroll
+    for (int c = 0; c < 4; c++)
+      mt[c >> 1] = fmaxf(mt[c >> 1], s[j][c]);
+  float mref[2], alpha[2], rs[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int i = 0; i < 2; i++) {
+    mt[i] = fmaxf(mt[i], __shfl_xor_sync(0xffffffffu, mt[i], 1));
+    mt[i] = fmaxf(mt[i], __shfl_xor_sync(0xffffffffu, mt[i], 2));
+    const float mn = fmaxf(m[i], mt[i]);
+    mref[i] = mn == -INFINITY ? 0.0f : mn; /* a row with nothing visible yet: exp2(-inf - 0) = 0 */
+    alpha[i] = exp2f(m[i] - mref[i]);
+    m[i] = mn;
+  }
+#pragma unroll
+  for (int j = 0; j < NT; j++)
+#pragma unroll
+    for (int c = 0; c < 4; c++) {
+      const float p = exp2f(s[j][c] - mref[c >> 1]);
+      s[j][c] = p;
+      rs[c >> 1] += p;
+    }
+#pragma unroll
+  for (int i = 0; i < 2; i++)
+    l[i] = l[i] * alpha[i] + rs[i]; /* this lane's part of the row sum; the 4 parts meet at the end */
+#pragma unroll
+  for (int n = 0; n < DT; n++) {
+    o[n][0] *= alpha[0], o[n][1] *= alpha[0];
+    o[n][2] *= alpha[1], o[n][3] *= alpha[1];
+  }
+#pragma unroll
+  for (int kk = 0; kk < BN / 16; kk++) {
+    const uint32_t a0 = pack_bf16(s[2 * kk][0], s[2 * kk][1]), a1 = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
+    const uint32_t a2 = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+    const uint32_t a3 = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+    const bf16_t *v0 = vs_tile + kk * 16 * LD + v_lane;
+#pragma unroll
+    for (int n = 0; n < DT; n += 2) {
+      uint32_t b0, b1, b2, b3;
+      ldsm_x4_trans(b0, b1, b2, b3, v0 + n * 8);
+      mma_bf16(o[n], a0, a1, a2, a3, b0, b1);
+      mma_bf16(o[n + 1], a0, a1, a2, a3, b2, b3);
+    }
+  }
+}
+
 template <int D, int BN, int STAGES, bool PAGED, int BM = FA_BM>
 __global__ void __launch_bounds__(BM / 16 * 32, FA_BM / BM) attn_fa2_kernel(const __grid_constant__ attn_args a) {
   constexpr int LD = D + 8, NT = BN / 8, DT = D / 8, KS = D / 16, CH = D / 8, NTHREADS = BM / 16 * 32;
@@ -537,6 +632,153 @@ __global__ void __launch_bounds__(BM / 16 * 32, FA_BM / BM) attn_fa2_kernel(cons
   }
   cp_async_wait<0>(); /* no copy outlives the CTA (the trailing groups are empty) */
   fa_store_rows<DT>(a, tile, hq, wrow0, g, t4, m, l, o);
+}
+
+/* attn_fa2_persistent_kernel<D, BN, STAGES, PAGED, BM>: attn_fa2_kernel's tiles with one CTA a resident slot
+ * (UPF_ATTN_SWA_SCHED=persistent, see fa2_schedule_selected) instead of one CTA a tile. Work items are
+ * attn_fa2_kernel's blocks (item i: tile i / hq, q head i % hq; tiles sorted by decreasing key span):
+ * CTA b starts with item b and takes each next one from a.work_next (atomicAdd, greedy: the longest
+ * items still open go to whichever CTA frees first). The gain is the overlap: the next item's Q and first
+ * STAGES - 1 key tiles are issued in the current item's last key tile, right after the barrier that
+ * follows its last Q K^T, so the last P V, the normalisation and the output stores run while they land;
+ * the grid form exposes that fill at the start of every CTA.
+ *  - ring: key tile it of an item sits in stage (base + it) % STAGES, base = the CTA's key tiles before
+ *    the item, so the ring runs on across items. At the last tile's barrier (1) every stage but the
+ *    current one is consumed and none has a copy pending (the last tile issued, ntiles - 1, is the
+ *    current one); Q is free after barrier (2), which follows the last Q K^T (Q is read from shared
+ *    memory every tile at D = 256; at D <= 128 it went to registers at tile 0, before (2) too).
+ *  - cp.async groups: the next item's first groups are exactly the grid form's prologue (Q with key tile
+ *    0, then one group a tile, empty ones too) and are the newest when its loop starts, so the
+ *    wait_group STAGES - 2 of each of its tiles leaves exactly the grid form's groups in flight.
+ *  - the next item's index and tile are fetched by thread 0 after barrier (1) of the last tile and read
+ *    by all after barrier (2); the next write to those slots comes after barrier (1) of a later tile.
+ * Each row's operations and their order are attn_fa2_kernel's (fa2_scores, fa2_softmax_pv, fa_store_rows):
+ * the same bits as the grid form. */
+template <int D, int BN, int STAGES, bool PAGED, int BM = FA_BM>
+__global__ void __launch_bounds__(BM / 16 * 32, FA_BM / BM)
+    attn_fa2_persistent_kernel(const __grid_constant__ attn_args a) {
+  constexpr int LD = D + 8, NT = BN / 8, DT = D / 8, KS = D / 16, CH = D / 8, NTHREADS = BM / 16 * 32;
+  constexpr bool Q_IN_REGS = D <= 128;
+  static_assert(NT % 2 == 0 && DT % 2 == 0 && STAGES >= 2 && (BM == FA_BM || BM == FA_SWA_BM), "tile shape");
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  bf16_t *Qs = reinterpret_cast<bf16_t *>(smem_raw); /* [BM][LD] */
+  bf16_t *Ks = Qs + BM * LD;                         /* [STAGES][BN][LD] */
+  bf16_t *Vs = Ks + STAGES * BN * LD;                /* [STAGES][BN][LD] */
+  __shared__ attn_tile next_tile_s;                  /* the next item's tile (valid when next_item_s < work_items) */
+  __shared__ int next_item_s;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t4 = lane & 3;
+  const bf16_t *Q = (const bf16_t *)a.q, *K = (const bf16_t *)a.k, *V = (const bf16_t *)a.v;
+  const bool capped = a.softcap > 0.0f;
+  const float mul = capped ? a.scale / a.softcap : a.scale * FA_LOG2E; /* logit -> base-2 exponent */
+  const float cap2 = a.softcap * FA_LOG2E;
+  /* ldmatrix lane addresses, as in attn_fa2_kernel */
+  const bf16_t *q_lane = Qs + (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + (lane >> 4) * 8;
+  const int k_lane = ((lane >> 4) * 8 + (lane & 7)) * LD + ((lane >> 3) & 1) * 8;
+  const int v_lane = (((lane >> 3) & 1) * 8 + (lane & 7)) * LD + (lane >> 4) * 8;
+
+  auto load_kv = [&](const attn_tile &t, int hk, int stage, int kv0) {
+    bf16_t *ks = Ks + stage * BN * LD, *vs = Vs + stage * BN * LD;
+    for (int c = threadIdx.x; c < BN * CH; c += NTHREADS) {
+      const int r = c / CH, e = (c % CH) * 8, kj = kv0 + r;
+      const bool ok = kj < t.kv_hi;
+      int64_t ko = 0, vo = 0;
+      if (ok)
+        kv_offsets<PAGED>(a, t, kj, hk, &ko, &vo);
+      cp_async16(ks + r * LD + e, K + ko + e, ok);
+      cp_async16(vs + r * LD + e, V + vo + e, ok);
+    }
+  };
+  /* An item's prologue, as attn_fa2_kernel's: Q and key tile 0 in one group, then one group a stage up to
+   * STAGES - 1 (empty ones too: the wait count stays fixed), key tile s into stage (base + s) % STAGES. */
+  auto load_first = [&](const attn_tile &t, int hq, int base) {
+    for (int c = threadIdx.x; c < BM * CH; c += NTHREADS) {
+      const int r = c / CH, e = (c % CH) * 8, qt = t.row0 + r;
+      const bool ok = qt < t.q_len;
+      cp_async16(Qs + r * LD + e, ok ? Q + (int64_t)(t.q0 + qt) * a.q_s0 + (int64_t)hq * a.q_s1 + e : Q, ok);
+    }
+    const int nt = (t.kv_hi - t.kv_lo + BN - 1) / BN;
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; s++) {
+      if (s < nt)
+        load_kv(t, hq / a.group, (base + s) % STAGES, t.kv_lo + s * BN);
+      cp_async_commit();
+    }
+  };
+
+  int item = blockIdx.x, base = 0;
+  attn_tile tile = a.tiles[item / a.hq];
+  load_first(tile, item % a.hq, base);
+  for (;;) {
+    const int hq = item % a.hq, hk = hq / a.group;
+    const int off = tile.kv_len - tile.q_len;
+    /* This warp's rows; rows past the request borrow the last row's position (never written). */
+    const int wrow0 = tile.row0 + warp * 16;
+    int pos[2], lo[2];
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+      int qt = wrow0 + g + 8 * i;
+      qt = qt < tile.q_len ? qt : tile.q_len - 1;
+      pos[i] = qt + off;
+      lo[i] = a.window > 0 ? pos[i] - a.window + 1 : 0;
+    }
+    const int wpos_first = (wrow0 < tile.q_len ? wrow0 : tile.q_len - 1) + off;
+    const int wpos_last = (wrow0 + 15 < tile.q_len ? wrow0 + 15 : tile.q_len - 1) + off;
+    const int wlo_first = a.window > 0 ? wpos_first - a.window + 1 : 0;
+    const int wlo_last = a.window > 0 ? wpos_last - a.window + 1 : 0;
+
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    float o[DT][4];
+#pragma unroll
+    for (int n = 0; n < DT; n++)
+      o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    uint32_t qf[Q_IN_REGS ? KS : 1][4];
+    const int ntiles = (tile.kv_hi - tile.kv_lo + BN - 1) / BN; /* >= 1: every row sees its own key */
+    int next = a.work_items;                                     /* set at the last key tile */
+    for (int it = 0; it < ntiles; it++) {
+      const int kv0 = tile.kv_lo + it * BN, stage = (base + it) % STAGES;
+      const bool last = it == ntiles - 1;
+      cp_async_wait<STAGES - 2>();
+      __syncthreads(); /* (1) tile it (and Q) landed for every thread; tile it - 1's stage is consumed */
+      if (it + STAGES - 1 < ntiles)
+        load_kv(tile, hk, (base + it + STAGES - 1) % STAGES, kv0 + (STAGES - 1) * BN);
+      cp_async_commit();
+      if (last && threadIdx.x == 0) {
+        const int n = (int)gridDim.x + atomicAdd(a.work_next, 1);
+        if (n < a.work_items)
+          next_tile_s = a.tiles[n / a.hq];
+        next_item_s = n;
+      }
+      if (Q_IN_REGS && it == 0) {
+#pragma unroll
+        for (int ks = 0; ks < (Q_IN_REGS ? KS : 0); ks++)
+          ldsm_x4(qf[ks], q_lane + ks * 16);
+      }
+      /* warp-uniform: no row of this warp sees any key of the tile */
+      const bool skip = kv0 > wpos_last || kv0 + BN <= wlo_first;
+      float s[NT][4];
+      if (!skip)
+        fa2_scores<D, BN>(s, qf, q_lane, Ks + stage * BN * LD, k_lane);
+      if (last) {
+        __syncthreads(); /* (2) every warp's last Q K^T of the item is done: Q's buffer is free */
+        next = next_item_s;
+        if (next < a.work_items)
+          load_first(next_tile_s, next % a.hq, base + ntiles);
+      }
+      if (skip)
+        continue;
+      /* logits to base-2 exponents; masks only where the tile crosses a diagonal, window edge or end */
+      const bool masked = kv0 + BN - 1 > wpos_first || kv0 + BN > tile.kv_hi || (a.window > 0 && kv0 < wlo_last);
+      fa2_softmax_pv<D, BN>(s, m, l, o, Vs + stage * BN * LD, v_lane, capped, mul, cap2, masked, kv0, t4,
+                            tile.kv_hi, pos, lo);
+    }
+    fa_store_rows<DT>(a, tile, hq, wrow0, g, t4, m, l, o);
+    if (next >= a.work_items)
+      break;
+    item = next;
+    tile = next_tile_s;
+    base += ntiles;
+  }
+  cp_async_wait<0>(); /* no copy outlives the CTA (the trailing groups are empty) */
 }
 
 /* ---- Paged decode v2 (bandwidth first; UPF_ATTN_DECODE=v2, bf16, D = 64/128/256, 16-byte rows) ----
@@ -1952,6 +2194,50 @@ template <int D, int BN, int STAGES, bool PAGED, int BM = FA_BM> upf_status laun
   return UPF_OK;
 }
 
+/* The same tiles on attn_fa2_persistent_kernel: as many CTAs as fit at once (the occupancy the runtime
+ * reports for the kernel, read once per instantiation), at most max_ctas when that is > 0, at most one an
+ * item. work_next (one int32 of device memory) is zeroed on the stream before the launch. */
+template <int D, int BN, int STAGES, bool PAGED, int BM = FA_BM>
+upf_status launch_fa2_persistent(attn_args &a, int ntiles, int max_ctas, int32_t *work_next) {
+  constexpr size_t smem = (size_t)(BM + 2 * STAGES * BN) * (D + 8) * sizeof(bf16_t);
+  constexpr int threads = BM / 16 * 32;
+  if (smem > upf_cuda_smem_optin())
+    return upf_fail(UPF_ERR_UNSUPPORTED, "attn (cuda): D=%d pipelined tiles need %zu bytes of shared memory, the "
+                    "device has %zu", D, smem, upf_cuda_smem_optin());
+  /* item indices up to gridDim.x + work_next stay below 2 x items: int32 */
+  const int64_t items = (int64_t)ntiles * a.hq;
+  if (items > INT32_MAX / 2)
+    return upf_fail(UPF_ERR_SHAPE, "attn (cuda): %d tiles x %d heads exceed the persistent schedule", ntiles, a.hq);
+  UPF_CUDA_TRY(cudaFuncSetAttribute(attn_fa2_persistent_kernel<D, BN, STAGES, PAGED, BM>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+  if constexpr (BM != FA_BM) /* as launch_fa2: two CTAs an SM need all of the unified memory as shared */
+    UPF_CUDA_TRY(cudaFuncSetAttribute(attn_fa2_persistent_kernel<D, BN, STAGES, PAGED, BM>,
+                                      cudaFuncAttributePreferredSharedMemoryCarveout,
+                                      (int)cudaSharedmemCarveoutMaxShared));
+  static int per_sm = 0; /* one device per process (the backend's) */
+  if (per_sm == 0) {
+    int n = 0;
+    UPF_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &n, attn_fa2_persistent_kernel<D, BN, STAGES, PAGED, BM>, threads, smem));
+    if (n < 1)
+      return upf_fail(UPF_ERR_UNSUPPORTED, "attn (cuda): the persistent D=%d kernel fits no CTA on an SM", D);
+    per_sm = n;
+  }
+  int64_t grid = (int64_t)upf_cuda_num_sms() * per_sm;
+  if (max_ctas > 0 && grid > max_ctas)
+    grid = max_ctas;
+  if (grid > items)
+    grid = items;
+  if (grid < 1)
+    grid = 1;
+  a.work_next = work_next;
+  a.work_items = (int32_t)items;
+  UPF_CUDA_TRY(cudaMemsetAsync(work_next, 0, sizeof *work_next, upf_cuda_stream()));
+  attn_fa2_persistent_kernel<D, BN, STAGES, PAGED, BM><<<(unsigned)grid, threads, smem, upf_cuda_stream()>>>(a);
+  UPF_CUDA_LAUNCH_TRY("attn_fa2_persistent_kernel");
+  return UPF_OK;
+}
+
 template <bool PINGPONG> upf_status launch_wgmma2(attn_args &a, int ntiles) {
   if (W2_SMEM > upf_cuda_smem_optin())
     return upf_fail(UPF_ERR_UNSUPPORTED, "attn (cuda): the wgmma2 prefill needs %zu bytes of shared memory, the "
@@ -2023,9 +2309,29 @@ upf_status fa2_tile_rows(const attn_args &a, int32_t *bm) {
   return UPF_OK;
 }
 
+/* UPF_ATTN_SWA_SCHED (read once per process; any value but these is an error naming it): how the FA2
+ * kernel's tiles at D = 64 and 256 (windowed or not, contiguous or paged: every prefill there runs
+ * attn_fa2_kernel, so the sliding-window / global comparison stays one kernel family against itself) are
+ * scheduled. Unset or "grid" = attn_fa2_kernel, one CTA a (tile, q head), the default (the persistent
+ * form is not measured yet); "persistent" = attn_fa2_persistent_kernel on as many CTAs as fit at once;
+ * "persistent-2cta" = the same kernel on two CTAs in all, for verification only: every CTA then walks many
+ * items, so that `upf verify` covers the item loop and its hand-overs even on shapes with fewer items
+ * than the GPU has slots. D = 128 keeps the grid form (its contiguous prefill runs the wgmma kernels). */
+const char *const FA2_SCHEDULES[] = {"grid", "persistent", "persistent-2cta"};
+enum { FA2_SCHED_GRID = 0, FA2_SCHED_PERSISTENT = 1, FA2_SCHED_PERSISTENT_2CTA = 2 };
+upf_status fa2_schedule_selected(const attn_args &a, int *sched) {
+  *sched = FA2_SCHED_GRID;
+  if (a.d != 64 && a.d != 256)
+    return UPF_OK;
+  static int cache = -1;
+  return upf_env_choice_once("UPF_ATTN_SWA_SCHED", FA2_SCHEDULES, 3, FA2_SCHED_GRID, &cache, sched);
+}
+
 template <bool PAGED> upf_status mma_plan_and_run(attn_args &a, const req_info *reqs, int32_t num_reqs) {
   int32_t bm = FA_BM;
   UPF_TRY(fa2_tile_rows(a, &bm));
+  int sched = FA2_SCHED_GRID;
+  UPF_TRY(fa2_schedule_selected(a, &sched));
   int prefill = 0; /* 0: the FA2 kernel; else a Hopper kernel, see prefill_kernel_selected */
   if (!PAGED && a.d == WA_D)
     UPF_TRY(prefill_kernel_selected(&prefill));
@@ -2051,13 +2357,24 @@ template <bool PAGED> upf_status mma_plan_and_run(attn_args &a, const req_info *
     }
   }
   qsort(tiles, (size_t)ntiles, sizeof *tiles, tile_heavier_first);
+  /* the tile list, then (persistent schedule) the work counter in a 256-byte slot of its own */
+  const size_t tiles_bytes = align256((size_t)ntiles * sizeof(attn_tile));
   void *ws = NULL;
-  upf_status st = upf_cuda_workspace((size_t)ntiles * sizeof(attn_tile), &ws);
+  upf_status st = upf_cuda_workspace(tiles_bytes + 256, &ws);
   if (st == UPF_OK)
     st = upf_cuda_upload_async(ws, tiles, (size_t)ntiles * sizeof(attn_tile));
   free(tiles);
   UPF_TRY(st);
   a.tiles = (const attn_tile *)ws;
+  if (sched != FA2_SCHED_GRID) { /* D = 64 or 256 (fa2_schedule_selected) */
+    int32_t *work_next = (int32_t *)((char *)ws + tiles_bytes);
+    const int max_ctas = sched == FA2_SCHED_PERSISTENT_2CTA ? 2 : 0;
+    if (bm == FA_SWA_BM)
+      return a.d == 64 ? launch_fa2_persistent<64, 64, 3, PAGED, FA_SWA_BM>(a, (int)ntiles, max_ctas, work_next)
+                       : launch_fa2_persistent<256, 32, 2, PAGED, FA_SWA_BM>(a, (int)ntiles, max_ctas, work_next);
+    return a.d == 64 ? launch_fa2_persistent<64, 128, 3, PAGED>(a, (int)ntiles, max_ctas, work_next)
+                     : launch_fa2_persistent<256, 64, 2, PAGED>(a, (int)ntiles, max_ctas, work_next);
+  }
   /* 64-row tiles: two CTAs an SM (D = 256: 99 KB of shared memory each, 32-key ring stages; D = 64: 63 KB) */
   if (bm == FA_SWA_BM)
     return a.d == 64 ? launch_fa2<64, 64, 3, PAGED, FA_SWA_BM>(a, (int)ntiles)

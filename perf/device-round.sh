@@ -11,8 +11,10 @@
 #      and the prep kernel's warp-stall reasons at 32K;
 #   D. alone on the GPU: attention prefill (Llama 32K, 128K) and paged decode under the default and
 #      each variant that passed A, then the torch SDPA peer; compare_attn.py ratios.
-# SDPA=0 leaves the SDPA peer out, GDN=0 step C; GDN_VARIANTS="name=ENV=value ..." adds scan timings (and a quick verify) under each.
-# Variant names starting decode/swa time the paged-decode/Gemma sliding-window benches, others Llama prefill. Variants: ATTN_VARIANTS="name=ENV=value[,ENV=value] ..." (default below). $OUT gets summary.txt and
+# SDPA=0 leaves the SDPA peer out, GDN=0 step C; GDN_VARIANTS="name=ENV=value ..." adds scan timings (and a
+# quick verify) under each. Attention variant names starting decode / swa time the paged-decode / Gemma
+# sliding-window and global benches, names starting verify are checked (A, B) but not timed, others time
+# Llama prefill. Variants: ATTN_VARIANTS="name=ENV=value[,ENV=value] ..." (default below). $OUT gets summary.txt and
 # one archive a step.   OUT=dir bash device-round.sh   (FLA wheels on PYTHONPATH for step C)
 set -u
 source "$(dirname "$0")/device-common.sh"
@@ -97,7 +99,7 @@ timeout 60 bin/bench_upf --benchmark_filter="$PF|${DF#^copy|}|${SF#^copy|}" --be
 say "bench default rc=$?"
 for v in $PASSED; do
   n=$(vname "$v")
-  case $n in decode*) f=$DF ;; swa*) f=$SF ;; *) f=$PF ;; esac
+  case $n in decode*) f=$DF ;; swa*) f=$SF ;; verify*) continue ;; *) f=$PF ;; esac
   env $(venv "$v") timeout 45 bin/bench_upf --benchmark_filter="$f" --benchmark_out="$T/bench-attn-$n.json" \
     --benchmark_out_format=json >"$T/bench-attn-$n.log" 2>&1
   say "bench $n rc=$?"
