@@ -15,7 +15,8 @@
 # quick verify) under each. Attention variant names starting decode / swa time the paged-decode / Gemma
 # sliding-window and global benches, names starting verify are checked (A, B) but not timed, others time
 # Llama prefill. Variants: ATTN_VARIANTS="name=ENV=value[,ENV=value] ..." (default below). $OUT gets summary.txt and
-# one archive a step.   OUT=dir bash device-round.sh   (FLA wheels on PYTHONPATH for step C)
+# one archive a step. PROFILE=1 adds step E: ncu --set full of the default prefill kernel at 4K and of the
+# GDN state pass at 32K.   OUT=dir bash device-round.sh   (FLA wheels on PYTHONPATH for step C)
 set -u
 source "$(dirname "$0")/device-common.sh"
 ATTN_VARIANTS=${ATTN_VARIANTS:-"decode-mma=UPF_ATTN_DECODE=mma prefill-wgmma2=UPF_ATTN_PREFILL=wgmma2"}
