@@ -2024,7 +2024,8 @@ template <int D> upf_status launch_decode_v2(attn_args &a, int ntiles, int ngrou
   if (smem > upf_cuda_smem_optin())
     return upf_fail(UPF_ERR_UNSUPPORTED, "attn (cuda): decode v2 at D=%d needs %zu bytes of shared memory, the "
                     "device has %zu", D, smem, upf_cuda_smem_optin());
-  UPF_CUDA_TRY(cudaFuncSetAttribute(attn_decode_v2_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+  static bool attr_set;
+  UPF_TRY(upf_cuda_smem_attr_once(attn_decode_v2_kernel<D>, smem, false, &attr_set));
   attn_decode_v2_kernel<D><<<dim3((unsigned)ntiles, (unsigned)a.hkv), DEC_THREADS, smem, upf_cuda_stream()>>>(a);
   UPF_CUDA_LAUNCH_TRY("attn_decode_v2_kernel");
   return launch_combine<bf16_t>(a, ngroups);
@@ -2035,10 +2036,9 @@ template <int D> upf_status launch_decode_mma(attn_args &a, int ntiles, int ngro
   if (smem > upf_cuda_smem_optin())
     return upf_fail(UPF_ERR_UNSUPPORTED, "attn (cuda): decode mma at D=%d needs %zu bytes of shared memory, the "
                     "device has %zu", D, smem, upf_cuda_smem_optin());
-  UPF_CUDA_TRY(cudaFuncSetAttribute(attn_decode_mma_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
   /* all of the SM's unified memory as shared memory: MIN_CTAS resident CTAs need it at D = 128 */
-  UPF_CUDA_TRY(cudaFuncSetAttribute(attn_decode_mma_kernel<D>, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                    (int)cudaSharedmemCarveoutMaxShared));
+  static bool attr_set;
+  UPF_TRY(upf_cuda_smem_attr_once(attn_decode_mma_kernel<D>, smem, true, &attr_set));
   attn_decode_mma_kernel<D><<<dim3((unsigned)ntiles, (unsigned)a.hkv), MD_THREADS, smem, upf_cuda_stream()>>>(a);
   UPF_CUDA_LAUNCH_TRY("attn_decode_mma_kernel");
   return launch_combine<bf16_t>(a, ngroups);
@@ -2183,12 +2183,9 @@ template <int D, int BN, int STAGES, bool PAGED, int BM = FA_BM> upf_status laun
                     "device has %zu", D, smem, upf_cuda_smem_optin());
   if ((int64_t)ntiles * a.hq > INT32_MAX)
     return upf_fail(UPF_ERR_SHAPE, "attn (cuda): %d tiles x %d heads exceed the grid", ntiles, a.hq);
-  UPF_CUDA_TRY(cudaFuncSetAttribute(attn_fa2_kernel<D, BN, STAGES, PAGED, BM>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-  if constexpr (BM != FA_BM) /* all of the SM's unified memory as shared memory: two CTAs an SM need it */
-    UPF_CUDA_TRY(cudaFuncSetAttribute(attn_fa2_kernel<D, BN, STAGES, PAGED, BM>,
-                                      cudaFuncAttributePreferredSharedMemoryCarveout,
-                                      (int)cudaSharedmemCarveoutMaxShared));
+  /* 64-row tiles: all of the SM's unified memory as shared memory, two CTAs an SM need it */
+  static bool attr_set;
+  UPF_TRY((upf_cuda_smem_attr_once(attn_fa2_kernel<D, BN, STAGES, PAGED, BM>, smem, BM != FA_BM, &attr_set)));
   attn_fa2_kernel<D, BN, STAGES, PAGED, BM><<<(unsigned)(ntiles * a.hq), BM / 16 * 32, smem, upf_cuda_stream()>>>(a);
   UPF_CUDA_LAUNCH_TRY("attn_fa2_kernel");
   return UPF_OK;
@@ -2208,12 +2205,9 @@ upf_status launch_fa2_persistent(attn_args &a, int ntiles, int max_ctas, int32_t
   const int64_t items = (int64_t)ntiles * a.hq;
   if (items > INT32_MAX / 2)
     return upf_fail(UPF_ERR_SHAPE, "attn (cuda): %d tiles x %d heads exceed the persistent schedule", ntiles, a.hq);
-  UPF_CUDA_TRY(cudaFuncSetAttribute(attn_fa2_persistent_kernel<D, BN, STAGES, PAGED, BM>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-  if constexpr (BM != FA_BM) /* as launch_fa2: two CTAs an SM need all of the unified memory as shared */
-    UPF_CUDA_TRY(cudaFuncSetAttribute(attn_fa2_persistent_kernel<D, BN, STAGES, PAGED, BM>,
-                                      cudaFuncAttributePreferredSharedMemoryCarveout,
-                                      (int)cudaSharedmemCarveoutMaxShared));
+  static bool attr_set; /* as launch_fa2 */
+  UPF_TRY((upf_cuda_smem_attr_once(attn_fa2_persistent_kernel<D, BN, STAGES, PAGED, BM>, smem, BM != FA_BM,
+                                   &attr_set)));
   static int per_sm = 0; /* one device per process (the backend's) */
   if (per_sm == 0) {
     int n = 0;
@@ -2244,8 +2238,8 @@ template <bool PINGPONG> upf_status launch_wgmma2(attn_args &a, int ntiles) {
                     "device has %zu", W2_SMEM, upf_cuda_smem_optin());
   if ((int64_t)ntiles * a.hq > INT32_MAX)
     return upf_fail(UPF_ERR_SHAPE, "attn (cuda): %d tiles x %d heads exceed the grid", ntiles, a.hq);
-  UPF_CUDA_TRY(cudaFuncSetAttribute(attn_wgmma2_kernel<PINGPONG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)W2_SMEM));
+  static bool attr_set;
+  UPF_TRY(upf_cuda_smem_attr_once(attn_wgmma2_kernel<PINGPONG>, W2_SMEM, false, &attr_set));
   attn_wgmma2_kernel<PINGPONG><<<(unsigned)(ntiles * a.hq), WA_THREADS, W2_SMEM, upf_cuda_stream()>>>(a);
   UPF_CUDA_LAUNCH_TRY("attn_wgmma2_kernel");
   return UPF_OK;
@@ -2257,8 +2251,8 @@ template <bool OVERLAP> upf_status launch_wgmma(attn_args &a, int ntiles) {
                     "device has %zu", WA_SMEM, upf_cuda_smem_optin());
   if ((int64_t)ntiles * a.hq > INT32_MAX)
     return upf_fail(UPF_ERR_SHAPE, "attn (cuda): %d tiles x %d heads exceed the grid", ntiles, a.hq);
-  UPF_CUDA_TRY(cudaFuncSetAttribute(attn_wgmma_kernel<OVERLAP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)WA_SMEM));
+  static bool attr_set;
+  UPF_TRY(upf_cuda_smem_attr_once(attn_wgmma_kernel<OVERLAP>, WA_SMEM, false, &attr_set));
   attn_wgmma_kernel<OVERLAP><<<(unsigned)(ntiles * a.hq), WA_THREADS, WA_SMEM, upf_cuda_stream()>>>(a);
   UPF_CUDA_LAUNCH_TRY("attn_wgmma_kernel");
   return UPF_OK;
