@@ -2306,8 +2306,10 @@ upf_status fa2_tile_rows(const attn_args &a, int32_t *bm) {
 /* UPF_ATTN_SWA_SCHED (read once per process; any value but these is an error naming it): how the FA2
  * kernel's tiles at D = 64 and 256 (windowed or not, contiguous or paged: every prefill there runs
  * attn_fa2_kernel, so the sliding-window / global comparison stays one kernel family against itself) are
- * scheduled. Unset or "grid" = attn_fa2_kernel, one CTA a (tile, q head), the default (the persistent
- * form is not measured yet); "persistent" = attn_fa2_persistent_kernel on as many CTAs as fit at once;
+ * scheduled. Unset or "grid" = attn_fa2_kernel, one CTA a (tile, q head), the default (measured at
+ * b36dc5a, the persistent form gives the same bits about 4% slower on global and window alike: ~4% more
+ * instructions in its loop, nothing gained by the hidden fill; perf/NOTES.md); "persistent" =
+ * attn_fa2_persistent_kernel on as many CTAs as fit at once;
  * "persistent-2cta" = the same kernel on two CTAs in all, for verification only: every CTA then walks many
  * items, so that `upf verify` covers the item loop and its hand-overs even on shapes with fewer items
  * than the GPU has slots. D = 128 keeps the grid form (its contiguous prefill runs the wgmma kernels). */
