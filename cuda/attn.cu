@@ -378,11 +378,10 @@ __device__ __forceinline__ void fa_store_rows(const attn_args &a, const attn_til
   }
 }
 
-/* One key tile of attn_fa2_persistent_kernel, in two halves so that it can put a barrier between them:
- * attn_fa2_kernel's per-tile step, expression for expression and in the same order, so each row gets the
- * same operations and the same bits in either kernel. Keep the two in step. attn_fa2_kernel keeps its
- * inline copy: calling these helpers from it changed its SASS (other registers and order; compared by
- * readelf on the cubin), and its measured numbers are the baseline.
+/* One key tile of attn_fa2_kernel and attn_fa2_persistent_kernel, in two halves so that the persistent
+ * form can put a barrier between them: each row gets the same operations in the same order, so the same
+ * bits, in either kernel. (attn_fa2_kernel had its inline copy until the H200 showed the helper form
+ * verified and as fast: perf/NOTES.md.)
  * fa2_scores: S (16 x BN) = Q K^T for this warp's rows; Q fragments from registers (qf, D <= 128) or
  * from shared memory (q_lane), K from the stage ks_tile. */
 template <int D, int BN>
@@ -557,78 +556,10 @@ __global__ void __launch_bounds__(BM / 16 * 32, FA_BM / BM) attn_fa2_kernel(cons
     const bf16_t *ks_tile = Ks + stage * BN * LD, *vs_tile = Vs + stage * BN * LD;
 
     float s[NT][4];
-#pragma unroll
-    for (int j = 0; j < NT; j++)
-      s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-#pragma unroll
-    for (int ks = 0; ks < KS; ks++) {
-      uint32_t qa[4];
-      if (Q_IN_REGS) {
-        qa[0] = qf[Q_IN_REGS ? ks : 0][0], qa[1] = qf[Q_IN_REGS ? ks : 0][1];
-        qa[2] = qf[Q_IN_REGS ? ks : 0][2], qa[3] = qf[Q_IN_REGS ? ks : 0][3];
-      } else {
-        ldsm_x4(qa, q_lane + ks * 16);
-      }
-#pragma unroll
-      for (int j = 0; j < NT; j += 2) {
-        uint32_t kb[4];
-        ldsm_x4(kb, ks_tile + j * 8 * LD + k_lane + ks * 16);
-        mma_bf16(s[j], qa[0], qa[1], qa[2], qa[3], kb[0], kb[1]);
-        mma_bf16(s[j + 1], qa[0], qa[1], qa[2], qa[3], kb[2], kb[3]);
-      }
-    }
-
+    fa2_scores<D, BN>(s, qf, q_lane, ks_tile, k_lane);
     /* logits to base-2 exponents; masks only where the tile crosses a diagonal, window edge or end */
     const bool masked = kv0 + BN - 1 > wpos_first || kv0 + BN > tile.kv_hi || (a.window > 0 && kv0 < wlo_last);
-    fa_exponents<NT>(s, s, capped, mul, cap2, masked, kv0, t4, tile.kv_hi, pos, lo);
-    /* The online softmax, repeated in attn_wgmma_kernel: as a shared helper it changed this kernel's
-     * register allocation (same instructions, other registers), so each kernel keeps its copy. */
-    float mt[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int j = 0; j < NT; j++)
-#pragma unroll
-      for (int c = 0; c < 4; c++)
-        mt[c >> 1] = fmaxf(mt[c >> 1], s[j][c]);
-    float mref[2], alpha[2], rs[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-      mt[i] = fmaxf(mt[i], __shfl_xor_sync(0xffffffffu, mt[i], 1));
-      mt[i] = fmaxf(mt[i], __shfl_xor_sync(0xffffffffu, mt[i], 2));
-      const float mn = fmaxf(m[i], mt[i]);
-      mref[i] = mn == -INFINITY ? 0.0f : mn; /* a row with nothing visible yet: exp2(-inf - 0) = 0 */
-      alpha[i] = exp2f(m[i] - mref[i]);
-      m[i] = mn;
-    }
-#pragma unroll
-    for (int j = 0; j < NT; j++)
-#pragma unroll
-      for (int c = 0; c < 4; c++) {
-        const float p = exp2f(s[j][c] - mref[c >> 1]);
-        s[j][c] = p;
-        rs[c >> 1] += p;
-      }
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-      l[i] = l[i] * alpha[i] + rs[i]; /* this lane's part of the row sum; the 4 parts meet at the end */
-#pragma unroll
-    for (int n = 0; n < DT; n++) {
-      o[n][0] *= alpha[0], o[n][1] *= alpha[0];
-      o[n][2] *= alpha[1], o[n][3] *= alpha[1];
-    }
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; kk++) {
-      const uint32_t a0 = pack_bf16(s[2 * kk][0], s[2 * kk][1]), a1 = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
-      const uint32_t a2 = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      const uint32_t a3 = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-      const bf16_t *v0 = vs_tile + kk * 16 * LD + v_lane;
-#pragma unroll
-      for (int n = 0; n < DT; n += 2) {
-        uint32_t b0, b1, b2, b3;
-        ldsm_x4_trans(b0, b1, b2, b3, v0 + n * 8);
-        mma_bf16(o[n], a0, a1, a2, a3, b0, b1);
-        mma_bf16(o[n + 1], a0, a1, a2, a3, b2, b3);
-      }
-    }
+    fa2_softmax_pv<D, BN>(s, m, l, o, vs_tile, v_lane, capped, mul, cap2, masked, kv0, t4, tile.kv_hi, pos, lo);
   }
   cp_async_wait<0>(); /* no copy outlives the CTA (the trailing groups are empty) */
   fa_store_rows<DT>(a, tile, hq, wrow0, g, t4, m, l, o);
