@@ -354,6 +354,42 @@ __device__ __forceinline__ void fa_exponents(const float (&s)[NT][4], float (&p)
   }
 }
 
+/* The online-softmax step of the mma.sync and wgmma kernels, on a tile of base-2 exponents x (NT 8-key
+ * blocks in the accumulator layout: rows g and g + 8 of the warp's 16, a row spread over a quad's 4
+ * lanes): the tile's row max (over the quad by xor 1, 2), the new running max m, alpha = exp2(m_old -
+ * m_new) for the caller to scale O by, x <- p = exp2(x - m_new), l <- l alpha + this lane's part of the
+ * row sum (the 4 parts meet at the end). A row with nothing visible yet keeps m = -inf and gets p = 0. */
+template <int NT>
+__device__ __forceinline__ void fa_online_softmax(float (&x)[NT][4], float (&m)[2], float (&l)[2], float (&alpha)[2]) {
+  float mt[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int j = 0; j < NT; j++)
+#pragma unroll
+    for (int c = 0; c < 4; c++)
+      mt[c >> 1] = fmaxf(mt[c >> 1], x[j][c]);
+  float mref[2], rs[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int i = 0; i < 2; i++) {
+    mt[i] = fmaxf(mt[i], __shfl_xor_sync(0xffffffffu, mt[i], 1));
+    mt[i] = fmaxf(mt[i], __shfl_xor_sync(0xffffffffu, mt[i], 2));
+    const float mn = fmaxf(m[i], mt[i]);
+    mref[i] = mn == -INFINITY ? 0.0f : mn; /* a row with nothing visible yet: exp2(-inf - 0) = 0 */
+    alpha[i] = exp2f(m[i] - mref[i]);
+    m[i] = mn;
+  }
+#pragma unroll
+  for (int j = 0; j < NT; j++)
+#pragma unroll
+    for (int c = 0; c < 4; c++) {
+      const float p = exp2f(x[j][c] - mref[c >> 1]);
+      x[j][c] = p;
+      rs[c >> 1] += p;
+    }
+#pragma unroll
+  for (int i = 0; i < 2; i++)
+    l[i] = l[i] * alpha[i] + rs[i];
+}
+
 /* O / l of this thread's rows (query rows wrow0 + g, + 8 of the tile, those inside the request) to out (bf16)
  * and, when asked, the LSE (m + log2 l) ln 2; l's 4 parts are summed first. */
 template <int DT>
@@ -420,33 +456,8 @@ __device__ __forceinline__ void fa2_softmax_pv(float (&s)[BN / 8][4], float (&m)
                                                const int (&pos)[2], const int (&lo)[2]) {
   constexpr int LD = D + 8, NT = BN / 8, DT = D / 8;
   fa_exponents<NT>(s, s, capped, mul, cap2, masked, kv0, t4, kv_hi, pos, lo);
-  float mt[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-  for (int j = 0; j < NT; j++)
-#pragma unroll
-    for (int c = 0; c < 4; c++)
-      mt[c >> 1] = fmaxf(mt[c >> 1], s[j][c]);
-  float mref[2], alpha[2], rs[2] = {0.0f, 0.0f};
-#pragma unroll
-  for (int i = 0; i < 2; i++) {
-    mt[i] = fmaxf(mt[i], __shfl_xor_sync(0xffffffffu, mt[i], 1));
-    mt[i] = fmaxf(mt[i], __shfl_xor_sync(0xffffffffu, mt[i], 2));
-    const float mn = fmaxf(m[i], mt[i]);
-    mref[i] = mn == -INFINITY ? 0.0f : mn; /* a row with nothing visible yet: exp2(-inf - 0) = 0 */
-    alpha[i] = exp2f(m[i] - mref[i]);
-    m[i] = mn;
-  }
-#pragma unroll
-  for (int j = 0; j < NT; j++)
-#pragma unroll
-    for (int c = 0; c < 4; c++) {
-      const float p = exp2f(s[j][c] - mref[c >> 1]);
-      s[j][c] = p;
-      rs[c >> 1] += p;
-    }
-#pragma unroll
-  for (int i = 0; i < 2; i++)
-    l[i] = l[i] * alpha[i] + rs[i]; /* this lane's part of the row sum; the 4 parts meet at the end */
+  float alpha[2];
+  fa_online_softmax<NT>(s, m, l, alpha);
 #pragma unroll
   for (int n = 0; n < DT; n++) {
     o[n][0] *= alpha[0], o[n][1] *= alpha[0];
@@ -1170,36 +1181,8 @@ __global__ void __launch_bounds__(MD_THREADS, md_shape<D>::MIN_CTAS)
 
     const bool masked = kv0 + MD_BN - 1 > pos_first || kv0 + MD_BN > w_hi || (a.window > 0 && kv0 < lo_last);
     fa_exponents<2>(sc, sc, capped, mul, cap2, masked, kv0, t4, w_hi, pos, lo);
-    /* attn_fa2_kernel's online softmax (its copy, see there; branch attn-softmax-helper has them as one
-     * helper, which reschedules this kernel and fa2's: to merge after a GPU verify), O rescaled only when
-     * a max grew */
-    float mt[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int j = 0; j < 2; j++)
-#pragma unroll
-      for (int c = 0; c < 4; c++)
-        mt[c >> 1] = fmaxf(mt[c >> 1], sc[j][c]);
-    float mref[2], alpha[2], rs[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-      mt[i] = fmaxf(mt[i], __shfl_xor_sync(0xffffffffu, mt[i], 1));
-      mt[i] = fmaxf(mt[i], __shfl_xor_sync(0xffffffffu, mt[i], 2));
-      const float mn = fmaxf(m[i], mt[i]);
-      mref[i] = mn == -INFINITY ? 0.0f : mn; /* a row with nothing visible yet: exp2(-inf - 0) = 0 */
-      alpha[i] = exp2f(m[i] - mref[i]);
-      m[i] = mn;
-    }
-#pragma unroll
-    for (int j = 0; j < 2; j++)
-#pragma unroll
-      for (int c = 0; c < 4; c++) {
-        const float p = exp2f(sc[j][c] - mref[c >> 1]);
-        sc[j][c] = p;
-        rs[c >> 1] += p;
-      }
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-      l[i] = l[i] * alpha[i] + rs[i]; /* this lane's part of the row sum; the 4 parts meet at the end */
+    float alpha[2]; /* O rescaled only when a max grew */
+    fa_online_softmax<2>(sc, m, l, alpha);
     if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) { /* x 1 is exact: skipping it changes nothing */
 #pragma unroll
       for (int n = 0; n < DT; n++) {
@@ -1398,32 +1381,8 @@ __global__ void __launch_bounds__(WA_THREADS, 1) attn_wgmma_kernel(const __grid_
     const bool masked = kv0 + WA_BN - 1 > wpos_first || kv0 + WA_BN > tile.kv_hi || (a.window > 0 && kv0 < wlo_last);
     float p[NT][4];
     fa_exponents<NT>(sacc, p, capped, mul, cap2, masked, kv0, t4, tile.kv_hi, pos, lo);
-    float mt[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int j = 0; j < NT; j++)
-#pragma unroll
-      for (int c = 0; c < 4; c++)
-        mt[c >> 1] = fmaxf(mt[c >> 1], p[j][c]);
-    float mref[2], alpha[2], rs[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-      mt[i] = fmaxf(mt[i], __shfl_xor_sync(0xffffffffu, mt[i], 1));
-      mt[i] = fmaxf(mt[i], __shfl_xor_sync(0xffffffffu, mt[i], 2));
-      const float mn = fmaxf(m[i], mt[i]);
-      mref[i] = mn == -INFINITY ? 0.0f : mn; /* a row with nothing visible yet: exp2(-inf - 0) = 0 */
-      alpha[i] = exp2f(m[i] - mref[i]);
-      m[i] = mn;
-    }
-#pragma unroll
-    for (int j = 0; j < NT; j++)
-#pragma unroll
-      for (int c = 0; c < 4; c++) {
-        p[j][c] = exp2f(p[j][c] - mref[c >> 1]);
-        rs[c >> 1] += p[j][c];
-      }
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-      l[i] = l[i] * alpha[i] + rs[i];
+    float alpha[2];
+    fa_online_softmax<NT>(p, m, l, alpha);
 #pragma unroll
     for (int n = 0; n < DT; n++) {
       o[n][0] *= alpha[0], o[n][1] *= alpha[0];
