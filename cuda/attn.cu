@@ -583,7 +583,9 @@ __global__ void __launch_bounds__(BM / 16 * 32, FA_BM / BM) attn_fa2_kernel(cons
  * items still open go to whichever CTA frees first). The gain is the overlap: the next item's Q and first
  * STAGES - 1 key tiles are issued in the current item's last key tile, right after the barrier that
  * follows its last Q K^T, so the last P V, the normalisation and the output stores run while they land;
- * the grid form exposes that fill at the start of every CTA.
+ * the grid form exposes that fill at the start of every CTA. (Measured at b36dc5a: the same bits, ~4%
+ * slower than the grid form on global and window alike, from ~4% more instructions in the loop; the fill
+ * was not exposed. Kept as a verified switch, not the default: perf/NOTES.md.)
  *  - ring: key tile it of an item sits in stage (base + it) % STAGES, base = the CTA's key tiles before
  *    the item, so the ring runs on across items. At the last tile's barrier (1) every stage but the
  *    current one is consumed and none has a copy pending (the last tile issued, ntiles - 1, is the
