@@ -1913,11 +1913,8 @@ template <typename T, int DPL, bool PAGED> upf_status launch_attn(attn_args &a, 
 
 template <int D> upf_status launch_decode_v2(attn_args &a, int ntiles, int ngroups) {
   constexpr size_t smem = dec_shape<D>::smem;
-  if (smem > upf_cuda_smem_optin())
-    return upf_fail(UPF_ERR_UNSUPPORTED, "attn (cuda): decode v2 at D=%d needs %zu bytes of shared memory, the "
-                    "device has %zu", D, smem, upf_cuda_smem_optin());
   static bool attr_set;
-  UPF_TRY(upf_cuda_smem_attr_once(attn_decode_v2_kernel<D>, smem, false, &attr_set));
+  UPF_TRY(upf_cuda_smem_prepare(attn_decode_v2_kernel<D>, smem, false, &attr_set, "attn_decode_v2_kernel"));
   attn_decode_v2_kernel<D><<<dim3((unsigned)ntiles, (unsigned)a.hkv), DEC_THREADS, smem, upf_cuda_stream()>>>(a);
   UPF_CUDA_LAUNCH_TRY("attn_decode_v2_kernel");
   return launch_combine<bf16_t>(a, ngroups);
@@ -1925,12 +1922,9 @@ template <int D> upf_status launch_decode_v2(attn_args &a, int ntiles, int ngrou
 
 template <int D> upf_status launch_decode_mma(attn_args &a, int ntiles, int ngroups) {
   constexpr size_t smem = md_shape<D>::smem;
-  if (smem > upf_cuda_smem_optin())
-    return upf_fail(UPF_ERR_UNSUPPORTED, "attn (cuda): decode mma at D=%d needs %zu bytes of shared memory, the "
-                    "device has %zu", D, smem, upf_cuda_smem_optin());
   /* all of the SM's unified memory as shared memory: MIN_CTAS resident CTAs need it at D = 128 */
   static bool attr_set;
-  UPF_TRY(upf_cuda_smem_attr_once(attn_decode_mma_kernel<D>, smem, true, &attr_set));
+  UPF_TRY(upf_cuda_smem_prepare(attn_decode_mma_kernel<D>, smem, true, &attr_set, "attn_decode_mma_kernel"));
   attn_decode_mma_kernel<D><<<dim3((unsigned)ntiles, (unsigned)a.hkv), MD_THREADS, smem, upf_cuda_stream()>>>(a);
   UPF_CUDA_LAUNCH_TRY("attn_decode_mma_kernel");
   return launch_combine<bf16_t>(a, ngroups);
@@ -2066,21 +2060,27 @@ upf_status attn_plan_and_run(attn_args &a, const req_info *reqs, int32_t num_req
                : launch_d<float, false>(a, (int)ntiles, (int)ngroups);
 }
 
-/* The tensor-core path: tiles of BM query rows per (request, q head), no split (a prefill has rows
- * enough to fill the GPU). */
-template <int D, int BN, int STAGES, bool PAGED, int BM = FA_BM> upf_status launch_fa2(attn_args &a, int ntiles) {
-  constexpr size_t smem = (size_t)(BM + 2 * STAGES * BN) * (D + 8) * sizeof(bf16_t);
-  if (smem > upf_cuda_smem_optin())
-    return upf_fail(UPF_ERR_UNSUPPORTED, "attn (cuda): D=%d pipelined tiles need %zu bytes of shared memory, the "
-                    "device has %zu", D, smem, upf_cuda_smem_optin());
+/* A prefill kernel over the plan's tiles, one CTA a (tile, q head): the grid check, the shared-memory
+ * preparation of the launch site (*attr_set, see upf_cuda_smem_prepare) and the launch. */
+template <typename Kernel>
+upf_status launch_prefill_tiles(Kernel *kernel, int threads, size_t smem, bool max_carveout, bool *attr_set,
+                                const char *name, const attn_args &a, int ntiles) {
   if ((int64_t)ntiles * a.hq > INT32_MAX)
     return upf_fail(UPF_ERR_SHAPE, "attn (cuda): %d tiles x %d heads exceed the grid", ntiles, a.hq);
-  /* 64-row tiles: all of the SM's unified memory as shared memory, two CTAs an SM need it */
+  UPF_TRY(upf_cuda_smem_prepare(kernel, smem, max_carveout, attr_set, name));
+  kernel<<<(unsigned)(ntiles * a.hq), threads, smem, upf_cuda_stream()>>>(a);
+  const cudaError_t err = cudaGetLastError();
+  return err == cudaSuccess ? UPF_OK : upf_cuda_fail(err, name, __FILE__, __LINE__);
+}
+
+/* The tensor-core path: tiles of BM query rows per (request, q head), no split (a prefill has rows
+ * enough to fill the GPU). 64-row tiles ask for all of the SM's unified memory as shared memory: two
+ * CTAs an SM need it. */
+template <int D, int BN, int STAGES, bool PAGED, int BM = FA_BM> upf_status launch_fa2(attn_args &a, int ntiles) {
+  constexpr size_t smem = (size_t)(BM + 2 * STAGES * BN) * (D + 8) * sizeof(bf16_t);
   static bool attr_set;
-  UPF_TRY((upf_cuda_smem_attr_once(attn_fa2_kernel<D, BN, STAGES, PAGED, BM>, smem, BM != FA_BM, &attr_set)));
-  attn_fa2_kernel<D, BN, STAGES, PAGED, BM><<<(unsigned)(ntiles * a.hq), BM / 16 * 32, smem, upf_cuda_stream()>>>(a);
-  UPF_CUDA_LAUNCH_TRY("attn_fa2_kernel");
-  return UPF_OK;
+  return launch_prefill_tiles(attn_fa2_kernel<D, BN, STAGES, PAGED, BM>, BM / 16 * 32, smem, BM != FA_BM, &attr_set,
+                              "attn_fa2_kernel", a, ntiles);
 }
 
 /* The same tiles on attn_fa2_persistent_kernel: as many CTAs as fit at once (the occupancy the runtime
@@ -2090,16 +2090,13 @@ template <int D, int BN, int STAGES, bool PAGED, int BM = FA_BM>
 upf_status launch_fa2_persistent(attn_args &a, int ntiles, int max_ctas, int32_t *work_next) {
   constexpr size_t smem = (size_t)(BM + 2 * STAGES * BN) * (D + 8) * sizeof(bf16_t);
   constexpr int threads = BM / 16 * 32;
-  if (smem > upf_cuda_smem_optin())
-    return upf_fail(UPF_ERR_UNSUPPORTED, "attn (cuda): D=%d pipelined tiles need %zu bytes of shared memory, the "
-                    "device has %zu", D, smem, upf_cuda_smem_optin());
   /* item indices up to gridDim.x + work_next stay below 2 x items: int32 */
   const int64_t items = (int64_t)ntiles * a.hq;
   if (items > INT32_MAX / 2)
     return upf_fail(UPF_ERR_SHAPE, "attn (cuda): %d tiles x %d heads exceed the persistent schedule", ntiles, a.hq);
   static bool attr_set; /* as launch_fa2 */
-  UPF_TRY((upf_cuda_smem_attr_once(attn_fa2_persistent_kernel<D, BN, STAGES, PAGED, BM>, smem, BM != FA_BM,
-                                   &attr_set)));
+  UPF_TRY((upf_cuda_smem_prepare(attn_fa2_persistent_kernel<D, BN, STAGES, PAGED, BM>, smem, BM != FA_BM, &attr_set,
+                                 "attn_fa2_persistent_kernel")));
   static int per_sm = 0; /* one device per process (the backend's) */
   if (per_sm == 0) {
     int n = 0;
@@ -2125,29 +2122,15 @@ upf_status launch_fa2_persistent(attn_args &a, int ntiles, int max_ctas, int32_t
 }
 
 template <bool PINGPONG> upf_status launch_wgmma2(attn_args &a, int ntiles) {
-  if (W2_SMEM > upf_cuda_smem_optin())
-    return upf_fail(UPF_ERR_UNSUPPORTED, "attn (cuda): the wgmma2 prefill needs %zu bytes of shared memory, the "
-                    "device has %zu", W2_SMEM, upf_cuda_smem_optin());
-  if ((int64_t)ntiles * a.hq > INT32_MAX)
-    return upf_fail(UPF_ERR_SHAPE, "attn (cuda): %d tiles x %d heads exceed the grid", ntiles, a.hq);
   static bool attr_set;
-  UPF_TRY(upf_cuda_smem_attr_once(attn_wgmma2_kernel<PINGPONG>, W2_SMEM, false, &attr_set));
-  attn_wgmma2_kernel<PINGPONG><<<(unsigned)(ntiles * a.hq), WA_THREADS, W2_SMEM, upf_cuda_stream()>>>(a);
-  UPF_CUDA_LAUNCH_TRY("attn_wgmma2_kernel");
-  return UPF_OK;
+  return launch_prefill_tiles(attn_wgmma2_kernel<PINGPONG>, WA_THREADS, W2_SMEM, false, &attr_set,
+                              "attn_wgmma2_kernel", a, ntiles);
 }
 
 template <bool OVERLAP> upf_status launch_wgmma(attn_args &a, int ntiles) {
-  if (WA_SMEM > upf_cuda_smem_optin())
-    return upf_fail(UPF_ERR_UNSUPPORTED, "attn (cuda): the wgmma prefill needs %zu bytes of shared memory, the "
-                    "device has %zu", WA_SMEM, upf_cuda_smem_optin());
-  if ((int64_t)ntiles * a.hq > INT32_MAX)
-    return upf_fail(UPF_ERR_SHAPE, "attn (cuda): %d tiles x %d heads exceed the grid", ntiles, a.hq);
   static bool attr_set;
-  UPF_TRY(upf_cuda_smem_attr_once(attn_wgmma_kernel<OVERLAP>, WA_SMEM, false, &attr_set));
-  attn_wgmma_kernel<OVERLAP><<<(unsigned)(ntiles * a.hq), WA_THREADS, WA_SMEM, upf_cuda_stream()>>>(a);
-  UPF_CUDA_LAUNCH_TRY("attn_wgmma_kernel");
-  return UPF_OK;
+  return launch_prefill_tiles(attn_wgmma_kernel<OVERLAP>, WA_THREADS, WA_SMEM, false, &attr_set, "attn_wgmma_kernel",
+                              a, ntiles);
 }
 
 /* UPF_ATTN_PREFILL (read once per process; any value but these is an error naming it) picks the kernel

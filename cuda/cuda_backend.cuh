@@ -47,4 +47,29 @@ upf_status upf_cuda_download_small(void *dst, const void *src, size_t bytes);
 #ifdef __cplusplus
 }
 #endif
+#ifdef __cplusplus
+#include "cuda_check.cuh"
+
+/* The first time a launch site asks (*done: that site's static flag; its size is fixed): fails with
+ * UPF_ERR_UNSUPPORTED naming `what` when `bytes` of dynamic shared memory exceed the device's opt-in
+ * limit, else raises `kernel`'s limit to `bytes` (and, with max_carveout, asks for all of the SM's
+ * unified memory as shared memory, which more than one resident CTA of a large footprint needs).
+ * Afterwards a launch on a hot path (a decode step, a layer's scan) makes no driver call for it.
+ * Threads racing on *done only repeat a harmless check and attribute set. */
+template <typename Kernel>
+static inline upf_status upf_cuda_smem_prepare(Kernel *kernel, size_t bytes, bool max_carveout, bool *done,
+                                               const char *what) {
+  if (*done)
+    return UPF_OK;
+  if (bytes > upf_cuda_smem_optin())
+    return upf_fail(UPF_ERR_UNSUPPORTED, "cuda: %s needs %zu bytes of shared memory a CTA, the device offers %zu",
+                    what, bytes, upf_cuda_smem_optin());
+  UPF_CUDA_TRY(cudaFuncSetAttribute((const void *)kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+  if (max_carveout)
+    UPF_CUDA_TRY(cudaFuncSetAttribute((const void *)kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                      (int)cudaSharedmemCarveoutMaxShared));
+  *done = true;
+  return UPF_OK;
+}
+#endif
 #endif

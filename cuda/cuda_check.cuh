@@ -39,23 +39,4 @@ static inline upf_status upf_cuda_fail(cudaError_t err, const char *what, const 
                   file, line);
 }
 
-#ifdef __cplusplus
-/* Raises `kernel`'s dynamic shared-memory limit to `bytes` (and with max_carveout asks for all of the SM's
- * unified memory as shared memory, which more than one resident CTA of a large footprint needs) the first
- * time a launch site asks: *done is that site's static flag (threads racing on it only repeat a harmless
- * attribute set). A launch on a hot path (a decode step, a layer's scan) then makes no driver call for it
- * after the first. Sites whose size varies at run time set the attribute themselves. */
-template <typename Kernel>
-static inline upf_status upf_cuda_smem_attr_once(Kernel *kernel, size_t bytes, bool max_carveout, bool *done) {
-  if (!*done) {
-    UPF_CUDA_TRY(cudaFuncSetAttribute((const void *)kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-    if (max_carveout)
-      UPF_CUDA_TRY(cudaFuncSetAttribute((const void *)kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                        (int)cudaSharedmemCarveoutMaxShared));
-    *done = true;
-  }
-  return UPF_OK;
-}
-#endif
-
 #endif

@@ -1275,7 +1275,8 @@ size_t align256(size_t x) { return (x + 255) & ~(size_t)255; }
 
 template <typename TO, int WARPS, bool SPLIT = false> upf_status launch_state(const state_args &s, unsigned grid) {
   static bool attr_set;
-  UPF_TRY((upf_cuda_smem_attr_once(chunk_state_kernel<TO, WARPS, SPLIT>, STATE_SMEM, false, &attr_set)));
+  UPF_TRY((upf_cuda_smem_prepare(chunk_state_kernel<TO, WARPS, SPLIT>, STATE_SMEM, false, &attr_set,
+                                 "chunk_state_kernel")));
   chunk_state_kernel<TO, WARPS, SPLIT><<<grid, 32 * WARPS, STATE_SMEM, upf_cuda_stream()>>>(s);
   UPF_CUDA_LAUNCH_TRY("chunk_state_kernel");
   return UPF_OK;
@@ -1288,12 +1289,13 @@ template <typename TO> upf_status launch_split(const state_args &s, unsigned gri
     UPF_TRY((launch_state<TO, 8, true>(s, grid)));
   } else {
     static bool split_attr_set;
-    UPF_TRY(upf_cuda_smem_attr_once(chunk_state_split_kernel, SPLIT_SMEM, false, &split_attr_set));
+    UPF_TRY(upf_cuda_smem_prepare(chunk_state_split_kernel, SPLIT_SMEM, false, &split_attr_set,
+                                  "chunk_state_split_kernel"));
     chunk_state_split_kernel<<<grid, SPLIT_THREADS, SPLIT_SMEM, upf_cuda_stream()>>>(s);
     UPF_CUDA_LAUNCH_TRY("chunk_state_split_kernel");
   }
   static bool attr_set;
-  UPF_TRY(upf_cuda_smem_attr_once(chunk_out_kernel<TO>, OUT_SMEM, false, &attr_set));
+  UPF_TRY(upf_cuda_smem_prepare(chunk_out_kernel<TO>, OUT_SMEM, false, &attr_set, "chunk_out_kernel"));
   if (nch > 0) {
     chunk_out_kernel<TO><<<dim3((unsigned)nch, (unsigned)s.hv), OUT_THREADS, OUT_SMEM, upf_cuda_stream()>>>(s);
     UPF_CUDA_LAUNCH_TRY("chunk_out_kernel");
@@ -1415,17 +1417,17 @@ extern "C" upf_status upf_cuda_gdn_scan_chunked(const upf_gdn_batch *batch, cons
     const int prep = sw.prep;
     if (prep == 3 && (Hv / Hk) % 2 == 0 && upf_cuda_smem_optin() >= PREP3_SMEM) {
       static bool attr_set;
-      UPF_TRY(upf_cuda_smem_attr_once(chunk_prep_v3_kernel, PREP3_SMEM, false, &attr_set));
+      UPF_TRY(upf_cuda_smem_prepare(chunk_prep_v3_kernel, PREP3_SMEM, false, &attr_set, "chunk_prep_v3_kernel"));
       chunk_prep_v3_kernel<<<dim3((unsigned)nch, (unsigned)(Hv / 2)), PREP3_THREADS, PREP3_SMEM, upf_cuda_stream()>>>(pa);
       UPF_CUDA_LAUNCH_TRY("chunk_prep_v3_kernel");
     } else if (prep >= 2) {
       static bool attr_set;
-      UPF_TRY(upf_cuda_smem_attr_once(chunk_prep_v2_kernel, PREP2_SMEM, false, &attr_set));
+      UPF_TRY(upf_cuda_smem_prepare(chunk_prep_v2_kernel, PREP2_SMEM, false, &attr_set, "chunk_prep_v2_kernel"));
       chunk_prep_v2_kernel<<<grid, PREP2_THREADS, PREP2_SMEM, upf_cuda_stream()>>>(pa);
       UPF_CUDA_LAUNCH_TRY("chunk_prep_v2_kernel");
     } else {
       static bool attr_set;
-      UPF_TRY(upf_cuda_smem_attr_once(chunk_prep_kernel<bf16>, PREP_SMEM, false, &attr_set));
+      UPF_TRY(upf_cuda_smem_prepare(chunk_prep_kernel<bf16>, PREP_SMEM, false, &attr_set, "chunk_prep_kernel"));
       chunk_prep_kernel<bf16><<<grid, THREADS, PREP_SMEM, upf_cuda_stream()>>>(pa);
       UPF_CUDA_LAUNCH_TRY("chunk_prep_kernel");
     }
