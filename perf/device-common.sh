@@ -18,4 +18,9 @@ report() { # dir: one line per log (check counts, sanitizer summaries, rc), then
     grep -E '^FAIL|Failed|FAILED' "$f" | cut -c1-220 | head -4 | tee -a "$OUT/summary.txt"
   done
 }
+gdn_step() { # step label: device-gdn-v2.sh (the chunked scan's variants) into $OUT/gdn, its summary here
+  mkdir -p "$OUT/gdn"
+  GDN_BUDGET_S=88 timeout 95 bash device-gdn-v2.sh "$OUT/gdn" >"$OUT/gdn/console.txt" 2>&1
+  say "$1 rc=$?"; cat "$OUT/gdn/gdn-v2-summary.txt" >>"$OUT/summary.txt" 2>/dev/null; pack gdn
+}
 say "commit $UPF_COMMIT; $(nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader)"

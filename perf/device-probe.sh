@@ -26,9 +26,7 @@ unset OPENBLAS_NUM_THREADS
 report "$A"; pack correctness
 
 say "B gated deltanet"
-mkdir -p "$OUT/gdn"
-GDN_BUDGET_S=88 timeout 95 bash device-gdn-v2.sh "$OUT/gdn" >"$OUT/gdn/console.txt" 2>&1
-say "B rc=$?"; cat "$OUT/gdn/gdn-v2-summary.txt" >>"$OUT/summary.txt" 2>/dev/null; pack gdn
+gdn_step B
 
 say "C ncu"
 P=$OUT/ncu; mkdir -p "$P"

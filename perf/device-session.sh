@@ -37,9 +37,7 @@ wait
 report "$S"; pack sanitize
 
 say "C gated deltanet"
-mkdir -p "$OUT/gdn"
-GDN_BUDGET_S=88 timeout 95 bash device-gdn-v2.sh "$OUT/gdn" >"$OUT/gdn/console.txt" 2>&1
-say "C rc=$?"; cat "$OUT/gdn/gdn-v2-summary.txt" >>"$OUT/summary.txt" 2>/dev/null; pack gdn
+gdn_step C
 
 say "D attention timings"
 T=$OUT/attn; mkdir -p "$T"
