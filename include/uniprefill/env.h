@@ -1,5 +1,5 @@
-/* Kernel-variant switches read from the environment (UPF_ATTN_PREFILL, UPF_ATTN_DECODE, UPF_GDN_PREP,
- * UPF_GDN_STATE, UPF_GDN_STATE_WARPS; README "Kernel variants"). */
+/* Kernel-variant switches read from the environment (UPF_ATTN_*, UPF_GDN_*; the list is README's "Kernel
+ * variants"). */
 #ifndef UNIPREFILL_ENV_H
 #define UNIPREFILL_ENV_H
 
