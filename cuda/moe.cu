@@ -10,14 +10,16 @@
  *   2. Counting sort in 512-pair tiles, a warp a tile: per-tile histograms (moe_tile_count_kernel),
  *      their per-expert prefix sums and the expert offsets (moe_scan_rows_kernel, cub::BlockScan),
  *      then moe_scatter_kernel places each pair (__match_any_sync ranks within a step, a running
- *      per-expert counter in shared memory across steps); stable, so within an expert the pairs
+ *      per-expert counter in shared memory across steps) and records its slot; stable, so within an expert the pairs
  *      stay in ascending (token, rank) order, on every run (the order the CUB radix sort it replaces
  *      gave, so the permutation is the same).
  *   3. One device-to-host read: the flags and the E counts. The host sizes the expert GEMMs from them
  *      (cuBLAS takes the per-GEMM row counts on the host) and picks the GEMM variant.
- *   4. moe_gather_kernel: one warp per sorted pair copies the token's row of x into the permuted
- *      matrix xp at the expert's row, and records the row for the un-permute. Each expert's rows
- *      start at a multiple of 8 (16-byte aligned matrices for cuBLAS).
+ *   4. moe_gather_kernel: one warp per token loads its row of x once and copies it into the permuted
+ *      matrix xp at the rows of its K pairs, records the rows for the SwiGLU and the un-permute, and
+ *      computes the shared expert's gate g = sigmoid(x . shared_gate) (per-lane partial sums in a
+ *      fixed order, then an xor tree). Each expert's rows start at a multiple of 8 (16-byte aligned
+ *      matrices for cuBLAS).
  *   5. Expert GEMM 1: h (rows, 2I) = xp . gate_up_e^T per expert; moe_swiglu_kernel: a (rows, I) =
  *      silu(h[:, :I]) * h[:, I:]; expert GEMM 2: y (rows, H) = a . down_e^T. Variants:
  *        GROUPED  cublasGemmGroupedBatchedEx, experts with equal counts form one group;
@@ -31,8 +33,7 @@
  *   6. Shared expert: two cublasGemmEx over all T tokens with the same SwiGLU kernel between, on a
  *      side stream (its own cuBLAS handle) forked after the sort is queued and joined before the
  *      combine: it depends on x alone, so it fills the GPU while the host reads the counts.
- *   7. moe_combine_kernel: one CTA per token: g = sigmoid(x . shared_gate) (per-thread partial sums
- *      in a fixed order, then a fixed tree), out = sum over k in rank order of w_k * y[row(t, k)]
+ *   7. moe_combine_kernel: one CTA per token: out = sum over k in rank order of w_k * y[row(t, k)]
  *      + g * ys[t], fp32, rounded once to out's dtype.
  * No float atomics anywhere and every reduction has a fixed order, so the same inputs give the
  * same bits on every run (cuBLAS GEMMs are deterministic on one stream and device).
@@ -280,12 +281,13 @@ __global__ void moe_scan_rows_kernel(const uint32_t *in, int len, uint32_t *out,
 /* One warp a tile, 32 pairs at a time in ascending order: a pair's slot is offsets[e] + the pairs
  * of e in earlier tiles (tile_base) + those earlier in this tile (a shared-memory counter per
  * expert, advanced once a step by the lowest lane of each __match_any_sync group) + its rank among
- * the lanes of its group. Pairs outside [0, E) (flagged by the count) are skipped. */
+ * the lanes of its group. It writes both directions of the permutation: sorted_pair[slot] = pair and
+ * slot_of_pair[pair] = slot. Pairs outside [0, E) (flagged by the count) are skipped. */
 __global__ void moe_scatter_kernel(const int32_t *__restrict__ topk_index, int64_t n, int E, int tiles,
                                    const uint32_t *__restrict__ tile_base, // (E, tiles)
                                    const int32_t *__restrict__ offsets,    // (E+1)
                                    int32_t *__restrict__ sorted_pair,      // (n)
-                                   uint32_t *__restrict__ sorted_expert) { // (n)
+                                   int32_t *__restrict__ slot_of_pair) {   // (n)
   extern __shared__ uint32_t next[];
   const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int tile = blockIdx.x * warps + warp;
@@ -311,51 +313,81 @@ __global__ void moe_scatter_kernel(const int32_t *__restrict__ topk_index, int64
     if (e >= 0) {
       const uint32_t at = base + (uint32_t)__popc(peers & below);
       sorted_pair[at] = (int32_t)i;
-      sorted_expert[at] = (uint32_t)e;
+      slot_of_pair[i] = (int32_t)at;
     }
   }
 }
 
-/* pair_row[sorted_pair[i]] = i (the standalone permutation's inverse). */
-__global__ void moe_inverse_kernel(const int32_t *__restrict__ sorted_pair, int64_t n, int32_t *__restrict__ pair_row) {
-  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-    pair_row[sorted_pair[i]] = (int32_t)i;
-}
-
-/* One warp per sorted pair i: its row r = row_base[e] + (i - offsets[e]) of the permuted layout;
- * copies x[token] into xp[r] with R-typed accesses and records r for the SwiGLU and the combine. */
-template <typename R>
-__global__ void moe_gather_kernel(const R *__restrict__ x, int64_t x_ld, int64_t vpr, // x (T, x_ld), vpr R per row
-                                  const int32_t *__restrict__ sorted_pair,   // (n)
-                                  const uint32_t *__restrict__ sorted_expert, // (n)
-                                  const int32_t *__restrict__ offsets,       // (E+1)
-                                  const int32_t *__restrict__ row_base,      // (E)
-                                  int64_t n, int K,
-                                  int32_t *__restrict__ row_of_pair,   // (n)
-                                  int32_t *__restrict__ row_of_sorted, // (n)
+/* One warp a token t, in token order: x[t] is loaded once (R-typed accesses, EPV elements of T each)
+ * and written to the permuted rows of its K pairs, r = row_base[e] + (slot - offsets[e]) for pair
+ * p = t K + k of expert e and sorted slot `slot`; r lands in row_of_pair[p] and row_of_sorted[slot]
+ * for the SwiGLU and the combine. In token order x crosses HBM once, where the expert-sorted order
+ * re-read each row K times. With shared_gate, gate[t] = sigmoid(x[t] . shared_gate) as well (the
+ * shared expert's gate, for the combine), while the row is in registers. */
+template <typename T, typename R>
+__global__ void moe_gather_kernel(const T *__restrict__ x, int64_t x_ld, int64_t vpr, // x (T, x_ld), vpr R per row
+                                  const int32_t *__restrict__ topk_index,   // (T, K)
+                                  const int32_t *__restrict__ slot_of_pair, // (T, K)
+                                  const int32_t *__restrict__ offsets,      // (E+1)
+                                  const int32_t *__restrict__ row_base,     // (E)
+                                  int64_t num_tokens, int K,
+                                  const T *__restrict__ shared_gate, // (H) or NULL
+                                  float *__restrict__ gate,          // (T) when shared_gate
+                                  int32_t *__restrict__ row_of_pair,   // (T, K)
+                                  int32_t *__restrict__ row_of_sorted, // (T K)
                                   R *__restrict__ xp) {                // (rows, vpr)
+  constexpr int EPV = (int)(sizeof(R) / sizeof(T));
+  static_assert(EPV >= 1 && sizeof(R) % sizeof(T) == 0, "a vector holds whole elements");
   const int warps = blockDim.x / 32, lane = threadIdx.x % 32;
-  const int64_t i = (int64_t)blockIdx.x * warps + threadIdx.x / 32;
-  if (i >= n)
+  const int64_t t = (int64_t)blockIdx.x * warps + threadIdx.x / 32;
+  if (t >= num_tokens)
     return;
-  const int32_t p = sorted_pair[i];
-  const uint32_t e = sorted_expert[i];
-  const int32_t r = row_base[e] + (int32_t)(i - offsets[e]);
-  if (lane == 0)
-    row_of_pair[p] = r, row_of_sorted[i] = r;
-  const R *src = x + (int64_t)(p / K) * x_ld;
-  R *dst = xp + (int64_t)r * vpr;
+  const R *src = reinterpret_cast<const R *>(x + t * x_ld);
+  const R *gsrc = reinterpret_cast<const R *>(shared_gate);
+  float dot = 0.0f;
   constexpr int UNROLL = 8; /* a 4 KB bf16 row of H = 2048 in one round: every load in flight at once */
-  for (int64_t j0 = lane; j0 < vpr; j0 += 32 * UNROLL) {
+  for (int64_t c0 = 0; c0 < vpr; c0 += 32 * UNROLL) { /* uniform over the warp: the shuffles below need every lane */
+    const int64_t j0 = c0 + lane;
     R v[UNROLL];
 #pragma unroll
     for (int u = 0; u < UNROLL; u++)
       if (j0 + 32 * u < vpr)
         v[u] = src[j0 + 32 * u];
+    if (gsrc) {
 #pragma unroll
-    for (int u = 0; u < UNROLL; u++)
-      if (j0 + 32 * u < vpr)
-        dst[j0 + 32 * u] = v[u];
+      for (int u = 0; u < UNROLL; u++)
+        if (j0 + 32 * u < vpr) {
+          const R gv = gsrc[j0 + 32 * u];
+          const T *xe = reinterpret_cast<const T *>(&v[u]), *ge = reinterpret_cast<const T *>(&gv);
+#pragma unroll
+          for (int q = 0; q < EPV; q++)
+            dot += to_f(xe[q]) * to_f(ge[q]);
+        }
+    }
+    /* the rows of pairs k0 .. k0 + 31: lane k - k0 finds row k, the warp writes them one by one */
+    for (int k0 = 0; k0 < K; k0 += 32) {
+      int32_t r = 0;
+      if (k0 + lane < K) {
+        const int64_t p = t * K + k0 + lane;
+        const int32_t e = topk_index[p], slot = slot_of_pair[p];
+        r = row_base[e] + (slot - offsets[e]);
+        if (c0 == 0) /* the first round records it */
+          row_of_pair[p] = r, row_of_sorted[slot] = r;
+      }
+      const int kn = min(32, K - k0);
+      for (int k = 0; k < kn; k++) {
+        R *dst = xp + (int64_t)__shfl_sync(0xffffffffu, r, k) * vpr;
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++)
+          if (j0 + 32 * u < vpr)
+            dst[j0 + 32 * u] = v[u];
+      }
+    }
+  }
+  if (gsrc) {
+    dot = warp_sum(dot);
+    if (lane == 0)
+      gate[t] = 1.0f / (1.0f + expf(-dot));
   }
 }
 
@@ -383,13 +415,12 @@ __global__ void moe_swiglu_kernel(const T *__restrict__ hg, // (rows, 2I)
   }
 }
 
-/* One CTA per token t: out[t] = sum_k w[t,k] * y[row(t,k)] (k ascending) + g * ys[t], with
- * g = sigmoid(x[t] . shared_gate) when ys is not NULL. Shared memory: K ints, K floats. */
+/* One CTA per token t: out[t] = sum_k w[t,k] * y[row(t,k)] (k ascending) + gate[t] * ys[t] (when ys
+ * is not NULL; gate from moe_gather_kernel). Shared memory: K ints, K floats. */
 template <typename T, typename TO, int V>
-__global__ void moe_combine_kernel(const T *__restrict__ x, int64_t x_ld, // (T, x_ld)
-                                   const T *__restrict__ shared_gate,    // (H) or NULL
-                                   const T *__restrict__ y,              // (rows, H)
-                                   const T *__restrict__ ys,             // (T, H) or NULL
+__global__ void moe_combine_kernel(const float *__restrict__ gate,         // (T) or NULL
+                                   const T *__restrict__ y,                // (rows, H)
+                                   const T *__restrict__ ys,               // (T, H) or NULL
                                    const int32_t *__restrict__ row_of_pair, // (T, K)
                                    const float *__restrict__ topk_weight,   // (T, K)
                                    int H, int K,
@@ -397,32 +428,13 @@ __global__ void moe_combine_kernel(const T *__restrict__ x, int64_t x_ld, // (T,
   extern __shared__ int32_t cmb[];
   int32_t *rows = cmb;
   float *wts = reinterpret_cast<float *>(cmb + K);
-  __shared__ float red[33];
   const int64_t t = blockIdx.x;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
   for (int k = threadIdx.x; k < K; k += blockDim.x) {
     rows[k] = row_of_pair[t * K + k];
     wts[k] = topk_weight[t * K + k];
   }
-  float g = 0.0f;
-  if (ys) {
-    float part = 0.0f;
-    for (int h = threadIdx.x; h < H; h += blockDim.x)
-      part += to_f(x[t * x_ld + h]) * to_f(shared_gate[h]);
-    part = warp_sum(part);
-    if (lane == 0)
-      red[warp] = part;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      float dot = 0.0f;
-      for (int w = 0; w < warps; w++)
-        dot += red[w];
-      red[32] = 1.0f / (1.0f + expf(-dot));
-    }
-  }
   __syncthreads();
-  if (ys)
-    g = red[32];
+  const float g = ys ? gate[t] : 0.0f;
   for (int h0 = threadIdx.x * V; h0 < H; h0 += blockDim.x * V) {
     float acc[V];
 #pragma unroll
@@ -609,31 +621,27 @@ upf_status launch_route(cublasHandle_t h, const upf_moe_config *cfg, const upf_t
 
 int sort_tiles(int64_t n) { return (int)((n + SORT_TILE - 1) / SORT_TILE); }
 
-/* Scratch of the counting sort of n pairs. */
-struct sort_scratch {
-  uint32_t *tile_count;    /* (E, sort_tiles(n)) */
-  uint32_t *sorted_expert; /* (n) */
-};
-
 size_t tile_count_bytes(int64_t n, int E) { return (size_t)E * (size_t)sort_tiles(n) * sizeof(uint32_t); }
 
-/* counts (E), offsets (E+1) and sorted_pair (n) from topk_index (n); flags[1] gets the first
- * out-of-range pair (flags reset by the caller). Four launches, no host wait. */
+/* counts (E), offsets (E+1), sorted_pair (n) and its inverse slot_of_pair (n) from topk_index (n);
+ * tile_count (tile_count_bytes) is scratch; flags[1] gets the first out-of-range pair (flags reset by
+ * the caller). Four launches, no host wait. */
 upf_status launch_sort(const upf_moe_config *cfg, int64_t n, const int32_t *topk_index, uint32_t *counts,
-                       int32_t *offsets, int32_t *sorted_pair, uint32_t *flags, const sort_scratch &sc) {
+                       int32_t *offsets, int32_t *sorted_pair, int32_t *slot_of_pair, uint32_t *flags,
+                       uint32_t *tile_count) {
   cudaStream_t s = upf_cuda_stream();
   const int E = cfg->num_experts, tiles = sort_tiles(n), warps = sort_warps(E);
   const size_t smem = (size_t)warps * E * sizeof(uint32_t);
   const unsigned grid = (unsigned)((tiles + warps - 1) / warps);
-  moe_tile_count_kernel<<<grid, warps * 32, smem, s>>>(topk_index, n, E, tiles, sc.tile_count, flags);
+  moe_tile_count_kernel<<<grid, warps * 32, smem, s>>>(topk_index, n, E, tiles, tile_count, flags);
   UPF_CUDA_LAUNCH_TRY("moe_tile_count_kernel");
-  moe_scan_rows_kernel<<<(unsigned)E, 256, 0, s>>>(sc.tile_count, tiles, sc.tile_count, counts);
+  moe_scan_rows_kernel<<<(unsigned)E, 256, 0, s>>>(tile_count, tiles, tile_count, counts);
   UPF_CUDA_LAUNCH_TRY("moe_scan_rows_kernel (tiles)");
   moe_scan_rows_kernel<<<1, 256, 0, s>>>(counts, E, reinterpret_cast<uint32_t *>(offsets),
                                          reinterpret_cast<uint32_t *>(offsets) + E);
   UPF_CUDA_LAUNCH_TRY("moe_scan_rows_kernel (offsets)");
-  moe_scatter_kernel<<<grid, warps * 32, smem, s>>>(topk_index, n, E, tiles, sc.tile_count, offsets, sorted_pair,
-                                                    sc.sorted_expert);
+  moe_scatter_kernel<<<grid, warps * 32, smem, s>>>(topk_index, n, E, tiles, tile_count, offsets, sorted_pair,
+                                                    slot_of_pair);
   UPF_CUDA_LAUNCH_TRY("moe_scatter_kernel");
   return UPF_OK;
 }
@@ -815,36 +823,39 @@ upf_status run_expert_gemm(cublasHandle_t h, const gemm_plan &p, const expert_ge
 
 bool aligned(const void *p, size_t a) { return ((uintptr_t)p % a) == 0; }
 
-template <typename R>
-upf_status launch_gather_as(const upf_tensor *x, size_t es, const int32_t *sorted_pair, const uint32_t *sorted_expert,
-                            const int32_t *offsets, const int32_t *row_base, int64_t n, int K, int32_t *row_of_pair,
-                            int32_t *row_of_sorted, void *xp) {
-  const int64_t vpr = x->shape[1] * (int64_t)es / (int64_t)sizeof(R);
-  const int64_t x_ld = x->stride[0] * (int64_t)es / (int64_t)sizeof(R);
+/* moe_gather_kernel's device arrays (see there); shared_gate and gate NULL without a shared expert. */
+template <typename T> struct gather_io {
+  const int32_t *topk_index, *slot_of_pair, *offsets, *row_base;
+  const T *shared_gate;
+  float *gate;
+  int32_t *row_of_pair, *row_of_sorted;
+  T *xp;
+};
+
+template <typename T, typename R> upf_status launch_gather_as(const upf_tensor *x, int K, const gather_io<T> &g) {
+  const int64_t vpr = x->shape[1] * (int64_t)sizeof(T) / (int64_t)sizeof(R), T_ = x->shape[0];
   const int warps = 8;
-  moe_gather_kernel<R><<<(unsigned)((n + warps - 1) / warps), warps * 32, 0, upf_cuda_stream()>>>(
-      static_cast<const R *>(x->data), x_ld, vpr, sorted_pair, sorted_expert, offsets, row_base, n, K, row_of_pair,
-      row_of_sorted, static_cast<R *>(xp));
+  moe_gather_kernel<T, R><<<(unsigned)((T_ + warps - 1) / warps), warps * 32, 0, upf_cuda_stream()>>>(
+      static_cast<const T *>(x->data), x->stride[0], vpr, g.topk_index, g.slot_of_pair, g.offsets, g.row_base, T_, K,
+      g.shared_gate, g.gate, g.row_of_pair, g.row_of_sorted, reinterpret_cast<R *>(g.xp));
   UPF_CUDA_LAUNCH_TRY("moe_gather_kernel");
   return UPF_OK;
 }
 
-upf_status launch_gather(const upf_tensor *x, size_t es, const int32_t *sorted_pair, const uint32_t *sorted_expert,
-                         const int32_t *offsets, const int32_t *row_base, int64_t n, int K, int32_t *row_of_pair,
-                         int32_t *row_of_sorted, void *xp) {
-  const size_t row_bytes = (size_t)x->shape[1] * es, ld_bytes = (size_t)x->stride[0] * es;
-  auto fits = [&](size_t a) { return row_bytes % a == 0 && ld_bytes % a == 0 && aligned(x->data, a); };
+/* The widest access (16 bytes down to one element) that x's rows, its stride, its base and the shared
+ * gate allow. */
+template <typename T> upf_status launch_gather(const upf_tensor *x, int K, const gather_io<T> &g) {
+  const size_t row_bytes = (size_t)x->shape[1] * sizeof(T), ld_bytes = (size_t)x->stride[0] * sizeof(T);
+  auto fits = [&](size_t a) {
+    return row_bytes % a == 0 && ld_bytes % a == 0 && aligned(x->data, a) && aligned(g.shared_gate, a);
+  };
   if (fits(16))
-    return launch_gather_as<uint4>(x, es, sorted_pair, sorted_expert, offsets, row_base, n, K, row_of_pair,
-                                   row_of_sorted, xp);
+    return launch_gather_as<T, uint4>(x, K, g);
   if (fits(8))
-    return launch_gather_as<uint2>(x, es, sorted_pair, sorted_expert, offsets, row_base, n, K, row_of_pair,
-                                   row_of_sorted, xp);
+    return launch_gather_as<T, uint2>(x, K, g);
   if (fits(4))
-    return launch_gather_as<unsigned int>(x, es, sorted_pair, sorted_expert, offsets, row_base, n, K, row_of_pair,
-                                          row_of_sorted, xp);
-  return launch_gather_as<unsigned short>(x, es, sorted_pair, sorted_expert, offsets, row_base, n, K, row_of_pair,
-                                          row_of_sorted, xp);
+    return launch_gather_as<T, unsigned int>(x, K, g);
+  return launch_gather_as<T, typename raw_vec<sizeof(T)>::type>(x, K, g);
 }
 
 template <typename T, int V>
@@ -904,33 +915,32 @@ upf_status launch_shared_expert(const upf_moe_config *cfg, const upf_tensor *x, 
 }
 
 template <typename T, typename TO, int V>
-upf_status launch_combine_as(const upf_tensor *x, const T *shared_gate, const T *y, const T *ys,
-                             const int32_t *row_of_pair, const float *topk_weight, int H, int K, const upf_tensor *out) {
-  const int64_t T_ = x->shape[0];
+upf_status launch_combine_as(int64_t T_, const float *gate, const T *y, const T *ys, const int32_t *row_of_pair,
+                             const float *topk_weight, int H, int K, const upf_tensor *out) {
   int threads = (int)std::min<int64_t>(256, std::max<int64_t>(32, align_up((size_t)((H + V - 1) / V), 32)));
   size_t smem = (size_t)K * (sizeof(int32_t) + sizeof(float));
   moe_combine_kernel<T, TO, V><<<(unsigned)T_, threads, smem, upf_cuda_stream()>>>(
-      static_cast<const T *>(x->data), x->stride[0], shared_gate, y, ys, row_of_pair, topk_weight, H, K,
-      static_cast<TO *>(out->data), out->stride[0]);
+      gate, y, ys, row_of_pair, topk_weight, H, K, static_cast<TO *>(out->data), out->stride[0]);
   UPF_CUDA_LAUNCH_TRY("moe_combine_kernel");
   return UPF_OK;
 }
 
 template <typename T, typename TO>
-upf_status launch_combine_to(const upf_tensor *x, const T *shared_gate, const T *y, const T *ys,
-                             const int32_t *row_of_pair, const float *topk_weight, int H, int K, const upf_tensor *out) {
+upf_status launch_combine_to(int64_t T_, const float *gate, const T *y, const T *ys, const int32_t *row_of_pair,
+                             const float *topk_weight, int H, int K, const upf_tensor *out) {
   constexpr int VM = 16 / (int)(sizeof(T) > sizeof(TO) ? sizeof(T) : sizeof(TO));
   if (H % VM == 0 && out->stride[0] % VM == 0 && aligned(out->data, VM * sizeof(TO)))
-    return launch_combine_as<T, TO, VM>(x, shared_gate, y, ys, row_of_pair, topk_weight, H, K, out);
-  return launch_combine_as<T, TO, 1>(x, shared_gate, y, ys, row_of_pair, topk_weight, H, K, out);
+    return launch_combine_as<T, TO, VM>(T_, gate, y, ys, row_of_pair, topk_weight, H, K, out);
+  return launch_combine_as<T, TO, 1>(T_, gate, y, ys, row_of_pair, topk_weight, H, K, out);
 }
 
+/* out = the routed rows' weighted sum (+ gate * ys with a shared expert: ys not NULL). */
 template <typename T>
-upf_status launch_combine(const upf_tensor *x, const T *shared_gate, const T *y, const T *ys,
-                          const int32_t *row_of_pair, const float *topk_weight, int H, int K, const upf_tensor *out) {
+upf_status launch_combine(int64_t T_, const float *gate, const T *y, const T *ys, const int32_t *row_of_pair,
+                          const float *topk_weight, int H, int K, const upf_tensor *out) {
   if (out->dtype == UPF_DTYPE_BF16)
-    return launch_combine_to<T, bf16>(x, shared_gate, y, ys, row_of_pair, topk_weight, H, K, out);
-  return launch_combine_to<T, float>(x, shared_gate, y, ys, row_of_pair, topk_weight, H, K, out);
+    return launch_combine_to<T, bf16>(T_, gate, y, ys, row_of_pair, topk_weight, H, K, out);
+  return launch_combine_to<T, float>(T_, gate, y, ys, row_of_pair, topk_weight, H, K, out);
 }
 
 upf_status nonfinite_error(uint32_t token) {
@@ -972,7 +982,7 @@ struct join_guard {
 
 /* Offsets of the route buffer of one moe_ffn call. */
 struct ffn_route_layout {
-  size_t logits, index, weight, info, offsets, tile_count, sorted_expert, sorted_pair, row_of_pair, row_of_sorted,
+  size_t logits, index, weight, info, offsets, tile_count, sorted_pair, slot_of_pair, row_of_pair, row_of_sorted,
       plan, plan_bytes;
 };
 
@@ -1003,16 +1013,16 @@ upf_status ffn_run(const upf_moe_config *cfg, const upf_tensor *x, const upf_moe
   L.info = c.take((size_t)(INFO_HEAD + E) * sizeof(uint32_t));
   L.offsets = c.take((size_t)(E + 1) * sizeof(int32_t));
   L.tile_count = c.take(tile_count_bytes(n, E));
-  L.sorted_expert = c.take((size_t)n * sizeof(uint32_t));
   L.sorted_pair = c.take((size_t)n * sizeof(int32_t));
+  L.slot_of_pair = c.take((size_t)n * sizeof(int32_t));
   L.row_of_pair = c.take((size_t)n * sizeof(int32_t));
   L.row_of_sorted = c.take((size_t)n * sizeof(int32_t));
   L.plan_bytes = align_up((size_t)E * sizeof(int32_t), 256) + (size_t)6 * E * sizeof(void *);
   L.plan = c.take(L.plan_bytes);
   UPF_TRY(reserve(ms.route, c.at, false));
-  carve sh; /* shared expert: hs (T, 2Is), as (T, Is), ys (T, H) */
+  carve sh; /* shared expert: hs (T, 2Is), as (T, Is), ys (T, H), its gate (T) */
   const size_t o_hs = sh.take((size_t)T_ * 2 * Is * es), o_as = sh.take((size_t)T_ * Is * es);
-  const size_t o_ys = sh.take((size_t)T_ * H * es);
+  const size_t o_ys = sh.take((size_t)T_ * H * es), o_gate = sh.take((size_t)T_ * sizeof(float));
   if (Is > 0)
     UPF_TRY(reserve(ms.shared, sh.at, false));
   const dev_buffer &rb = ms.route;
@@ -1021,20 +1031,21 @@ upf_status ffn_run(const upf_moe_config *cfg, const upf_tensor *x, const upf_moe
   float *topk_weight = rt.topk_weight ? rt.topk_weight : ptr_at<float>(rb, L.weight);
   uint32_t *info = ptr_at<uint32_t>(rb, L.info);
   int32_t *offsets = ptr_at<int32_t>(rb, L.offsets);
-  int32_t *sorted_pair = ptr_at<int32_t>(rb, L.sorted_pair);
+  int32_t *sorted_pair = ptr_at<int32_t>(rb, L.sorted_pair), *slot_of_pair = ptr_at<int32_t>(rb, L.slot_of_pair);
   int32_t *row_of_pair = ptr_at<int32_t>(rb, L.row_of_pair);
   int32_t *row_of_sorted = ptr_at<int32_t>(rb, L.row_of_sorted);
   int32_t *row_base = ptr_at<int32_t>(rb, L.plan);
   const void **ptrs = ptr_at<const void *>(rb, L.plan + align_up((size_t)E * sizeof(int32_t), 256));
-  sort_scratch sc = {ptr_at<uint32_t>(rb, L.tile_count), ptr_at<uint32_t>(rb, L.sorted_expert)};
 
   mark(0);
   T *hs = Is > 0 ? ptr_at<T>(ms.shared, o_hs) : nullptr, *as = Is > 0 ? ptr_at<T>(ms.shared, o_as) : nullptr;
   T *ys = Is > 0 ? ptr_at<T>(ms.shared, o_ys) : nullptr;
+  float *shared_gate = Is > 0 ? ptr_at<float>(ms.shared, o_gate) : nullptr;
   UPF_CUDA_TRY(cudaMemsetAsync(info, 0xFF, INFO_HEAD * sizeof(uint32_t), s));
   UPF_TRY(launch_route<T>(cg.h, cfg, x, w, logits, topk_index, topk_weight, info));
   mark(1);
-  UPF_TRY(launch_sort(cfg, n, topk_index, info + INFO_HEAD, offsets, sorted_pair, info, sc));
+  UPF_TRY(launch_sort(cfg, n, topk_index, info + INFO_HEAD, offsets, sorted_pair, slot_of_pair, info,
+                      ptr_at<uint32_t>(rb, L.tile_count)));
   /* The shared expert forks here, after the routing: it fills the GPU while the host reads the
    * counts below, instead of slowing the routing kernels it would share the GPU with. */
   join_guard joined;
@@ -1084,8 +1095,10 @@ upf_status ffn_run(const upf_moe_config *cfg, const upf_tensor *x, const upf_moe
   }
   UPF_TRY(upf_cuda_upload_async(row_base, ms.blob.data(), ms.blob.size()));
 
-  UPF_TRY(launch_gather(x, es, sorted_pair, sc.sorted_expert, offsets, row_base, n, K, row_of_pair, row_of_sorted,
-                        xp));
+  const gather_io<T> gio = {topk_index, slot_of_pair, offsets, row_base,
+                            Is > 0 ? static_cast<const T *>(w->shared_gate) : nullptr, shared_gate, row_of_pair,
+                            row_of_sorted, xp};
+  UPF_TRY(launch_gather<T>(x, K, gio));
   mark(2);
   upf_cuda_moe_gemm_variant ran = plan.variant;
   expert_gemm g1 = {w->gate_up, xp, hg, 2 * I, H, ptrs};
@@ -1103,8 +1116,7 @@ upf_status ffn_run(const upf_moe_config *cfg, const upf_tensor *x, const upf_moe
     UPF_CUDA_TRY(cudaStreamWaitEvent(s, ms.join, 0));
   }
   mark(6);
-  UPF_TRY(launch_combine<T>(x, Is > 0 ? static_cast<const T *>(w->shared_gate) : nullptr, y, Is > 0 ? ys : nullptr,
-                            row_of_pair, topk_weight, (int)H, K, out));
+  UPF_TRY(launch_combine<T>(T_, shared_gate, y, ys, row_of_pair, topk_weight, (int)H, K, out));
   mark(7);
   ms.last = ran;
   ms.profiled = ms.profile && ms.events_ready;
@@ -1149,21 +1161,15 @@ extern "C" upf_status upf_cuda_moe_permute(const upf_moe_config *cfg, int64_t nu
   }
   carve c;
   size_t o_flags = c.take(INFO_HEAD * sizeof(uint32_t)), o_tiles = c.take(tile_count_bytes(n, E));
-  size_t o_sorted = c.take((size_t)n * sizeof(uint32_t));
   UPF_TRY(reserve(ms.route, c.at, false));
   uint32_t *flags = ptr_at<uint32_t>(ms.route, o_flags);
-  sort_scratch sc = {ptr_at<uint32_t>(ms.route, o_tiles), ptr_at<uint32_t>(ms.route, o_sorted)};
   UPF_CUDA_TRY(cudaMemsetAsync(flags, 0xFF, INFO_HEAD * sizeof(uint32_t), s));
   UPF_TRY(launch_sort(cfg, n, topk_index, reinterpret_cast<uint32_t *>(perm->expert_count), perm->expert_offset,
-                      perm->sorted_pair, flags, sc));
-  /* The flags first: the sort skips out-of-range pairs, so then sorted_pair has unwritten slots
-   * that the inverse must not follow. */
+                      perm->sorted_pair, perm->pair_row, flags, ptr_at<uint32_t>(ms.route, o_tiles)));
+  /* The sort skips out-of-range pairs (sorted_pair and pair_row then have unwritten entries): an error. */
   uint32_t host_flags[INFO_HEAD];
   UPF_TRY(download(host_flags, flags, sizeof host_flags));
-  if (host_flags[1] == MOE_NONE) {
-    moe_inverse_kernel<<<grid_for(n, 256), 256, 0, s>>>(perm->sorted_pair, n, perm->pair_row);
-    UPF_CUDA_LAUNCH_TRY("moe_inverse_kernel");
-  } else {
+  if (host_flags[1] != MOE_NONE) {
     int32_t value = 0;
     UPF_TRY(download(&value, topk_index + host_flags[1], sizeof value));
     return upf_fail(UPF_ERR_INVALID_ARG, "moe.permute: topk_index[%u] (token %u, rank %u) = %d outside [0, E=%d)",
