@@ -3,9 +3,11 @@
  *
  * moe_ffn, in stream order:
  *   1. Router GEMM (cublasGemmEx, fp32 logits (T, E)), then moe_topk_kernel: one warp per token
- *      holds its E logits in shared memory; max, sum of exp (per-lane sums in a fixed order, then an
- *      xor tree: every lane ends with the same bits), then K rounds of a warp argmax (ties: lower
- *      index), each winner's probability p = exp(l - max)/sum, renormalised by the sum of the K.
+ *      holds its E logits in registers; max, sum of exp (per-lane sums in a fixed order, then an
+ *      xor tree: every lane ends with the same bits), then the top K by (logit, lower index): the
+ *      few logits at or above a bound from the lanes' maxima, rank-sorted across the warp once (or
+ *      K rounds of a warp argmax when there are more than 32 of them), each winner's probability
+ *      p = exp(l - max)/sum, renormalised by the sum of the K.
  *      A non-finite logit sets an integer flag (the lowest such token wins an atomicMin).
  *   2. Counting sort in 512-pair tiles, a warp a tile: per-tile histograms (moe_tile_count_kernel),
  *      their per-expert prefix sums and the expert offsets (moe_scan_rows_kernel, cub::BlockScan),
@@ -81,7 +83,7 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 
-constexpr int MOE_MAX_EXPERTS = 12288; /* one warp's logits, and the histogram, in 48 KB of shared memory */
+constexpr int MOE_MAX_EXPERTS = 1024; /* moe_topk_kernel keeps a token's logits in its warp's registers, 32 a lane */
 constexpr int MOE_MAX_TOPK = 4096;     /* the combine kernel's (row, weight) list in shared memory */
 constexpr uint32_t MOE_NONE = 0xFFFFFFFFu;
 /* The info array read back by moe_ffn: [0] first token with a non-finite logit, [1] first pair
@@ -141,30 +143,58 @@ __device__ __forceinline__ float warp_max(float v) {
 /* ---------------------------------------------------------------------------------------------- */
 /* Kernels                                                                                          */
 
-/* One warp per token. Shared memory: (warps, E) floats. */
+/* Pair (v, i) ranks before (w, j) in the top-K order: larger logit first, the lower expert index of equals. */
+__device__ __forceinline__ bool ranks_before(float v, int i, float w, int j) { return v > w || (v == w && i < j); }
+
+/* Sorts one (v, i) pair a lane across the warp into rank order (lane 0 first): a bitonic network of
+ * 15 compare-exchange steps through shuffles. */
+__device__ __forceinline__ void warp_rank_sort(float &v, int &i, int lane) {
+#pragma unroll
+  for (int size = 2; size <= 32; size <<= 1)
+#pragma unroll
+    for (int stride = size / 2; stride > 0; stride >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, v, stride);
+      const int oi = __shfl_xor_sync(0xffffffffu, i, stride);
+      /* blocks of `size` lanes alternate: rank order where lane & size == 0 (the whole warp at 32), reversed
+       * in the others; the lower lane of a pair keeps the first-ranked of the two in a rank-order block */
+      const bool lower = (lane & stride) == 0, in_order = (lane & size) == 0;
+      if (lower == in_order ? ranks_before(ov, oi, v, i) : ranks_before(v, i, ov, oi))
+        v = ov, i = oi;
+    }
+}
+
+/* One warp per token; lane l holds logits l + 32 j (j < NV, E <= 32 NV) in registers. Softmax max and
+ * sum (per-lane sums in ascending j, then an xor tree: every lane ends with the same bits). Selection:
+ * tau = the K-th largest of the 32 lane maxima bounds the K-th largest logit from below (the K lanes
+ * with the largest maxima hold K logits >= tau), so the top K are among the logits >= tau; when there
+ * are at most 32 of them (K <= 32; ties can make more) they are gathered one a lane and rank-sorted
+ * once. Otherwise K rounds of a warp argmax over every logit left. Both give the exact top K in rank
+ * order (ties: the lower index). Scratch: 32 (logit, index) pairs a warp in shared memory. */
+template <int NV>
 __global__ void moe_topk_kernel(const float *__restrict__ logits, // (T, E)
                                 int64_t T, int E, int K, int norm,
                                 int32_t *__restrict__ topk_index, // (T, K)
                                 float *__restrict__ topk_weight,  // (T, K)
                                 uint32_t *__restrict__ flags) {   // (INFO_HEAD)
-  extern __shared__ float smem[];
-  const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t t = (int64_t)blockIdx.x * warps + warp;
+  __shared__ float cand_v[TOPK_WARPS][32];
+  __shared__ int cand_i[TOPK_WARPS][32];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t t = (int64_t)blockIdx.x * TOPK_WARPS + warp;
   if (t >= T)
     return; /* the whole warp leaves together */
-  float *v = smem + (size_t)warp * E;
   const float *row = logits + t * E;
   int32_t *idx = topk_index + t * K;
   float *wt = topk_weight + t * K;
+  float v[NV];
   float m = -INFINITY;
   int bad = 0;
-  for (int e = lane; e < E; e += 32) {
-    float l = row[e];
-    v[e] = l;
-    bad |= !isfinite(l);
-    m = fmaxf(m, l);
+#pragma unroll
+  for (int j = 0; j < NV; j++) {
+    const int e = lane + 32 * j;
+    v[j] = e < E ? row[e] : -INFINITY; /* -inf past E: never selected, since K <= E logits are finite */
+    bad |= e < E && !isfinite(v[j]);
+    m = fmaxf(m, v[j]);
   }
-  __syncwarp();
   if (__any_sync(0xffffffffu, bad)) {
     if (lane == 0)
       atomicMin(&flags[0], (uint32_t)t);
@@ -173,19 +203,65 @@ __global__ void moe_topk_kernel(const float *__restrict__ logits, // (T, E)
     return;
   }
   m = warp_max(m);
-  float s = 0.0f;
-  for (int e = lane; e < E; e += 32)
-    s += expf(v[e] - m);
+  float s = 0.0f, lm = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < NV; j++)
+    if (lane + 32 * j < E) {
+      s += expf(v[j] - m);
+      lm = fmaxf(lm, v[j]);
+    }
   s = warp_sum(s);
+
+  /* tau and the candidates >= tau */
+  float tau = -INFINITY;
+  int total = 33;
+  if (K <= 32) {
+    float sv = lm;
+    int si = lane;
+    warp_rank_sort(sv, si, lane);
+    tau = __shfl_sync(0xffffffffu, sv, K - 1);
+    int mine = 0;
+#pragma unroll
+    for (int j = 0; j < NV; j++)
+      mine += v[j] >= tau;
+    int before = mine; /* inclusive prefix over the lanes */
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int up = __shfl_up_sync(0xffffffffu, before, o);
+      if (lane >= o)
+        before += up;
+    }
+    total = __shfl_sync(0xffffffffu, before, 31);
+    if (total <= 32) {
+      int at = before - mine;
+#pragma unroll
+      for (int j = 0; j < NV; j++)
+        if (v[j] >= tau) {
+          cand_v[warp][at] = v[j], cand_i[warp][at] = lane + 32 * j;
+          at++;
+        }
+    }
+  }
   float chosen = 0.0f;
+  if (total <= 32) {
+    __syncwarp();
+    float cv = lane < total ? cand_v[warp][lane] : -INFINITY;
+    int ci = lane < total ? cand_i[warp][lane] : INT_MAX;
+    warp_rank_sort(cv, ci, lane);
+    const float p = expf(cv - m) / s;
+    for (int k = 0; k < K; k++) /* the sum in rank order, as the rounds below add it */
+      chosen += __shfl_sync(0xffffffffu, p, k);
+    if (lane < K)
+      idx[lane] = ci, wt[lane] = norm ? p / chosen : p;
+    return;
+  }
   for (int k = 0; k < K; k++) {
     float best = -INFINITY;
     int bi = INT_MAX;
-    for (int e = lane; e < E; e += 32) {
-      float l = v[e];
-      if (l > best) /* ascending e: the first of equal values, the lower index, stays */
-        best = l, bi = e;
-    }
+#pragma unroll
+    for (int j = 0; j < NV; j++)
+      if (v[j] > best) /* ascending j: the first of equal values, the lower index, stays */
+        best = v[j], bi = lane + 32 * j;
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
       float ob = __shfl_xor_sync(0xffffffffu, best, o);
@@ -193,9 +269,12 @@ __global__ void moe_topk_kernel(const float *__restrict__ logits, // (T, E)
       if (ob > best || (ob == best && oi < bi))
         best = ob, bi = oi;
     }
-    if (lane == (bi & 31))
-      v[bi] = -INFINITY; /* taken: every logit left is finite, so it never wins again */
-    __syncwarp();
+    if (lane == (bi & 31)) {
+#pragma unroll
+      for (int j = 0; j < NV; j++)
+        if (j == (bi >> 5))
+          v[j] = -INFINITY; /* taken: every logit left is finite, so it never wins again */
+    }
     float p = expf(best - m) / s;
     chosen += p;
     if (lane == 0)
@@ -611,10 +690,17 @@ upf_status launch_route(cublasHandle_t h, const upf_moe_config *cfg, const upf_t
   const int64_t T_ = x->shape[0];
   const int E = cfg->num_experts, K = cfg->top_k;
   UPF_TRY(linear(h, T_, E, cfg->hidden, w->router, x->data, x->stride[0], logits, E, cuda_type<T>(), CUDA_R_32F));
-  int warps = (int)std::max<int64_t>(1, std::min<int64_t>(TOPK_WARPS, (48 * 1024) / ((int64_t)E * 4)));
-  int64_t blocks = (T_ + warps - 1) / warps;
-  moe_topk_kernel<<<(unsigned)blocks, warps * 32, (size_t)warps * E * sizeof(float), s>>>(
-      logits, T_, E, K, cfg->norm_topk, topk_index, topk_weight, flags);
+  const unsigned blocks = (unsigned)((T_ + TOPK_WARPS - 1) / TOPK_WARPS);
+  const int nv = (E + 31) / 32; /* logits a lane; check_limits keeps E <= 32 * 32 */
+  if (nv <= 4)
+    moe_topk_kernel<4><<<blocks, TOPK_WARPS * 32, 0, s>>>(logits, T_, E, K, cfg->norm_topk, topk_index, topk_weight,
+                                                          flags);
+  else if (nv <= 16)
+    moe_topk_kernel<16><<<blocks, TOPK_WARPS * 32, 0, s>>>(logits, T_, E, K, cfg->norm_topk, topk_index, topk_weight,
+                                                           flags);
+  else
+    moe_topk_kernel<32><<<blocks, TOPK_WARPS * 32, 0, s>>>(logits, T_, E, K, cfg->norm_topk, topk_index, topk_weight,
+                                                           flags);
   UPF_CUDA_LAUNCH_TRY("moe_topk_kernel");
   return UPF_OK;
 }

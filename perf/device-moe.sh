@@ -2,23 +2,24 @@
 # One device call for a MoE change, from the unpacked bundle of perf/stage-device.sh (and, with BASE=dir,
 # an unpacked bundle of the commit before it, timed in the same call: the card drifts 2-4% between calls);
 # each step capped, a failing step stops nothing:
-#   A. side by side, nothing timed meanwhile: `upf verify moe --quick`, the full `upf verify moe` (its
-#      CPU reference of Qwen3-Next at 4K and 32K gets 10 OpenBLAS threads), test_upf, memcheck over
+#   A. side by side, nothing timed meanwhile: `upf verify moe --quick`, the full `upf verify $FULL` (default
+#      moe; its CPU reference of Qwen3-Next at 4K and 32K gets 10 OpenBLAS threads), test_upf, memcheck over
 #      `verify moe --quick`, racecheck over `verify moe.ffn --quick`;
 #   B. alone on the GPU: bench moe.dense_equiv and moe.ffn (default variant) at 8K and 32K, this bundle
 #      then BASE's, then this bundle again (an A/B/A order: drift shows as A != A);
 #   C. ncu SpeedOfLight + DRAM/L2 bytes of the MoE layer's own kernels (not cuBLAS's) at 32K.
-#   OUT=dir [BASE=dir] bash device-moe.sh
+#   OUT=dir [BASE=dir] [FULL=ops] bash device-moe.sh
 set -u
 source "$(dirname "$0")/device-common.sh"
 BASE=${BASE:-}
+FULL=${FULL:-moe} # the ops of the full verify (moe.route alone skips the CPU reference of the 32K layer)
 
 A=$OUT/moe-correctness; mkdir -p "$A"
 say "A verify moe (quick, full), test_upf, memcheck, racecheck"
 (OPENBLAS_NUM_THREADS=2 timeout 120 bin/upf verify moe --quick --log "$A/verify-moe-quick.log" >/dev/null 2>&1
   echo "# rc=$?" >>"$A/verify-moe-quick.log") &
-(OPENBLAS_NUM_THREADS=10 timeout 240 bin/upf verify moe --log "$A/verify-moe-full.log" >/dev/null 2>&1
-  echo "# rc=$?" >>"$A/verify-moe-full.log") &
+(OPENBLAS_NUM_THREADS=10 timeout 240 bin/upf verify $FULL --log "$A/verify-full.log" >/dev/null 2>&1
+  echo "# rc=$?" >>"$A/verify-full.log") &
 (cd bin && OPENBLAS_NUM_THREADS=1 timeout 200 ./test_upf >"$A/test_upf.log" 2>&1; echo "# rc=$?" >>"$A/test_upf.log") &
 (OPENBLAS_NUM_THREADS=1 timeout 230 "$SAN" --tool memcheck --error-exitcode 9 bin/upf verify moe --quick \
   >"$A/memcheck-moe-quick.log" 2>&1; echo "# rc=$?" >>"$A/memcheck-moe-quick.log") &

@@ -24,7 +24,7 @@
 #endif
 
 enum { CASE_QUICK = 1, CASE_LARGE = 2 };
-enum { CFG_QWEN = 0, CFG_SMALL, CFG_ODD, CFG_ALL, CFG_MID, CFG_K1, CFG_COUNT };
+enum { CFG_QWEN = 0, CFG_SMALL, CFG_ODD, CFG_ALL, CFG_MID, CFG_K1, CFG_WIDE_E, CFG_COUNT };
 
 /* hidden, experts, top_k, inter, shared_inter, norm_topk */
 static const upf_moe_config configs[CFG_COUNT] = {
@@ -34,6 +34,7 @@ static const upf_moe_config configs[CFG_COUNT] = {
     [CFG_ALL] = {64, 4, 4, 32, 32, 1},    /* K = E: every expert receives every token */
     [CFG_MID] = {256, 64, 6, 64, 64, 1},
     [CFG_K1] = {128, 32, 1, 64, 64, 1},
+    [CFG_WIDE_E] = {64, 1000, 8, 32, 0, 1}, /* more than 512 experts: 32 logits a lane in the CUDA top-K */
 };
 
 typedef struct {
@@ -61,6 +62,8 @@ static const moe_case moe_cases[] = {
     {"mid T=577 ties", CFG_MID, 577, UPF_MOE_DIST_TIES, .flags = CASE_QUICK},
     {"mid T=4096 skewed", CFG_MID, 4096, UPF_MOE_DIST_SKEWED},
     {"K=1 T=577", CFG_K1, 577, UPF_MOE_DIST_RANDOM},
+    {"wide-E T=577", CFG_WIDE_E, 577, UPF_MOE_DIST_RANDOM, .flags = CASE_QUICK},
+    {"wide-E T=97 ties", CFG_WIDE_E, 97, UPF_MOE_DIST_TIES, .flags = CASE_QUICK},
 };
 #define NUM_MOE_CASES ((int)(sizeof moe_cases / sizeof moe_cases[0]))
 
