@@ -23,7 +23,7 @@ say "A verify moe (quick, full), test_upf, memcheck, racecheck"
 (cd bin && OPENBLAS_NUM_THREADS=1 timeout 200 ./test_upf >"$A/test_upf.log" 2>&1; echo "# rc=$?" >>"$A/test_upf.log") &
 (OPENBLAS_NUM_THREADS=1 timeout 230 "$SAN" --tool memcheck --error-exitcode 9 bin/upf verify moe --quick \
   >"$A/memcheck-moe-quick.log" 2>&1; echo "# rc=$?" >>"$A/memcheck-moe-quick.log") &
-(OPENBLAS_NUM_THREADS=1 timeout 230 "$SAN" --tool racecheck --error-exitcode 9 bin/upf verify moe.ffn --quick \
+(OPENBLAS_NUM_THREADS=1 timeout 300 "$SAN" --tool racecheck --error-exitcode 9 bin/upf verify moe.ffn --quick \
   >"$A/racecheck-moe.ffn-quick.log" 2>&1; echo "# rc=$?" >>"$A/racecheck-moe.ffn-quick.log") &
 wait
 report "$A"
