@@ -471,39 +471,27 @@ __global__ void moe_gather_kernel(const T *__restrict__ x, int64_t x_ld, int64_t
 }
 
 /* act[r] = silu(hg[r, :I]) * hg[r, I:] for the rows r = rows[i] (i < n), or r = i when rows is
- * NULL. A group of tpr threads takes SWIGLU_ROWS consecutive i, V elements per access: every load of
- * its rows is issued before the first result is stored (a row of I = 512 is one 16-byte access a
- * thread, so one row a thread left a single load pair in flight and a CTA of 256 threads per 4 rows). */
-constexpr int SWIGLU_ROWS = 4;
+ * NULL. tpr threads per row, V elements per access. (A form with 4 rows a thread group, every load
+ * issued before the first store, measured 1.6x slower at 32K on the H200: perf/NOTES.md.) */
 template <typename T, int V>
 __global__ void moe_swiglu_kernel(const T *__restrict__ hg, // (rows, 2I)
                                   const int32_t *__restrict__ rows, int64_t n, int I, int tpr,
                                   T *__restrict__ act) { // (rows, I)
-  const int groups = blockDim.x / tpr;
-  const int64_t i0 = ((int64_t)blockIdx.x * groups + threadIdx.x / tpr) * SWIGLU_ROWS;
-  if (i0 >= n)
+  const int rows_per_cta = blockDim.x / tpr;
+  const int64_t i = (int64_t)blockIdx.x * rows_per_cta + threadIdx.x / tpr;
+  if (i >= n)
     return;
-  int64_t r[SWIGLU_ROWS];
-#pragma unroll
-  for (int q = 0; q < SWIGLU_ROWS; q++)
-    r[q] = i0 + q < n ? (rows ? rows[i0 + q] : i0 + q) : -1;
+  const int64_t r = rows ? rows[i] : i;
+  const T *g = hg + r * 2 * I, *u = g + I;
+  T *a = act + r * I;
   for (int c = (threadIdx.x % tpr) * V; c < I; c += tpr * V) {
-    float gv[SWIGLU_ROWS][V], uv[SWIGLU_ROWS][V];
+    float gv[V], uv[V], av[V];
+    load_f<T, V>(g + c, gv);
+    load_f<T, V>(u + c, uv);
 #pragma unroll
-    for (int q = 0; q < SWIGLU_ROWS; q++)
-      if (r[q] >= 0) {
-        load_f<T, V>(hg + r[q] * 2 * I + c, gv[q]);
-        load_f<T, V>(hg + r[q] * 2 * I + I + c, uv[q]);
-      }
-#pragma unroll
-    for (int q = 0; q < SWIGLU_ROWS; q++)
-      if (r[q] >= 0) {
-        float av[V];
-#pragma unroll
-        for (int j = 0; j < V; j++)
-          av[j] = gv[q][j] / (1.0f + expf(-gv[q][j])) * uv[q][j];
-        store_f<T, V>(act + r[q] * I + c, av);
-      }
+    for (int j = 0; j < V; j++)
+      av[j] = gv[j] / (1.0f + expf(-gv[j])) * uv[j];
+    store_f<T, V>(a + c, av);
   }
 }
 
@@ -962,7 +950,7 @@ upf_status launch_swiglu_as(const T *hg, const int32_t *rows, int64_t n, int I, 
   int chunks = (I + V - 1) / V, tpr = 1;
   while (tpr < 256 && tpr < chunks)
     tpr *= 2;
-  const int64_t rows_per_cta = 256 / tpr * SWIGLU_ROWS;
+  const int rows_per_cta = 256 / tpr;
   moe_swiglu_kernel<T, V><<<(unsigned)((n + rows_per_cta - 1) / rows_per_cta), 256, 0, s>>>(hg, rows, n, I, tpr,
                                                                                               act);
   UPF_CUDA_LAUNCH_TRY("moe_swiglu_kernel");
