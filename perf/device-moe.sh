@@ -4,7 +4,7 @@
 # each step capped, a failing step stops nothing:
 #   A. side by side, nothing timed meanwhile: `upf verify moe --quick`, the full `upf verify $FULL` (default
 #      moe; its CPU reference of Qwen3-Next at 4K and 32K gets 10 OpenBLAS threads), test_upf, memcheck over
-#      `verify moe --quick`, racecheck over `verify moe.ffn --quick`;
+#      `verify moe --quick`, racecheck over `verify moe.route --quick` and `verify moe.ffn --quick`;
 #   B. alone on the GPU: bench moe.dense_equiv and moe.ffn (default variant) at 8K and 32K, this bundle
 #      then BASE's, then this bundle again (an A/B/A order: drift shows as A != A);
 #   C. ncu SpeedOfLight + DRAM/L2 bytes of the MoE layer's own kernels (not cuBLAS's) at 32K.
@@ -23,8 +23,10 @@ say "A verify moe (quick, full), test_upf, memcheck, racecheck"
 (cd bin && OPENBLAS_NUM_THREADS=1 timeout 200 ./test_upf >"$A/test_upf.log" 2>&1; echo "# rc=$?" >>"$A/test_upf.log") &
 (OPENBLAS_NUM_THREADS=1 timeout 230 "$SAN" --tool memcheck --error-exitcode 9 bin/upf verify moe --quick \
   >"$A/memcheck-moe-quick.log" 2>&1; echo "# rc=$?" >>"$A/memcheck-moe-quick.log") &
-(OPENBLAS_NUM_THREADS=1 timeout 300 "$SAN" --tool racecheck --error-exitcode 9 bin/upf verify moe.ffn --quick \
-  >"$A/racecheck-moe.ffn-quick.log" 2>&1; echo "# rc=$?" >>"$A/racecheck-moe.ffn-quick.log") &
+for op in moe.route moe.ffn; do # moe.ffn under racecheck runs every cuBLAS variant: it may not finish in 300 s
+  (OPENBLAS_NUM_THREADS=1 timeout 300 "$SAN" --tool racecheck --error-exitcode 9 bin/upf verify $op --quick \
+    >"$A/racecheck-$op-quick.log" 2>&1; echo "# rc=$?" >>"$A/racecheck-$op-quick.log") &
+done
 wait
 report "$A"
 pack moe-correctness
