@@ -55,6 +55,11 @@ static attn_bench_case cases[] = {
     {"attn_prefill/cuda/bf16/gemma_swa1024", A_PREFILL, 1, BF, 1, 65536, 65536, 16, 8, 256, 1024, 0, 0},
     {"attn_prefill/cuda/bf16/gemma_global", A_PREFILL, 1, BF, 1, 8192, 8192, 16, 8, 256, 0, 0, 0},
     {"attn_prefill/cuda/bf16/gemma_global", A_PREFILL, 1, BF, 1, 32768, 32768, 16, 8, 256, 0, 0, 0},
+    /* global causal with as many visible (query, key) pairs as the window-1024 cases at 4K, 16K, 64K:
+     * T (T + 1) / 2 = 1024 * 1025 / 2 + (T_window - 1024) * 1024 (within 0.01%) */
+    {"attn_prefill/cuda/bf16/gemma_global_eqkeys", A_PREFILL, 1, BF, 1, 2709, 2709, 16, 8, 256, 0, 0, 0},
+    {"attn_prefill/cuda/bf16/gemma_global_eqkeys", A_PREFILL, 1, BF, 1, 5701, 5701, 16, 8, 256, 0, 0, 0},
+    {"attn_prefill/cuda/bf16/gemma_global_eqkeys", A_PREFILL, 1, BF, 1, 11540, 11540, 16, 8, 256, 0, 0, 0},
     {"attn_prefill/cuda/f32/llama_causal", A_PREFILL, 1, F32, 1, 4096, 4096, 32, 8, 128, 0, 0, 0},
     {"attn_prefill/cuda/bf16/llama_cached_chunk", A_PREFILL, 1, BF, 1, 2048, 32768, 32, 8, 128, 0, 0, 0},
     {"attn_paged/cuda/bf16/llama_decode_b64", A_PAGED, 1, BF, 64, 1, 4096, 32, 8, 128, 0, 16, 0},

@@ -66,6 +66,16 @@ def main():
             per_tok = seconds(b) / T * 1e9
             print(f"  T={T:6d} {seconds(b) * 1e3:8.3f} ms  {per_tok:7.2f} ns/token  {b['flop_per_second'] / 1e12:6.1f} "
                   f"TFLOP/s  time per visible key vs global: {glob[ref_T] / b['flop_per_second']:.2f}x")
+    # the same against a global run with as many visible (query, key) pairs (FLOPs count them, so the time
+    # per visible key compares as the inverse TFLOP/s ratio)
+    eq = sorted((T, b) for (fam, B, T), b in ours.items() if fam == "gemma_global_eqkeys")
+    if swa and eq:
+        print("
+sliding window 1024 vs global causal with the same number of visible keys")
+        for (T, b), (Tg, g) in zip(swa, eq):
+            print(f"  window T={T:6d} {seconds(b) * 1e3:8.3f} ms  global T={Tg:6d} {seconds(g) * 1e3:8.3f} ms  "
+                  f"({g['flop_per_second'] / 1e12:6.1f} TFLOP/s)  time per visible key: "
+                  f"{g['flop_per_second'] / b['flop_per_second']:.2f}x")
     print("\npaged decode: share of the measured copy bandwidth")
     for (fam, B, T), b in sorted(ours.items()):
         if "decode" in fam:
