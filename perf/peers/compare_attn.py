@@ -70,8 +70,7 @@ def main():
     # per visible key compares as the inverse TFLOP/s ratio)
     eq = sorted((T, b) for (fam, B, T), b in ours.items() if fam == "gemma_global_eqkeys")
     if swa and eq:
-        print("
-sliding window 1024 vs global causal with the same number of visible keys")
+        print("\nsliding window 1024 vs global causal with the same number of visible keys")
         for (T, b), (Tg, g) in zip(swa, eq):
             print(f"  window T={T:6d} {seconds(b) * 1e3:8.3f} ms  global T={Tg:6d} {seconds(g) * 1e3:8.3f} ms  "
                   f"({g['flop_per_second'] / 1e12:6.1f} TFLOP/s)  time per visible key: "
