@@ -12,9 +12,9 @@
  *   2. Counting sort in 512-pair tiles, a warp a tile: per-tile histograms (moe_tile_count_kernel),
  *      their per-expert prefix sums and the expert offsets (moe_scan_rows_kernel, cub::BlockScan),
  *      then moe_scatter_kernel places each pair (__match_any_sync ranks within a step, a running
- *      per-expert counter in shared memory across steps) and records its slot; stable, so within an expert the pairs
- *      stay in ascending (token, rank) order, on every run (the order the CUB radix sort it replaces
- *      gave, so the permutation is the same).
+ *      per-expert counter in shared memory across steps) and records its slot; stable, so within an
+ *      expert the pairs stay in ascending (token, rank) order, on every run (the order the CUB radix
+ *      sort it replaces gave, so the permutation is the same).
  *   3. One device-to-host read: the flags and the E counts. The host sizes the expert GEMMs from them
  *      (cuBLAS takes the per-GEMM row counts on the host) and picks the GEMM variant.
  *   4. moe_gather_kernel: one warp per token loads its row of x once and copies it into the permuted
