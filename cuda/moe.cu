@@ -1127,7 +1127,7 @@ upf_status ffn_run(const upf_moe_config *cfg, const upf_tensor *x, const upf_moe
   mark(0);
   T *hs = Is > 0 ? ptr_at<T>(ms.shared, o_hs) : nullptr, *as = Is > 0 ? ptr_at<T>(ms.shared, o_as) : nullptr;
   T *ys = Is > 0 ? ptr_at<T>(ms.shared, o_ys) : nullptr;
-  float *shared_gate = Is > 0 ? ptr_at<float>(ms.shared, o_gate) : nullptr;
+  float *token_gate = Is > 0 ? ptr_at<float>(ms.shared, o_gate) : nullptr; /* sigmoid(x . shared_gate) a token */
   UPF_CUDA_TRY(cudaMemsetAsync(info, 0xFF, INFO_HEAD * sizeof(uint32_t), s));
   UPF_TRY(launch_route<T>(cg.h, cfg, x, w, logits, topk_index, topk_weight, info));
   mark(1);
@@ -1183,7 +1183,7 @@ upf_status ffn_run(const upf_moe_config *cfg, const upf_tensor *x, const upf_moe
   UPF_TRY(upf_cuda_upload_async(row_base, ms.blob.data(), ms.blob.size()));
 
   const gather_io<T> gio = {topk_index, slot_of_pair, offsets, row_base,
-                            Is > 0 ? static_cast<const T *>(w->shared_gate) : nullptr, shared_gate, row_of_pair,
+                            Is > 0 ? static_cast<const T *>(w->shared_gate) : nullptr, token_gate, row_of_pair,
                             row_of_sorted, xp};
   UPF_TRY(launch_gather<T>(x, K, gio));
   mark(2);
@@ -1203,7 +1203,7 @@ upf_status ffn_run(const upf_moe_config *cfg, const upf_tensor *x, const upf_moe
     UPF_CUDA_TRY(cudaStreamWaitEvent(s, ms.join, 0));
   }
   mark(6);
-  UPF_TRY(launch_combine<T>(T_, shared_gate, y, ys, row_of_pair, topk_weight, (int)H, K, out));
+  UPF_TRY(launch_combine<T>(T_, token_gate, y, ys, row_of_pair, topk_weight, (int)H, K, out));
   mark(7);
   ms.last = ran;
   ms.profiled = ms.profile && ms.events_ready;
