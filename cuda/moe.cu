@@ -69,6 +69,7 @@
 #include "cuda/cuda_backend.cuh"
 #include "cuda/cuda_check.cuh"
 #include "cuda/moe.cuh"
+#include "uniprefill/env.h"
 
 /* Evaluates a cuBLAS call; on failure records the message and returns UPF_ERR_CUDA. */
 #define MOE_CUBLAS_TRY(call)                                                                        \
@@ -557,6 +558,9 @@ struct moe_state {
   cudaStream_t side = nullptr; /* the shared expert's stream, forked from and joined to the backend's */
   cudaEvent_t fork = nullptr, join = nullptr;
   cublasHandle_t side_blas = nullptr; /* its own cuBLAS handle: a handle's workspace serves one stream */
+  cudaStream_t lane = nullptr; /* BUCKETED's second lane (UPF_MOE_BUCKET_LANES=2): the odd buckets */
+  cudaEvent_t lane_fork = nullptr, lane_join = nullptr;
+  cublasHandle_t lane_blas = nullptr;
   std::vector<unsigned char> blob; /* host image of the per-call plan uploaded to the device */
 };
 
@@ -576,6 +580,8 @@ upf_status reserve(dev_buffer &b, size_t bytes, bool zero) {
   UPF_CUDA_TRY(cudaStreamSynchronize(s));
   if (ms.side)
     UPF_CUDA_TRY(cudaStreamSynchronize(ms.side));
+  if (ms.lane)
+    UPF_CUDA_TRY(cudaStreamSynchronize(ms.lane));
   if (b.ptr) {
     UPF_CUDA_TRY(cudaFree(b.ptr));
     b.ptr = nullptr;
@@ -744,7 +750,26 @@ struct gemm_plan {
   std::vector<int32_t> order;                   /* experts with tokens, by (count, index) */
   std::vector<int> group_n, group_size;         /* GROUPED: per group of equal counts */
   std::vector<int> bucket_start, bucket_size, bucket_cap; /* BUCKETED: ranges of `order`, slab rows */
+  int bucket_lanes;                                       /* BUCKETED: 1, or 2 streams taking turns */
 };
+
+/* UPF_MOE_BUCKETS and UPF_MOE_BUCKET_LANES (read once per process; any other value is an error naming
+ * the variable), for measurements: the number of BUCKETED buckets (unset = auto, plan_buckets' cost
+ * model; a number = that many, at most the experts with tokens), and the streams the buckets of one
+ * GEMM are queued on (unset = 1; 2 = even buckets on the backend stream, odd ones on a second stream
+ * with its own cuBLAS handle, so that one bucket's tail wave runs beside the next one's start). */
+const char *const BUCKET_COUNTS[] = {"auto", "1", "2", "3", "4", "5", "6", "7", "8"};
+const char *const BUCKET_LANES[] = {"1", "2"};
+
+upf_status bucket_choices(int *buckets, int *lanes) {
+  static int count_cache = -1, lane_cache = -1;
+  int c = 0, l = 0;
+  UPF_TRY(upf_env_choice_once("UPF_MOE_BUCKETS", BUCKET_COUNTS, 9, 0, &count_cache, &c));
+  UPF_TRY(upf_env_choice_once("UPF_MOE_BUCKET_LANES", BUCKET_LANES, 2, 0, &lane_cache, &l));
+  *buckets = c; /* 0 = auto */
+  *lanes = l + 1;
+  return UPF_OK;
+}
 
 /* BUCKETED: the experts with tokens, in ascending count order, cut into B buckets of equal expert
  * counts (B = 1..MAX_BUCKETS, the one with the fewest slab rows plus BUCKET_COST_ROWS a bucket: a
@@ -752,14 +777,14 @@ struct gemm_plan {
 constexpr int MAX_BUCKETS = 8;
 constexpr int64_t BUCKET_COST_ROWS = 1024;
 
-void plan_buckets(gemm_plan &p) {
+void plan_buckets(gemm_plan &p, int forced_buckets) {
   const int m = (int)p.order.size();
   p.bucket_start.clear(), p.bucket_size.clear(), p.bucket_cap.clear();
   if (m == 0)
     return;
   int best_b = 1;
   int64_t best_cost = INT64_MAX;
-  for (int b = 1; b <= std::min(MAX_BUCKETS, m); b++) {
+  for (int b = 1; b <= std::min(MAX_BUCKETS, m) && forced_buckets == 0; b++) {
     int64_t cost = b * BUCKET_COST_ROWS;
     for (int i = 0; i < b; i++) {
       const int lo = (int)((int64_t)m * i / b), hi = (int)((int64_t)m * (i + 1) / b);
@@ -768,6 +793,8 @@ void plan_buckets(gemm_plan &p) {
     if (cost < best_cost)
       best_cost = cost, best_b = b;
   }
+  if (forced_buckets > 0)
+    best_b = std::min(forced_buckets, m);
   for (int i = 0; i < best_b; i++) {
     const int lo = (int)((int64_t)m * i / best_b), hi = (int)((int64_t)m * (i + 1) / best_b);
     p.bucket_start.push_back(lo);
@@ -776,7 +803,7 @@ void plan_buckets(gemm_plan &p) {
   }
 }
 
-void plan_gemms(const upf_moe_config *cfg, int64_t T, const uint32_t *counts, gemm_plan &p) {
+void plan_gemms(const upf_moe_config *cfg, int64_t T, const uint32_t *counts, int forced_buckets, gemm_plan &p) {
   const int E = cfg->num_experts;
   const int64_t n = T * cfg->top_k;
   p.count.assign(E, 0);
@@ -807,7 +834,7 @@ void plan_gemms(const upf_moe_config *cfg, int64_t T, const uint32_t *counts, ge
     for (int e = 0; e < E; e++)
       p.row_base[e] = e * p.cap;
   } else if (v == UPF_CUDA_MOE_GEMM_BUCKETED) {
-    plan_buckets(p);
+    plan_buckets(p, forced_buckets);
     int64_t at = 0;
     for (size_t b = 0; b < p.bucket_start.size(); b++)
       for (int i = p.bucket_start[b]; i < p.bucket_start[b] + p.bucket_size[b]; i++) {
@@ -833,6 +860,27 @@ void plan_gemms(const upf_moe_config *cfg, int64_t T, const uint32_t *counts, ge
     }
     p.group_size.back()++;
   }
+}
+
+/* BUCKETED's second lane: its stream, events and cuBLAS handle, made on first use. */
+upf_status lane_ready() {
+  if (ms.lane_blas)
+    return UPF_OK;
+  if (!ms.lane)
+    UPF_CUDA_TRY(cudaStreamCreate(&ms.lane));
+  if (!ms.lane_fork)
+    UPF_CUDA_TRY(cudaEventCreateWithFlags(&ms.lane_fork, cudaEventDisableTiming));
+  if (!ms.lane_join)
+    UPF_CUDA_TRY(cudaEventCreateWithFlags(&ms.lane_join, cudaEventDisableTiming));
+  cublasHandle_t h = nullptr;
+  MOE_CUBLAS_TRY(cublasCreate(&h));
+  cublasStatus_t st = cublasSetStream(h, ms.lane);
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    cublasDestroy(h);
+    return upf_fail(UPF_ERR_CUDA, "cuda: cublasSetStream failed: %s", cublasGetStatusString(st));
+  }
+  ms.lane_blas = h; /* defaults: host pointer mode, CUBLAS_DEFAULT_MATH (no TF32) */
+  return UPF_OK;
 }
 
 /* One of the two expert GEMMs: out rows (count_e, cols) = in rows (count_e, k) . W_e^T for every
@@ -865,13 +913,27 @@ upf_status run_expert_gemm(cublasHandle_t h, const gemm_plan &p, const expert_ge
   }
   if (p.variant == UPF_CUDA_MOE_GEMM_BUCKETED) {
     const size_t E_used = p.order.size();
-    for (size_t b = 0; b < p.bucket_start.size(); b++) {
-      const size_t at = (size_t)p.bucket_start[b];
-      MOE_CUBLAS_TRY(cublasGemmBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, cols, p.bucket_cap[b], k, &one, g.dev_ptrs + at,
-                                         dt, k, g.dev_ptrs + E_used + at, dt, k, &zero,
-                                         const_cast<void *const *>(g.dev_ptrs + 2 * E_used + at), dt, cols,
-                                         p.bucket_size[b], CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    const bool two = p.bucket_lanes == 2 && p.bucket_start.size() > 1;
+    cudaStream_t s = upf_cuda_stream();
+    if (two) {
+      UPF_TRY(lane_ready());
+      UPF_CUDA_TRY(cudaEventRecord(ms.lane_fork, s));
+      UPF_CUDA_TRY(cudaStreamWaitEvent(ms.lane, ms.lane_fork, 0));
     }
+    cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
+    for (size_t b = 0; b < p.bucket_start.size() && st == CUBLAS_STATUS_SUCCESS; b++) {
+      const size_t at = (size_t)p.bucket_start[b];
+      st = cublasGemmBatchedEx(two && (b & 1) ? ms.lane_blas : h, CUBLAS_OP_T, CUBLAS_OP_N, cols, p.bucket_cap[b], k,
+                               &one, g.dev_ptrs + at, dt, k, g.dev_ptrs + E_used + at, dt, k, &zero,
+                               const_cast<void *const *>(g.dev_ptrs + 2 * E_used + at), dt, cols, p.bucket_size[b],
+                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    }
+    if (two) { /* joined also after a failed call: whatever the lane queued stays ordered before what follows */
+      UPF_CUDA_TRY(cudaEventRecord(ms.lane_join, ms.lane));
+      UPF_CUDA_TRY(cudaStreamWaitEvent(s, ms.lane_join, 0));
+    }
+    if (st != CUBLAS_STATUS_SUCCESS)
+      return upf_fail(UPF_ERR_CUDA, "cuda: cublasGemmBatchedEx failed: %s (%d)", cublasGetStatusString(st), (int)st);
     *ran = UPF_CUDA_MOE_GEMM_BUCKETED;
     return UPF_OK;
   }
@@ -1148,8 +1210,11 @@ upf_status ffn_run(const upf_moe_config *cfg, const upf_tensor *x, const upf_moe
     return nonfinite_error(host_info[0]);
   if (host_info[1] != MOE_NONE) /* cannot happen: the indices come from the top-K kernel */
     return upf_fail(UPF_ERR_CUDA, "moe.ffn (cuda): internal error, pair %u routed outside [0, E)", host_info[1]);
+  int forced_buckets = 0, lanes = 1;
+  UPF_TRY(bucket_choices(&forced_buckets, &lanes));
   gemm_plan plan;
-  plan_gemms(cfg, T_, host_info.data() + INFO_HEAD, plan);
+  plan_gemms(cfg, T_, host_info.data() + INFO_HEAD, forced_buckets, plan);
+  plan.bucket_lanes = lanes;
   if (plan.rows > INT_MAX)
     return upf_fail(UPF_ERR_UNSUPPORTED, "moe.ffn (cuda): %lld permuted rows exceed the int32 row index",
                     (long long)plan.rows);
