@@ -755,11 +755,11 @@ struct gemm_plan {
 
 /* UPF_MOE_BUCKETS and UPF_MOE_BUCKET_LANES (read once per process; any other value is an error naming
  * the variable), for measurements: the number of BUCKETED buckets (unset = auto, plan_buckets' cost
- * model; a number = that many, at most the experts with tokens), and the streams the buckets of one
- * GEMM are queued on (unset = 1; 2 = even buckets on the backend stream, odd ones on a second stream
- * with its own cuBLAS handle, so that one bucket's tail wave runs beside the next one's start). */
+ * model; a number = that many, at most the experts with tokens), and the streams the buckets run on
+ * (unset or 2 = run_bucketed_lanes; 1 = everything on the backend stream: GEMM 1 of every bucket,
+ * one SwiGLU over the pairs, GEMM 2 of every bucket). */
 const char *const BUCKET_COUNTS[] = {"auto", "1", "2", "3", "4", "5", "6", "7", "8"};
-const char *const BUCKET_LANES[] = {"1", "2"};
+const char *const BUCKET_LANES[] = {"2", "1"};
 
 upf_status bucket_choices(int *buckets, int *lanes) {
   static int count_cache = -1, lane_cache = -1;
@@ -767,7 +767,7 @@ upf_status bucket_choices(int *buckets, int *lanes) {
   UPF_TRY(upf_env_choice_once("UPF_MOE_BUCKETS", BUCKET_COUNTS, 9, 0, &count_cache, &c));
   UPF_TRY(upf_env_choice_once("UPF_MOE_BUCKET_LANES", BUCKET_LANES, 2, 0, &lane_cache, &l));
   *buckets = c; /* 0 = auto */
-  *lanes = l + 1;
+  *lanes = l == 0 ? 2 : 1;
   return UPF_OK;
 }
 
@@ -894,6 +894,19 @@ struct expert_gemm {
   const void **dev_ptrs;
 };
 
+/* BUCKETED: bucket b of one expert GEMM, one cublasGemmBatchedEx over its slabs, on h's stream. */
+template <typename T> upf_status bucket_gemm(cublasHandle_t h, const gemm_plan &p, const expert_gemm &g, size_t b) {
+  const cudaDataType_t dt = cuda_type<T>();
+  const float one = 1.0f, zero = 0.0f;
+  const size_t E_used = p.order.size(), at = (size_t)p.bucket_start[b];
+  const int cols = (int)g.cols, k = (int)g.k; /* run_expert_gemm's callers checked the int32 extents */
+  MOE_CUBLAS_TRY(cublasGemmBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, cols, p.bucket_cap[b], k, &one, g.dev_ptrs + at, dt,
+                                     k, g.dev_ptrs + E_used + at, dt, k, &zero,
+                                     const_cast<void *const *>(g.dev_ptrs + 2 * E_used + at), dt, cols,
+                                     p.bucket_size[b], CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  return UPF_OK;
+}
+
 template <typename T>
 upf_status run_expert_gemm(cublasHandle_t h, const gemm_plan &p, const expert_gemm &g, int num_experts,
                            upf_cuda_moe_gemm_variant *ran) {
@@ -912,28 +925,8 @@ upf_status run_expert_gemm(cublasHandle_t h, const gemm_plan &p, const expert_ge
     return UPF_OK;
   }
   if (p.variant == UPF_CUDA_MOE_GEMM_BUCKETED) {
-    const size_t E_used = p.order.size();
-    const bool two = p.bucket_lanes == 2 && p.bucket_start.size() > 1;
-    cudaStream_t s = upf_cuda_stream();
-    if (two) {
-      UPF_TRY(lane_ready());
-      UPF_CUDA_TRY(cudaEventRecord(ms.lane_fork, s));
-      UPF_CUDA_TRY(cudaStreamWaitEvent(ms.lane, ms.lane_fork, 0));
-    }
-    cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
-    for (size_t b = 0; b < p.bucket_start.size() && st == CUBLAS_STATUS_SUCCESS; b++) {
-      const size_t at = (size_t)p.bucket_start[b];
-      st = cublasGemmBatchedEx(two && (b & 1) ? ms.lane_blas : h, CUBLAS_OP_T, CUBLAS_OP_N, cols, p.bucket_cap[b], k,
-                               &one, g.dev_ptrs + at, dt, k, g.dev_ptrs + E_used + at, dt, k, &zero,
-                               const_cast<void *const *>(g.dev_ptrs + 2 * E_used + at), dt, cols, p.bucket_size[b],
-                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-    }
-    if (two) { /* joined also after a failed call: whatever the lane queued stays ordered before what follows */
-      UPF_CUDA_TRY(cudaEventRecord(ms.lane_join, ms.lane));
-      UPF_CUDA_TRY(cudaStreamWaitEvent(s, ms.lane_join, 0));
-    }
-    if (st != CUBLAS_STATUS_SUCCESS)
-      return upf_fail(UPF_ERR_CUDA, "cuda: cublasGemmBatchedEx failed: %s (%d)", cublasGetStatusString(st), (int)st);
+    for (size_t b = 0; b < p.bucket_start.size(); b++)
+      UPF_TRY(bucket_gemm<T>(h, p, g, b));
     *ran = UPF_CUDA_MOE_GEMM_BUCKETED;
     return UPF_OK;
   }
@@ -1025,6 +1018,37 @@ upf_status launch_swiglu(const T *hg, const int32_t *rows, int64_t n, int I, T *
   if (I % VM == 0)
     return launch_swiglu_as<T, VM>(hg, rows, n, I, act, s);
   return launch_swiglu_as<T, 1>(hg, rows, n, I, act, s);
+}
+
+/* BUCKETED on two lanes (the default, UPF_MOE_BUCKET_LANES=2): every bucket runs GEMM 1, the SwiGLU of
+ * its slab rows and GEMM 2 in order, the even buckets on the backend stream, the odd ones on ms.lane
+ * (its own cuBLAS handle), so that a bucket's tail wave and its memory-bound SwiGLU run beside the
+ * other lane's GEMMs. The SwiGLU here takes the bucket's slab rows as they lie (padding rows too:
+ * each GEMM output row depends on its own input row only, and nothing reads a padding row of y). */
+template <typename T>
+upf_status run_bucketed_lanes(cublasHandle_t h, const gemm_plan &p, const expert_gemm &g1, const expert_gemm &g2,
+                              int I) {
+  if (g1.cols > INT_MAX || g1.k > INT_MAX || g2.cols > INT_MAX || g2.k > INT_MAX || p.rows > INT_MAX)
+    return upf_fail(UPF_ERR_UNSUPPORTED, "moe (cuda): expert GEMM extents beyond int32");
+  cudaStream_t s = upf_cuda_stream();
+  UPF_TRY(lane_ready());
+  UPF_CUDA_TRY(cudaEventRecord(ms.lane_fork, s));
+  UPF_CUDA_TRY(cudaStreamWaitEvent(ms.lane, ms.lane_fork, 0));
+  upf_status st = UPF_OK;
+  for (size_t b = 0; b < p.bucket_start.size() && st == UPF_OK; b++) {
+    const bool odd = (b & 1) != 0;
+    const int64_t r0 = p.row_base[p.order[p.bucket_start[b]]], rows = (int64_t)p.bucket_size[b] * p.bucket_cap[b];
+    st = bucket_gemm<T>(odd ? ms.lane_blas : h, p, g1, b);
+    if (st == UPF_OK)
+      st = launch_swiglu<T>(static_cast<const T *>(g1.out) + r0 * 2 * I, nullptr, rows, I,
+                            static_cast<T *>(const_cast<void *>(g2.in)) + r0 * I, odd ? ms.lane : s);
+    if (st == UPF_OK)
+      st = bucket_gemm<T>(odd ? ms.lane_blas : h, p, g2, b);
+  }
+  /* joined also after a failed launch: whatever the lane queued stays ordered before what follows */
+  UPF_CUDA_TRY(cudaEventRecord(ms.lane_join, ms.lane));
+  UPF_CUDA_TRY(cudaStreamWaitEvent(s, ms.lane_join, 0));
+  return st;
 }
 
 /* The shared expert on the side stream: hs (T, 2Is) = x . shared_gate_up^T, as = SwiGLU(hs),
@@ -1254,15 +1278,20 @@ upf_status ffn_run(const upf_moe_config *cfg, const upf_tensor *x, const upf_moe
   mark(2);
   upf_cuda_moe_gemm_variant ran = plan.variant;
   expert_gemm g1 = {w->gate_up, xp, hg, 2 * I, H, ptrs};
-  UPF_TRY(run_expert_gemm<T>(cg.h, plan, g1, E, &ran));
-  if (ran == UPF_CUDA_MOE_GEMM_LOOP)
-    plan.variant = UPF_CUDA_MOE_GEMM_LOOP; /* GROUPED unsupported here: the second GEMM loops too */
-  mark(3);
-  UPF_TRY(launch_swiglu<T>(hg, row_of_sorted, n, (int)I, act, s));
-  mark(4);
   expert_gemm g2 = {w->down, act, y, H, I, ptrs + 3 * used};
-  UPF_TRY(run_expert_gemm<T>(cg.h, plan, g2, E, &ran));
-  mark(5);
+  if (plan.variant == UPF_CUDA_MOE_GEMM_BUCKETED && plan.bucket_lanes == 2 && plan.bucket_start.size() > 1) {
+    UPF_TRY(run_bucketed_lanes<T>(cg.h, plan, g1, g2, (int)I)); /* one phase: GEMM 1, SwiGLU and GEMM 2 */
+    mark(3), mark(4), mark(5);
+  } else {
+    UPF_TRY(run_expert_gemm<T>(cg.h, plan, g1, E, &ran));
+    if (ran == UPF_CUDA_MOE_GEMM_LOOP)
+      plan.variant = UPF_CUDA_MOE_GEMM_LOOP; /* GROUPED unsupported here: the second GEMM loops too */
+    mark(3);
+    UPF_TRY(launch_swiglu<T>(hg, row_of_sorted, n, (int)I, act, s));
+    mark(4);
+    UPF_TRY(run_expert_gemm<T>(cg.h, plan, g2, E, &ran));
+    mark(5);
+  }
   if (Is > 0) {
     joined.armed = false;
     UPF_CUDA_TRY(cudaStreamWaitEvent(s, ms.join, 0));

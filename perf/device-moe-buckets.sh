@@ -1,22 +1,30 @@
 #!/usr/bin/env bash
 # One device call for BUCKETED's launch shape (UPF_MOE_BUCKETS, UPF_MOE_BUCKET_LANES), from the
 # unpacked bundle of perf/stage-device.sh; each step capped, a failing step stops nothing:
-#   A. side by side, nothing timed meanwhile: `upf verify moe --quick` as built (lanes 1) and with
-#      UPF_MOE_BUCKET_LANES=2, the full `upf verify moe.ffn` with lanes 2 (Qwen3-Next at T = 1 .. 32K);
+#   A. side by side, nothing timed meanwhile: `upf verify moe --quick` as built and with LANES_ALT (the
+#      other lane setting), the full `upf verify moe.ffn` as built (Qwen3-Next at T = 1 .. 32K), memcheck
+#      over `verify moe.ffn --quick`, test_upf;
 #   B. alone on the GPU: bench moe.dense_equiv and moe.ffn (AUTO = BUCKETED) at 8K and 32K as built,
-#      then moe.ffn under each (buckets, lanes) setting, then as built again (drift shows as A != A).
-#   OUT=dir bash device-moe-buckets.sh
+#      then moe.ffn under each setting of SETTINGS, then as built again (drift shows as A != A).
+#   OUT=dir [LANES_ALT=1] [SETTINGS='label:VAR=v,VAR=v label2:...'] bash device-moe-buckets.sh
+#   (94366f4's call, when lanes 2 was a switch that only spread the buckets of each GEMM: LANES_ALT=2
+#   and the settings of the bench lines in perf/reports/H200/94366f4-moe-buckets/.)
 set -u
 source "$(dirname "$0")/device-common.sh"
 
+LANES_ALT=${LANES_ALT:-1}
+SETTINGS=${SETTINGS:-lanes1:UPF_MOE_BUCKET_LANES=1 b4:UPF_MOE_BUCKETS=4 b8:UPF_MOE_BUCKETS=8}
 A=$OUT/buckets-correctness; mkdir -p "$A"
-say "A verify moe --quick (lanes 1, lanes 2), verify moe.ffn full (lanes 2)"
+say "A verify moe --quick (as built, lanes $LANES_ALT), verify moe.ffn full, memcheck, test_upf"
 (OPENBLAS_NUM_THREADS=2 timeout 150 bin/upf verify moe --quick --log "$A/verify-moe-quick.log" >/dev/null 2>&1
   echo "# rc=$?" >>"$A/verify-moe-quick.log") &
-(UPF_MOE_BUCKET_LANES=2 OPENBLAS_NUM_THREADS=2 timeout 150 bin/upf verify moe --quick \
-  --log "$A/verify-moe-quick-lanes2.log" >/dev/null 2>&1; echo "# rc=$?" >>"$A/verify-moe-quick-lanes2.log") &
-(UPF_MOE_BUCKET_LANES=2 OPENBLAS_NUM_THREADS=10 timeout 240 bin/upf verify moe.ffn \
-  --log "$A/verify-moe.ffn-full-lanes2.log" >/dev/null 2>&1; echo "# rc=$?" >>"$A/verify-moe.ffn-full-lanes2.log") &
+(UPF_MOE_BUCKET_LANES=$LANES_ALT OPENBLAS_NUM_THREADS=2 timeout 150 bin/upf verify moe --quick \
+  --log "$A/verify-moe-quick-lanes$LANES_ALT.log" >/dev/null 2>&1; echo "# rc=$?" >>"$A/verify-moe-quick-lanes$LANES_ALT.log") &
+(OPENBLAS_NUM_THREADS=10 timeout 240 bin/upf verify moe.ffn --log "$A/verify-moe.ffn-full.log" >/dev/null 2>&1
+  echo "# rc=$?" >>"$A/verify-moe.ffn-full.log") &
+(OPENBLAS_NUM_THREADS=1 timeout 230 "$SAN" --tool memcheck --error-exitcode 9 bin/upf verify moe.ffn --quick \
+  >"$A/memcheck-moe.ffn-quick.log" 2>&1; echo "# rc=$?" >>"$A/memcheck-moe.ffn-quick.log") &
+(cd bin && OPENBLAS_NUM_THREADS=1 timeout 200 ./test_upf >"$A/test_upf.log" 2>&1; echo "# rc=$?" >>"$A/test_upf.log") &
 wait
 report "$A"
 pack buckets-correctness
@@ -32,12 +40,10 @@ bench() { # label filter [env assignments]
 ALL='^copy|^moe\.(dense_equiv|ffn)/cuda/bf16/T:(8192|32768)'
 FFN='^moe\.ffn/cuda/bf16/T:(8192|32768)'
 bench base1 "$ALL"
-bench lanes2 "$FFN" UPF_MOE_BUCKET_LANES=2
-bench lanes2-b4 "$FFN" UPF_MOE_BUCKET_LANES=2 UPF_MOE_BUCKETS=4
-bench lanes2-b2 "$FFN" UPF_MOE_BUCKET_LANES=2 UPF_MOE_BUCKETS=2
-bench lanes1-b4 "$FFN" UPF_MOE_BUCKETS=4
-bench lanes1-b2 "$FFN" UPF_MOE_BUCKETS=2
-bench lanes2-b8 "$FFN" UPF_MOE_BUCKET_LANES=2 UPF_MOE_BUCKETS=8
+for setting in $SETTINGS; do
+  IFS=, read -r -a vars <<<"${setting#*:}"
+  bench "${setting%%:*}" "$FFN" "${vars[@]}"
+done
 bench base2 "$ALL"
 pack buckets-bench
 say done
