@@ -750,24 +750,25 @@ struct gemm_plan {
   std::vector<int32_t> order;                   /* experts with tokens, by (count, index) */
   std::vector<int> group_n, group_size;         /* GROUPED: per group of equal counts */
   std::vector<int> bucket_start, bucket_size, bucket_cap; /* BUCKETED: ranges of `order`, slab rows */
-  int bucket_lanes;                                       /* BUCKETED: 1, or 2 streams taking turns */
+  int bucket_lanes; /* BUCKETED: 1 stream, 2 streams taking turns a GEMM, 3: two pipelined lanes */
 };
 
 /* UPF_MOE_BUCKETS and UPF_MOE_BUCKET_LANES (read once per process; any other value is an error naming
  * the variable), for measurements: the number of BUCKETED buckets (unset = auto, plan_buckets' cost
- * model; a number = that many, at most the experts with tokens), and the streams the buckets run on
- * (unset or 2 = run_bucketed_lanes; 1 = everything on the backend stream: GEMM 1 of every bucket,
- * one SwiGLU over the pairs, GEMM 2 of every bucket). */
+ * model; a number = that many, at most the experts with tokens), and the streams the buckets run on:
+ * unset or 2 = each GEMM's even buckets on the backend stream and its odd ones on ms.lane (its own
+ * cuBLAS handle), joined before the one SwiGLU over the pairs, so that a bucket's tail wave runs beside
+ * the next one's start; 1 = every bucket on the backend stream; 2-pipelined = run_bucketed_lanes. */
 const char *const BUCKET_COUNTS[] = {"auto", "1", "2", "3", "4", "5", "6", "7", "8"};
-const char *const BUCKET_LANES[] = {"2", "1"};
+const char *const BUCKET_LANES[] = {"2", "1", "2-pipelined"};
 
 upf_status bucket_choices(int *buckets, int *lanes) {
   static int count_cache = -1, lane_cache = -1;
   int c = 0, l = 0;
   UPF_TRY(upf_env_choice_once("UPF_MOE_BUCKETS", BUCKET_COUNTS, 9, 0, &count_cache, &c));
-  UPF_TRY(upf_env_choice_once("UPF_MOE_BUCKET_LANES", BUCKET_LANES, 2, 0, &lane_cache, &l));
+  UPF_TRY(upf_env_choice_once("UPF_MOE_BUCKET_LANES", BUCKET_LANES, 3, 0, &lane_cache, &l));
   *buckets = c; /* 0 = auto */
-  *lanes = l == 0 ? 2 : 1;
+  *lanes = l == 0 ? 2 : l == 1 ? 1 : 3; /* 3: two lanes, pipelined */
   return UPF_OK;
 }
 
@@ -924,9 +925,24 @@ upf_status run_expert_gemm(cublasHandle_t h, const gemm_plan &p, const expert_ge
     *ran = UPF_CUDA_MOE_GEMM_PADDED;
     return UPF_OK;
   }
-  if (p.variant == UPF_CUDA_MOE_GEMM_BUCKETED) {
+  if (p.variant == UPF_CUDA_MOE_GEMM_BUCKETED && (p.bucket_lanes == 1 || p.bucket_start.size() < 2)) {
     for (size_t b = 0; b < p.bucket_start.size(); b++)
       UPF_TRY(bucket_gemm<T>(h, p, g, b));
+    *ran = UPF_CUDA_MOE_GEMM_BUCKETED;
+    return UPF_OK;
+  }
+  if (p.variant == UPF_CUDA_MOE_GEMM_BUCKETED) { /* two lanes: even buckets here, odd ones on ms.lane */
+    cudaStream_t s = upf_cuda_stream();
+    UPF_TRY(lane_ready());
+    UPF_CUDA_TRY(cudaEventRecord(ms.lane_fork, s));
+    UPF_CUDA_TRY(cudaStreamWaitEvent(ms.lane, ms.lane_fork, 0));
+    upf_status st = UPF_OK;
+    for (size_t b = 0; b < p.bucket_start.size() && st == UPF_OK; b++)
+      st = bucket_gemm<T>((b & 1) ? ms.lane_blas : h, p, g, b);
+    /* joined also after a failed launch: whatever the lane queued stays ordered before what follows */
+    UPF_CUDA_TRY(cudaEventRecord(ms.lane_join, ms.lane));
+    UPF_CUDA_TRY(cudaStreamWaitEvent(s, ms.lane_join, 0));
+    UPF_TRY(st);
     *ran = UPF_CUDA_MOE_GEMM_BUCKETED;
     return UPF_OK;
   }
@@ -1020,7 +1036,7 @@ upf_status launch_swiglu(const T *hg, const int32_t *rows, int64_t n, int I, T *
   return launch_swiglu_as<T, 1>(hg, rows, n, I, act, s);
 }
 
-/* BUCKETED on two lanes (the default, UPF_MOE_BUCKET_LANES=2): every bucket runs GEMM 1, the SwiGLU of
+/* BUCKETED on two pipelined lanes (UPF_MOE_BUCKET_LANES=2-pipelined): every bucket runs GEMM 1, the SwiGLU of
  * its slab rows and GEMM 2 in order, the even buckets on the backend stream, the odd ones on ms.lane
  * (its own cuBLAS handle), so that a bucket's tail wave and its memory-bound SwiGLU run beside the
  * other lane's GEMMs. The SwiGLU here takes the bucket's slab rows as they lie (padding rows too:
@@ -1279,7 +1295,7 @@ upf_status ffn_run(const upf_moe_config *cfg, const upf_tensor *x, const upf_moe
   upf_cuda_moe_gemm_variant ran = plan.variant;
   expert_gemm g1 = {w->gate_up, xp, hg, 2 * I, H, ptrs};
   expert_gemm g2 = {w->down, act, y, H, I, ptrs + 3 * used};
-  if (plan.variant == UPF_CUDA_MOE_GEMM_BUCKETED && plan.bucket_lanes == 2 && plan.bucket_start.size() > 1) {
+  if (plan.variant == UPF_CUDA_MOE_GEMM_BUCKETED && plan.bucket_lanes == 3 && plan.bucket_start.size() > 1) {
     UPF_TRY(run_bucketed_lanes<T>(cg.h, plan, g1, g2, (int)I)); /* one phase: GEMM 1, SwiGLU and GEMM 2 */
     mark(3), mark(4), mark(5);
   } else {
