@@ -750,25 +750,26 @@ struct gemm_plan {
   std::vector<int32_t> order;                   /* experts with tokens, by (count, index) */
   std::vector<int> group_n, group_size;         /* GROUPED: per group of equal counts */
   std::vector<int> bucket_start, bucket_size, bucket_cap; /* BUCKETED: ranges of `order`, slab rows */
-  int bucket_lanes; /* BUCKETED: 1 stream, 2 streams taking turns a GEMM, 3: two pipelined lanes */
+  int bucket_lanes;                                       /* BUCKETED: streams the buckets alternate over */
 };
 
 /* UPF_MOE_BUCKETS and UPF_MOE_BUCKET_LANES (read once per process; any other value is an error naming
  * the variable), for measurements: the number of BUCKETED buckets (unset = auto, plan_buckets' cost
  * model; a number = that many, at most the experts with tokens), and the streams the buckets run on:
  * unset or 2 = each GEMM's even buckets on the backend stream and its odd ones on ms.lane (its own
- * cuBLAS handle), joined before the one SwiGLU over the pairs, so that a bucket's tail wave runs beside
- * the next one's start; 1 = every bucket on the backend stream; 2-pipelined = run_bucketed_lanes. */
+ * cuBLAS handle), joined before the SwiGLU, so that a bucket's tail wave runs beside the next one's
+ * start; 1 = every bucket on the backend stream. Measured on the H200 (perf/NOTES.md), two lanes take
+ * 4-5% off the layer at 8K and 0.5-1% at 32K. */
 const char *const BUCKET_COUNTS[] = {"auto", "1", "2", "3", "4", "5", "6", "7", "8"};
-const char *const BUCKET_LANES[] = {"2", "1", "2-pipelined"};
+const char *const BUCKET_LANES[] = {"2", "1"};
 
 upf_status bucket_choices(int *buckets, int *lanes) {
   static int count_cache = -1, lane_cache = -1;
   int c = 0, l = 0;
   UPF_TRY(upf_env_choice_once("UPF_MOE_BUCKETS", BUCKET_COUNTS, 9, 0, &count_cache, &c));
-  UPF_TRY(upf_env_choice_once("UPF_MOE_BUCKET_LANES", BUCKET_LANES, 3, 0, &lane_cache, &l));
+  UPF_TRY(upf_env_choice_once("UPF_MOE_BUCKET_LANES", BUCKET_LANES, 2, 0, &lane_cache, &l));
   *buckets = c; /* 0 = auto */
-  *lanes = l == 0 ? 2 : l == 1 ? 1 : 3; /* 3: two lanes, pipelined */
+  *lanes = l == 0 ? 2 : 1;
   return UPF_OK;
 }
 
@@ -1036,37 +1037,6 @@ upf_status launch_swiglu(const T *hg, const int32_t *rows, int64_t n, int I, T *
   return launch_swiglu_as<T, 1>(hg, rows, n, I, act, s);
 }
 
-/* BUCKETED on two pipelined lanes (UPF_MOE_BUCKET_LANES=2-pipelined): every bucket runs GEMM 1, the SwiGLU of
- * its slab rows and GEMM 2 in order, the even buckets on the backend stream, the odd ones on ms.lane
- * (its own cuBLAS handle), so that a bucket's tail wave and its memory-bound SwiGLU run beside the
- * other lane's GEMMs. The SwiGLU here takes the bucket's slab rows as they lie (padding rows too:
- * each GEMM output row depends on its own input row only, and nothing reads a padding row of y). */
-template <typename T>
-upf_status run_bucketed_lanes(cublasHandle_t h, const gemm_plan &p, const expert_gemm &g1, const expert_gemm &g2,
-                              int I) {
-  if (g1.cols > INT_MAX || g1.k > INT_MAX || g2.cols > INT_MAX || g2.k > INT_MAX || p.rows > INT_MAX)
-    return upf_fail(UPF_ERR_UNSUPPORTED, "moe (cuda): expert GEMM extents beyond int32");
-  cudaStream_t s = upf_cuda_stream();
-  UPF_TRY(lane_ready());
-  UPF_CUDA_TRY(cudaEventRecord(ms.lane_fork, s));
-  UPF_CUDA_TRY(cudaStreamWaitEvent(ms.lane, ms.lane_fork, 0));
-  upf_status st = UPF_OK;
-  for (size_t b = 0; b < p.bucket_start.size() && st == UPF_OK; b++) {
-    const bool odd = (b & 1) != 0;
-    const int64_t r0 = p.row_base[p.order[p.bucket_start[b]]], rows = (int64_t)p.bucket_size[b] * p.bucket_cap[b];
-    st = bucket_gemm<T>(odd ? ms.lane_blas : h, p, g1, b);
-    if (st == UPF_OK)
-      st = launch_swiglu<T>(static_cast<const T *>(g1.out) + r0 * 2 * I, nullptr, rows, I,
-                            static_cast<T *>(const_cast<void *>(g2.in)) + r0 * I, odd ? ms.lane : s);
-    if (st == UPF_OK)
-      st = bucket_gemm<T>(odd ? ms.lane_blas : h, p, g2, b);
-  }
-  /* joined also after a failed launch: whatever the lane queued stays ordered before what follows */
-  UPF_CUDA_TRY(cudaEventRecord(ms.lane_join, ms.lane));
-  UPF_CUDA_TRY(cudaStreamWaitEvent(s, ms.lane_join, 0));
-  return st;
-}
-
 /* The shared expert on the side stream: hs (T, 2Is) = x . shared_gate_up^T, as = SwiGLU(hs),
  * ys (T, H) = as . shared_down^T. Forked from the backend stream after everything queued so far and
  * joined back by ms.join, so it overlaps the routing, the host read of the counts and the gather. */
@@ -1295,19 +1265,14 @@ upf_status ffn_run(const upf_moe_config *cfg, const upf_tensor *x, const upf_moe
   upf_cuda_moe_gemm_variant ran = plan.variant;
   expert_gemm g1 = {w->gate_up, xp, hg, 2 * I, H, ptrs};
   expert_gemm g2 = {w->down, act, y, H, I, ptrs + 3 * used};
-  if (plan.variant == UPF_CUDA_MOE_GEMM_BUCKETED && plan.bucket_lanes == 3 && plan.bucket_start.size() > 1) {
-    UPF_TRY(run_bucketed_lanes<T>(cg.h, plan, g1, g2, (int)I)); /* one phase: GEMM 1, SwiGLU and GEMM 2 */
-    mark(3), mark(4), mark(5);
-  } else {
-    UPF_TRY(run_expert_gemm<T>(cg.h, plan, g1, E, &ran));
-    if (ran == UPF_CUDA_MOE_GEMM_LOOP)
-      plan.variant = UPF_CUDA_MOE_GEMM_LOOP; /* GROUPED unsupported here: the second GEMM loops too */
-    mark(3);
-    UPF_TRY(launch_swiglu<T>(hg, row_of_sorted, n, (int)I, act, s));
-    mark(4);
-    UPF_TRY(run_expert_gemm<T>(cg.h, plan, g2, E, &ran));
-    mark(5);
-  }
+  UPF_TRY(run_expert_gemm<T>(cg.h, plan, g1, E, &ran));
+  if (ran == UPF_CUDA_MOE_GEMM_LOOP)
+    plan.variant = UPF_CUDA_MOE_GEMM_LOOP; /* GROUPED unsupported here: the second GEMM loops too */
+  mark(3);
+  UPF_TRY(launch_swiglu<T>(hg, row_of_sorted, n, (int)I, act, s));
+  mark(4);
+  UPF_TRY(run_expert_gemm<T>(cg.h, plan, g2, E, &ran));
+  mark(5);
   if (Is > 0) {
     joined.armed = false;
     UPF_CUDA_TRY(cudaStreamWaitEvent(s, ms.join, 0));
