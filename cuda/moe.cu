@@ -213,9 +213,11 @@ __global__ void moe_topk_kernel(const float *__restrict__ logits, // (T, E)
     }
   s = warp_sum(s);
 
-  /* tau and the candidates >= tau */
+  /* tau and the candidates >= tau; `total` starts above the 32 a warp can rank-sort, which sends
+   * K > 32 (no tau) to the argmax rounds below as well */
+  constexpr int TOO_MANY = 33;
   float tau = -INFINITY;
-  int total = 33;
+  int total = TOO_MANY;
   if (K <= 32) {
     float sv = lm;
     int si = lane;
