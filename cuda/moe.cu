@@ -1271,7 +1271,14 @@ upf_status ffn_run(const upf_moe_config *cfg, const upf_tensor *x, const upf_moe
   if (ran == UPF_CUDA_MOE_GEMM_LOOP)
     plan.variant = UPF_CUDA_MOE_GEMM_LOOP; /* GROUPED unsupported here: the second GEMM loops too */
   mark(3);
-  UPF_TRY(launch_swiglu<T>(hg, row_of_sorted, n, (int)I, act, s));
+  /* BUCKETED's slabs lie back to back with little padding: the SwiGLU runs over all plan.rows rows in
+   * order, with no row index to load first. A padding row gets a value from whatever GEMM 1 computed for
+   * it, which is harmless: each GEMM output row depends on its own input row only, and the combine
+   * reads no padding row of y. The other variants' padding can be large (PADDED): rows of the pairs. */
+  if (ran == UPF_CUDA_MOE_GEMM_BUCKETED)
+    UPF_TRY(launch_swiglu<T>(hg, nullptr, plan.rows, (int)I, act, s));
+  else
+    UPF_TRY(launch_swiglu<T>(hg, row_of_sorted, n, (int)I, act, s));
   mark(4);
   UPF_TRY(run_expert_gemm<T>(cg.h, plan, g2, E, &ran));
   mark(5);
