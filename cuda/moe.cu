@@ -29,9 +29,13 @@
  *                 to 8); slab e holds expert e's rows first, the rest is never read;
  *        LOOP     one cublasGemmEx per expert that has tokens;
  *        BUCKETED experts sorted by count, cut into a few buckets (plan_buckets), one
- *                 cublasGemmBatchedEx a bucket over slabs of the bucket's largest count;
+ *                 cublasGemmBatchedEx a bucket over slabs of the bucket's largest count; the buckets
+ *                 of a GEMM alternate between the backend stream and a second one (UPF_MOE_BUCKET_LANES,
+ *                 see bucket_choices), so that a bucket's tail wave runs beside the next one's start;
  *        AUTO     BUCKETED: the fastest on the H200 at 8K and 32K (1.81 / 5.92 ms against PADDED's
- *                 1.87 / 6.41 and GROUPED's 2.89 / 10.6, perf/NOTES.md).
+ *                 1.87 / 6.41 and GROUPED's 2.89 / 10.6, perf/NOTES.md). A CUTLASS 4.2 grouped GEMM
+ *                 (one persistent launch a GEMM, weights as M) measured slower than BUCKETED in every
+ *                 tile configuration (tag h200-moe-cutlass-98374c5, perf/NOTES.md).
  *   6. Shared expert: two cublasGemmEx over all T tokens with the same SwiGLU kernel between, on a
  *      side stream (its own cuBLAS handle) forked after the sort is queued and joined before the
  *      combine: it depends on x alone, so it fills the GPU while the host reads the counts.
@@ -474,8 +478,9 @@ __global__ void moe_gather_kernel(const T *__restrict__ x, int64_t x_ld, int64_t
 }
 
 /* act[r] = silu(hg[r, :I]) * hg[r, I:] for the rows r = rows[i] (i < n), or r = i when rows is
- * NULL. tpr threads per row, V elements per access. (A form with 4 rows a thread group, every load
- * issued before the first store, measured 1.6x slower at 32K on the H200: perf/NOTES.md.) */
+ * NULL. tpr threads per row, V elements per access. (Measured slower on the H200, perf/NOTES.md: a form
+ * with 4 rows a thread group, every load issued before the first store, 1.6x at 32K; BUCKETED's slab
+ * rows in order, padding included and no row index, 3-10%.) */
 template <typename T, int V>
 __global__ void moe_swiglu_kernel(const T *__restrict__ hg, // (rows, 2I)
                                   const int32_t *__restrict__ rows, int64_t n, int I, int tpr,
@@ -1271,14 +1276,7 @@ upf_status ffn_run(const upf_moe_config *cfg, const upf_tensor *x, const upf_moe
   if (ran == UPF_CUDA_MOE_GEMM_LOOP)
     plan.variant = UPF_CUDA_MOE_GEMM_LOOP; /* GROUPED unsupported here: the second GEMM loops too */
   mark(3);
-  /* BUCKETED's slabs lie back to back with little padding: the SwiGLU runs over all plan.rows rows in
-   * order, with no row index to load first. A padding row gets a value from whatever GEMM 1 computed for
-   * it, which is harmless: each GEMM output row depends on its own input row only, and the combine
-   * reads no padding row of y. The other variants' padding can be large (PADDED): rows of the pairs. */
-  if (ran == UPF_CUDA_MOE_GEMM_BUCKETED)
-    UPF_TRY(launch_swiglu<T>(hg, nullptr, plan.rows, (int)I, act, s));
-  else
-    UPF_TRY(launch_swiglu<T>(hg, row_of_sorted, n, (int)I, act, s));
+  UPF_TRY(launch_swiglu<T>(hg, row_of_sorted, n, (int)I, act, s));
   mark(4);
   UPF_TRY(run_expert_gemm<T>(cg.h, plan, g2, E, &ran));
   mark(5);
