@@ -556,18 +556,22 @@ struct dev_buffer {
   size_t bytes = 0;
 };
 
+/* A stream beside the backend's, forked from it (fork) and joined back to it (join), with its own cuBLAS
+ * handle (a handle's workspace serves one stream); made on first use by aux_ready. */
+struct aux_stream {
+  cudaStream_t stream = nullptr;
+  cudaEvent_t fork = nullptr, join = nullptr;
+  cublasHandle_t blas = nullptr;
+};
+
 struct moe_state {
   dev_buffer route, act, shared;
   upf_cuda_moe_gemm_variant variant = UPF_CUDA_MOE_GEMM_AUTO;
   upf_cuda_moe_gemm_variant last = UPF_CUDA_MOE_GEMM_AUTO;
   bool profile = false, profiled = false, events_ready = false;
   cudaEvent_t ev[UPF_CUDA_MOE_PHASES + 1] = {};
-  cudaStream_t side = nullptr; /* the shared expert's stream, forked from and joined to the backend's */
-  cudaEvent_t fork = nullptr, join = nullptr;
-  cublasHandle_t side_blas = nullptr; /* its own cuBLAS handle: a handle's workspace serves one stream */
-  cudaStream_t lane = nullptr; /* BUCKETED's second lane (UPF_MOE_BUCKET_LANES=2): the odd buckets */
-  cudaEvent_t lane_fork = nullptr, lane_join = nullptr;
-  cublasHandle_t lane_blas = nullptr;
+  aux_stream side; /* the shared expert's */
+  aux_stream lane; /* BUCKETED's odd buckets (UPF_MOE_BUCKET_LANES=2) */
   std::vector<unsigned char> blob; /* host image of the per-call plan uploaded to the device */
 };
 
@@ -585,10 +589,9 @@ upf_status reserve(dev_buffer &b, size_t bytes, bool zero) {
   size_t want = std::max(bytes, b.bytes + b.bytes / 4);
   want = align_up(want, (size_t)1 << 20);
   UPF_CUDA_TRY(cudaStreamSynchronize(s));
-  if (ms.side)
-    UPF_CUDA_TRY(cudaStreamSynchronize(ms.side));
-  if (ms.lane)
-    UPF_CUDA_TRY(cudaStreamSynchronize(ms.lane));
+  for (cudaStream_t aux : {ms.side.stream, ms.lane.stream})
+    if (aux)
+      UPF_CUDA_TRY(cudaStreamSynchronize(aux));
   if (b.ptr) {
     UPF_CUDA_TRY(cudaFree(b.ptr));
     b.ptr = nullptr;
@@ -871,24 +874,31 @@ void plan_gemms(const upf_moe_config *cfg, int64_t T, const uint32_t *counts, in
   }
 }
 
-/* BUCKETED's second lane: its stream, events and cuBLAS handle, made on first use. */
-upf_status lane_ready() {
-  if (ms.lane_blas)
+/* Makes a's stream, events and cuBLAS handle where missing. */
+upf_status aux_ready(aux_stream &a) {
+  if (a.blas)
     return UPF_OK;
-  if (!ms.lane)
-    UPF_CUDA_TRY(cudaStreamCreate(&ms.lane));
-  if (!ms.lane_fork)
-    UPF_CUDA_TRY(cudaEventCreateWithFlags(&ms.lane_fork, cudaEventDisableTiming));
-  if (!ms.lane_join)
-    UPF_CUDA_TRY(cudaEventCreateWithFlags(&ms.lane_join, cudaEventDisableTiming));
+  if (!a.stream)
+    UPF_CUDA_TRY(cudaStreamCreate(&a.stream));
+  if (!a.fork)
+    UPF_CUDA_TRY(cudaEventCreateWithFlags(&a.fork, cudaEventDisableTiming));
+  if (!a.join)
+    UPF_CUDA_TRY(cudaEventCreateWithFlags(&a.join, cudaEventDisableTiming));
   cublasHandle_t h = nullptr;
   MOE_CUBLAS_TRY(cublasCreate(&h));
-  cublasStatus_t st = cublasSetStream(h, ms.lane);
+  cublasStatus_t st = cublasSetStream(h, a.stream);
   if (st != CUBLAS_STATUS_SUCCESS) {
     cublasDestroy(h);
     return upf_fail(UPF_ERR_CUDA, "cuda: cublasSetStream failed: %s", cublasGetStatusString(st));
   }
-  ms.lane_blas = h; /* defaults: host pointer mode, CUBLAS_DEFAULT_MATH (no TF32) */
+  a.blas = h; /* defaults: host pointer mode, CUBLAS_DEFAULT_MATH (no TF32) */
+  return UPF_OK;
+}
+
+/* a's stream waits for everything queued on the backend stream so far. */
+upf_status aux_fork(aux_stream &a) {
+  UPF_CUDA_TRY(cudaEventRecord(a.fork, upf_cuda_stream()));
+  UPF_CUDA_TRY(cudaStreamWaitEvent(a.stream, a.fork, 0));
   return UPF_OK;
 }
 
@@ -940,16 +950,14 @@ upf_status run_expert_gemm(cublasHandle_t h, const gemm_plan &p, const expert_ge
     return UPF_OK;
   }
   if (p.variant == UPF_CUDA_MOE_GEMM_BUCKETED) { /* two lanes: even buckets here, odd ones on ms.lane */
-    cudaStream_t s = upf_cuda_stream();
-    UPF_TRY(lane_ready());
-    UPF_CUDA_TRY(cudaEventRecord(ms.lane_fork, s));
-    UPF_CUDA_TRY(cudaStreamWaitEvent(ms.lane, ms.lane_fork, 0));
+    UPF_TRY(aux_ready(ms.lane));
+    UPF_TRY(aux_fork(ms.lane));
     upf_status st = UPF_OK;
     for (size_t b = 0; b < p.bucket_start.size() && st == UPF_OK; b++)
-      st = bucket_gemm<T>((b & 1) ? ms.lane_blas : h, p, g, b);
+      st = bucket_gemm<T>((b & 1) ? ms.lane.blas : h, p, g, b);
     /* joined also after a failed launch: whatever the lane queued stays ordered before what follows */
-    UPF_CUDA_TRY(cudaEventRecord(ms.lane_join, ms.lane));
-    UPF_CUDA_TRY(cudaStreamWaitEvent(s, ms.lane_join, 0));
+    UPF_CUDA_TRY(cudaEventRecord(ms.lane.join, ms.lane.stream));
+    UPF_CUDA_TRY(cudaStreamWaitEvent(upf_cuda_stream(), ms.lane.join, 0));
     UPF_TRY(st);
     *ran = UPF_CUDA_MOE_GEMM_BUCKETED;
     return UPF_OK;
@@ -1046,37 +1054,20 @@ upf_status launch_swiglu(const T *hg, const int32_t *rows, int64_t n, int I, T *
 
 /* The shared expert on the side stream: hs (T, 2Is) = x . shared_gate_up^T, as = SwiGLU(hs),
  * ys (T, H) = as . shared_down^T. Forked from the backend stream after everything queued so far and
- * joined back by ms.join, so it overlaps the routing, the host read of the counts and the gather. */
+ * joined back by ms.side.join, so it overlaps the routing, the host read of the counts and the gather. */
 template <typename T>
 upf_status launch_shared_expert(const upf_moe_config *cfg, const upf_tensor *x, const upf_moe_weights *w, T *hs,
                                 T *as, T *ys) {
-  cudaStream_t s = upf_cuda_stream();
-  if (!ms.side_blas) {
-    if (!ms.side)
-      UPF_CUDA_TRY(cudaStreamCreate(&ms.side));
-    if (!ms.fork)
-      UPF_CUDA_TRY(cudaEventCreateWithFlags(&ms.fork, cudaEventDisableTiming));
-    if (!ms.join)
-      UPF_CUDA_TRY(cudaEventCreateWithFlags(&ms.join, cudaEventDisableTiming));
-    cublasHandle_t h = nullptr;
-    MOE_CUBLAS_TRY(cublasCreate(&h));
-    cublasStatus_t bst = cublasSetStream(h, ms.side);
-    if (bst != CUBLAS_STATUS_SUCCESS) {
-      cublasDestroy(h);
-      return upf_fail(UPF_ERR_CUDA, "cuda: cublasSetStream failed: %s", cublasGetStatusString(bst));
-    }
-    ms.side_blas = h; /* defaults: host pointer mode, CUBLAS_DEFAULT_MATH (no TF32) */
-  }
+  UPF_TRY(aux_ready(ms.side));
   const int64_t T_ = x->shape[0], H = cfg->hidden, Is = cfg->shared_inter;
   const cudaDataType_t dt = cuda_type<T>();
-  UPF_CUDA_TRY(cudaEventRecord(ms.fork, s));
-  UPF_CUDA_TRY(cudaStreamWaitEvent(ms.side, ms.fork, 0));
-  upf_status st = linear(ms.side_blas, T_, 2 * Is, H, w->shared_gate_up, x->data, x->stride[0], hs, 2 * Is, dt, dt);
+  UPF_TRY(aux_fork(ms.side));
+  upf_status st = linear(ms.side.blas, T_, 2 * Is, H, w->shared_gate_up, x->data, x->stride[0], hs, 2 * Is, dt, dt);
   if (st == UPF_OK)
-    st = launch_swiglu<T>(hs, nullptr, T_, (int)Is, as, ms.side);
+    st = launch_swiglu<T>(hs, nullptr, T_, (int)Is, as, ms.side.stream);
   if (st == UPF_OK)
-    st = linear(ms.side_blas, T_, H, Is, w->shared_down, as, Is, ys, H, dt, dt);
-  UPF_CUDA_TRY(cudaEventRecord(ms.join, ms.side)); /* also after a failed launch: whatever was queued */
+    st = linear(ms.side.blas, T_, H, Is, w->shared_down, as, Is, ys, H, dt, dt);
+  UPF_CUDA_TRY(cudaEventRecord(ms.side.join, ms.side.stream)); /* also after a failed launch: whatever was queued */
   return st;
 }
 
@@ -1142,7 +1133,7 @@ struct join_guard {
   bool armed = false;
   ~join_guard() {
     if (armed)
-      (void)cudaStreamWaitEvent(upf_cuda_stream(), ms.join, 0);
+      (void)cudaStreamWaitEvent(upf_cuda_stream(), ms.side.join, 0);
   }
 };
 
@@ -1282,7 +1273,7 @@ upf_status ffn_run(const upf_moe_config *cfg, const upf_tensor *x, const upf_moe
   mark(5);
   if (Is > 0) {
     joined.armed = false;
-    UPF_CUDA_TRY(cudaStreamWaitEvent(s, ms.join, 0));
+    UPF_CUDA_TRY(cudaStreamWaitEvent(s, ms.side.join, 0));
   }
   mark(6);
   UPF_TRY(launch_combine<T>(T_, token_gate, y, ys, row_of_pair, topk_weight, (int)H, K, out));
