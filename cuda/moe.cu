@@ -760,7 +760,7 @@ struct gemm_plan {
   std::vector<int32_t> order;                   /* experts with tokens, by (count, index) */
   std::vector<int> group_n, group_size;         /* GROUPED: per group of equal counts */
   std::vector<int> bucket_start, bucket_size, bucket_cap; /* BUCKETED: ranges of `order`, slab rows */
-  int bucket_lanes;                                       /* BUCKETED: streams the buckets alternate over */
+  int bucket_lanes = 1;                                   /* BUCKETED: streams the buckets alternate over */
 };
 
 /* UPF_MOE_BUCKETS and UPF_MOE_BUCKET_LANES (read once per process; any other value is an error naming
