@@ -89,3 +89,26 @@ double upf_moe_weight_bytes(const upf_moe_config *cfg, upf_dtype dtype) {
     elems += 3.0 * Is * H + H;
   return elems * (double)upf_dtype_size(dtype);
 }
+
+double upf_moe_unfused_traffic_bytes(const upf_moe_config *cfg, int64_t num_tokens, upf_dtype dtype,
+                                     upf_dtype out_dtype) {
+  const double T = (double)num_tokens, H = cfg->hidden, E = cfg->num_experts, In = cfg->inter;
+  const double Is = cfg->shared_inter, n = T * cfg->top_k, a = (double)upf_dtype_size(dtype);
+  const double o = (double)upf_dtype_size(out_dtype), f32 = 4.0, i32 = 4.0;
+  double b = 0.0;
+  b += T * H * a + E * H * a + T * E * f32;         /* router GEMM: x, router weights; logits out */
+  b += T * E * f32 + n * (i32 + f32);               /* top-K: logits in; index and weight out */
+  b += n * 4.0 * i32;                               /* counting sort: index reads, pair and slot writes */
+  b += T * H * a + n * H * a;                       /* gather: x in, xp out */
+  b += E * 2.0 * In * H * a + n * H * a + n * 2.0 * In * a; /* GEMM 1: weights, xp; h out */
+  b += n * 2.0 * In * a + n * In * a;               /* SwiGLU: h in, a out */
+  b += E * H * In * a + n * In * a + n * H * a;     /* GEMM 2: weights, a; y out */
+  b += n * H * a + n * (i32 + f32) + T * H * o;     /* combine: y, rows and weights; out */
+  if (cfg->shared_inter > 0) {
+    b += H * a + T * f32;                           /* the shared gate's weights (gather), its value a token */
+    b += T * H * a + 3.0 * Is * H * a;              /* shared expert: x, its weights */
+    b += 2.0 * T * 2.0 * Is * a + 2.0 * T * Is * a; /* hs and as, each written and read */
+    b += 2.0 * T * H * a + T * f32;                 /* ys written and read by the combine, the gate read */
+  }
+  return b;
+}

@@ -2,7 +2,9 @@
  * bf16 at T = 8K and 32K for each expert-GEMM variant, every variant verified against the CPU
  * reference before it is timed; "moe.dense_equiv", one cuBLAS bf16 GEMM of the same FLOPs measured in
  * the same program on the same stream, which each MoE result is compared with ("vs_dense" = MoE time
- * / dense time at equal FLOPs, the issue's target is <= 1.5); and the CPU reference on a small layer.
+ * / dense time at equal FLOPs, the issue's target is <= 1.5; "floor_vs_dense", the same ratio for the
+ * layer's unfused DRAM traffic at the measured copy bandwidth, the bound of its pass structure); and
+ * the CPU reference on a small layer.
  * No L2 flush: every call streams the 3.2 GB of expert weights, which evicts the previous call's x. */
 #include <math.h>
 #include <stdio.h>
@@ -365,6 +367,15 @@ static void bench_moe_cuda(upf_bench_state *st, void *ctx) {
   upf_bench_set_counter(st, "dense_equiv_ms", dense_s * 1e3, UPF_BENCH_COUNTER_VALUE);
   upf_bench_set_counter(st, "vs_dense", mean_s / dense_s, UPF_BENCH_COUNTER_VALUE);
   upf_bench_set_counter(st, "gemm_share", dense_s / mean_s, UPF_BENCH_COUNTER_VALUE);
+  /* The bandwidth side: the pass structure's DRAM bytes (upf_moe_unfused_traffic_bytes) as a share of
+   * the measured copy bandwidth, and the vs_dense this structure would have at copy bandwidth. */
+  double copy_bw = 0.0;
+  if (upf_bench_copy_ceiling(&copy_bw) == UPF_OK && copy_bw > 0.0) {
+    const double traffic = upf_moe_unfused_traffic_bytes(&q.cfg, T, UPF_DTYPE_BF16, UPF_DTYPE_BF16);
+    upf_bench_set_counter(st, "traffic_gb", traffic * 1e-9, UPF_BENCH_COUNTER_VALUE);
+    upf_bench_set_counter(st, "traffic_share", traffic / mean_s / copy_bw, UPF_BENCH_COUNTER_VALUE);
+    upf_bench_set_counter(st, "floor_vs_dense", traffic / copy_bw / dense_s, UPF_BENCH_COUNTER_VALUE);
+  }
   if (have_phases)
     for (int i = 0; i < UPF_CUDA_MOE_PHASES; i++) {
       char name[48];

@@ -178,6 +178,22 @@ static void test_flops(void) {
                          0.5);
 }
 
+/* The unfused traffic model by hand for H=16, E=6, K=2, I=8, Is=4, T=4 (8 pairs), bf16, in bytes:
+ * router 128 + 192 + 96 = 416; top-K 96 + 64 = 160; sort 8 * 16 = 128; gather 128 + 256 = 384;
+ * GEMM 1 3072 + 256 + 256 = 3584; SwiGLU 256 + 128 = 384; GEMM 2 1536 + 128 + 256 = 1920;
+ * combine 256 + 64 + 128 = 448; shared expert: gate 32 + 16, x 128, weights 384, hs 128, as 64,
+ * ys 256, gate read 16 = 1024. */
+static void test_unfused_traffic(void) {
+  upf_moe_config cfg = {16, 6, 2, 8, 4, 1};
+  CU_ASSERT_DOUBLE_EQUAL(upf_moe_unfused_traffic_bytes(&cfg, 4, UPF_DTYPE_BF16, UPF_DTYPE_BF16), 8448.0, 0.5);
+  /* f32 out: only the 4 x 16 outputs grow, by 2 bytes each */
+  CU_ASSERT_DOUBLE_EQUAL(upf_moe_unfused_traffic_bytes(&cfg, 4, UPF_DTYPE_BF16, UPF_DTYPE_F32), 8576.0, 0.5);
+  cfg.shared_inter = 0;
+  CU_ASSERT_DOUBLE_EQUAL(upf_moe_unfused_traffic_bytes(&cfg, 4, UPF_DTYPE_BF16, UPF_DTYPE_BF16), 7424.0, 0.5);
+  CU_ASSERT_DOUBLE_EQUAL(upf_moe_unfused_traffic_bytes(&cfg, 0, UPF_DTYPE_BF16, UPF_DTYPE_BF16),
+                         upf_moe_weight_bytes(&cfg, UPF_DTYPE_BF16), 0.5); /* T = 0: the weights alone */
+}
+
 /* T = 0 is valid and writes nothing; bad inputs come back as their status, naming the input. */
 static void test_errors_and_empty(void) {
   const upf_moe_config cfg = {16, 6, 2, 8, 4, 1};
@@ -245,5 +261,6 @@ void upf_register_moe_tests(void) {
   CU_add_test(suite, "layer equals the per-token evaluation", test_layer_against_naive);
   CU_add_test(suite, "routing compare applies the marginal rule", test_routing_marginal_rule);
   CU_add_test(suite, "FLOP and weight counts of Qwen3-Next", test_flops);
+  CU_add_test(suite, "unfused traffic model by hand", test_unfused_traffic);
   CU_add_test(suite, "empty batch and bad inputs", test_errors_and_empty);
 }

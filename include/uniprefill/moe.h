@@ -84,6 +84,15 @@ double upf_moe_flops(const upf_moe_config *cfg, int64_t num_tokens);
 /* Bytes of all weights of one layer in `dtype`. */
 double upf_moe_weight_bytes(const upf_moe_config *cfg, upf_dtype dtype);
 
+/* DRAM bytes of one layer over T tokens computed as separate passes, as the CUDA backend does
+ * (cuda/moe.cu): every weight read once, x read by the router, the gather and the shared expert, and
+ * each intermediate (logits, top-K, xp, h, a, y, the shared expert's hs, as, ys) written once and read
+ * once; the sort's index arrays at 16 bytes a pair. Activations in `dtype` (logits, routing weights and
+ * the shared gate in fp32), out in `out_dtype`. No padding rows, no cache reuse: a floor for that pass
+ * structure, which time / (bytes / copy bandwidth) measures a run against. */
+double upf_moe_unfused_traffic_bytes(const upf_moe_config *cfg, int64_t num_tokens, upf_dtype dtype,
+                                     upf_dtype out_dtype);
+
 #ifdef __cplusplus
 }
 #endif
