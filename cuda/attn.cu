@@ -359,19 +359,29 @@ __device__ __forceinline__ void fa_exponents(const float (&s)[NT][4], float (&p)
  * lanes): the tile's row max (over the quad by xor 1, 2), the new running max m, alpha = exp2(m_old -
  * m_new) for the caller to scale O by, x <- p = exp2(x - m_new), l <- l alpha + this lane's part of the
  * row sum (the 4 parts meet at the end). A row with nothing visible yet keeps m = -inf and gets p = 0. */
-template <int NT>
-__device__ __forceinline__ void fa_online_softmax(float (&x)[NT][4], float (&m)[2], float (&l)[2], float (&alpha)[2]) {
-  float mt[2] = {-INFINITY, -INFINITY};
+/* mt[i] <- the max of mt[i] and this lane's entries of row i of the tile x (i = 0: row g, 1: row g + 8);
+ * fa_quad_max then takes a row's max over the quad's 4 lanes (xor 1, 2). */
+template <int NT> __device__ __forceinline__ void fa_lane_row_max(const float (&x)[NT][4], float (&mt)[2]) {
 #pragma unroll
   for (int j = 0; j < NT; j++)
 #pragma unroll
     for (int c = 0; c < 4; c++)
       mt[c >> 1] = fmaxf(mt[c >> 1], x[j][c]);
+}
+
+__device__ __forceinline__ float fa_quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+
+template <int NT>
+__device__ __forceinline__ void fa_online_softmax(float (&x)[NT][4], float (&m)[2], float (&l)[2], float (&alpha)[2]) {
+  float mt[2] = {-INFINITY, -INFINITY};
+  fa_lane_row_max<NT>(x, mt);
   float mref[2], rs[2] = {0.0f, 0.0f};
 #pragma unroll
   for (int i = 0; i < 2; i++) {
-    mt[i] = fmaxf(mt[i], __shfl_xor_sync(0xffffffffu, mt[i], 1));
-    mt[i] = fmaxf(mt[i], __shfl_xor_sync(0xffffffffu, mt[i], 2));
+    mt[i] = fa_quad_max(mt[i]);
     const float mn = fmaxf(m[i], mt[i]);
     mref[i] = mn == -INFINITY ? 0.0f : mn; /* a row with nothing visible yet: exp2(-inf - 0) = 0 */
     alpha[i] = exp2f(m[i] - mref[i]);
@@ -1163,23 +1173,7 @@ __global__ void __launch_bounds__(MD_THREADS, md_shape<D>::MIN_CTAS)
     const bf16_t *ks_tile = wring + (s % STAGES) * S::STEP, *vs_tile = ks_tile + MD_BN * LD;
 
     float sc[2][4];
-#pragma unroll
-    for (int j = 0; j < 2; j++)
-      sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
-#pragma unroll
-    for (int ks = 0; ks < KS; ks++) {
-      uint32_t qa[4];
-      if (Q_IN_REGS) {
-        qa[0] = qf[Q_IN_REGS ? ks : 0][0], qa[1] = qf[Q_IN_REGS ? ks : 0][1];
-        qa[2] = qf[Q_IN_REGS ? ks : 0][2], qa[3] = qf[Q_IN_REGS ? ks : 0][3];
-      } else {
-        ldsm_x4(qa, q_lane + ks * 16);
-      }
-      uint32_t kb[4];
-      ldsm_x4(kb, ks_tile + k_lane + ks * 16);
-      mma_bf16(sc[0], qa[0], qa[1], qa[2], qa[3], kb[0], kb[1]);
-      mma_bf16(sc[1], qa[0], qa[1], qa[2], qa[3], kb[2], kb[3]);
-    }
+    fa2_scores<D, MD_BN>(sc, qf, q_lane, ks_tile, k_lane);
 
     const bool masked = kv0 + MD_BN - 1 > pos_first || kv0 + MD_BN > w_hi || (a.window > 0 && kv0 < lo_last);
     fa_exponents<2>(sc, sc, capped, mul, cap2, masked, kv0, t4, w_hi, pos, lo);
@@ -1724,16 +1718,11 @@ __global__ void __launch_bounds__(WA_THREADS, 1) attn_wgmma2_kernel(const __grid
     const bool masked = kv0 + W2_BN - 1 > wpos_first || kv0 + W2_BN > tile.kv_hi || (a.window > 0 && kv0 < wlo_last);
     fa_logits_masked<NT>(s, capped, mul, cap2, masked, kv0, t4, tile.kv_hi, pos, lo);
     float mt[2] = {m[0], m[1]};
-#pragma unroll
-    for (int j = 0; j < NT; j++)
-#pragma unroll
-      for (int c = 0; c < 4; c++)
-        mt[c >> 1] = fmaxf(mt[c >> 1], s[j][c]);
+    fa_lane_row_max<NT>(s, mt);
     float ref[2], rs[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int i = 0; i < 2; i++) {
-      mt[i] = fmaxf(mt[i], __shfl_xor_sync(0xffffffffu, mt[i], 1));
-      mt[i] = fmaxf(mt[i], __shfl_xor_sync(0xffffffffu, mt[i], 2));
+      mt[i] = fa_quad_max(mt[i]);
       const float mn = mt[i] * mul2; /* mul2 > 0: -inf stays -inf; unchanged max: the same bits as msc */
       ref[i] = mn == -INFINITY ? 0.0f : mn; /* nothing visible yet: 2^(-inf - 0) = 0 */
       alpha[i] = ex2_approx(msc[i] - ref[i]); /* 1 while the max holds; 0 after a row's first keys */
