@@ -61,7 +61,6 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 #include <type_traits>
 #include <vector>
@@ -426,55 +425,55 @@ __global__ void moe_gather_kernel(const T *__restrict__ x, int64_t x_ld, int64_t
   constexpr int EPV = (int)(sizeof(R) / sizeof(T));
   static_assert(EPV >= 1 && sizeof(R) % sizeof(T) == 0, "a vector holds whole elements");
   const int warps = blockDim.x / 32, lane = threadIdx.x % 32;
-  /* grid-stride: launch_gather may cap the grid to leave SMs to the shared expert beside it */
-  for (int64_t t = (int64_t)blockIdx.x * warps + threadIdx.x / 32; t < num_tokens; t += (int64_t)gridDim.x * warps) {
-    const R *src = reinterpret_cast<const R *>(x + t * x_ld);
-    const R *gsrc = reinterpret_cast<const R *>(shared_gate);
-    float dot = 0.0f;
-    constexpr int UNROLL = 8; /* a 4 KB bf16 row of H = 2048 in one round: every load in flight at once */
-    for (int64_t c0 = 0; c0 < vpr; c0 += 32 * UNROLL) { /* uniform over the warp: the shuffles below need every lane */
-      const int64_t j0 = c0 + lane;
-      R v[UNROLL];
+  const int64_t t = (int64_t)blockIdx.x * warps + threadIdx.x / 32;
+  if (t >= num_tokens)
+    return;
+  const R *src = reinterpret_cast<const R *>(x + t * x_ld);
+  const R *gsrc = reinterpret_cast<const R *>(shared_gate);
+  float dot = 0.0f;
+  constexpr int UNROLL = 8; /* a 4 KB bf16 row of H = 2048 in one round: every load in flight at once */
+  for (int64_t c0 = 0; c0 < vpr; c0 += 32 * UNROLL) { /* uniform over the warp: the shuffles below need every lane */
+    const int64_t j0 = c0 + lane;
+    R v[UNROLL];
+#pragma unroll
+    for (int u = 0; u < UNROLL; u++)
+      if (j0 + 32 * u < vpr)
+        v[u] = src[j0 + 32 * u];
+    if (gsrc) {
 #pragma unroll
       for (int u = 0; u < UNROLL; u++)
-        if (j0 + 32 * u < vpr)
-          v[u] = src[j0 + 32 * u];
-      if (gsrc) {
+        if (j0 + 32 * u < vpr) {
+          const R gv = gsrc[j0 + 32 * u];
+          const T *xe = reinterpret_cast<const T *>(&v[u]), *ge = reinterpret_cast<const T *>(&gv);
+#pragma unroll
+          for (int q = 0; q < EPV; q++)
+            dot += to_f(xe[q]) * to_f(ge[q]);
+        }
+    }
+    /* the rows of pairs k0 .. k0 + 31: lane k - k0 finds row k, the warp writes them one by one */
+    for (int k0 = 0; k0 < K; k0 += 32) {
+      int32_t r = 0;
+      if (k0 + lane < K) {
+        const int64_t p = t * K + k0 + lane;
+        const int32_t e = topk_index[p], slot = slot_of_pair[p];
+        r = row_base[e] + (slot - offsets[e]);
+        if (c0 == 0) /* the first round records it */
+          row_of_pair[p] = r, row_of_sorted[slot] = r;
+      }
+      const int kn = min(32, K - k0);
+      for (int k = 0; k < kn; k++) {
+        R *dst = xp + (int64_t)__shfl_sync(0xffffffffu, r, k) * vpr;
 #pragma unroll
         for (int u = 0; u < UNROLL; u++)
-          if (j0 + 32 * u < vpr) {
-            const R gv = gsrc[j0 + 32 * u];
-            const T *xe = reinterpret_cast<const T *>(&v[u]), *ge = reinterpret_cast<const T *>(&gv);
-#pragma unroll
-            for (int q = 0; q < EPV; q++)
-              dot += to_f(xe[q]) * to_f(ge[q]);
-          }
-      }
-      /* the rows of pairs k0 .. k0 + 31: lane k - k0 finds row k, the warp writes them one by one */
-      for (int k0 = 0; k0 < K; k0 += 32) {
-        int32_t r = 0;
-        if (k0 + lane < K) {
-          const int64_t p = t * K + k0 + lane;
-          const int32_t e = topk_index[p], slot = slot_of_pair[p];
-          r = row_base[e] + (slot - offsets[e]);
-          if (c0 == 0) /* the first round records it */
-            row_of_pair[p] = r, row_of_sorted[slot] = r;
-        }
-        const int kn = min(32, K - k0);
-        for (int k = 0; k < kn; k++) {
-          R *dst = xp + (int64_t)__shfl_sync(0xffffffffu, r, k) * vpr;
-#pragma unroll
-          for (int u = 0; u < UNROLL; u++)
-            if (j0 + 32 * u < vpr)
-              dst[j0 + 32 * u] = v[u];
-        }
+          if (j0 + 32 * u < vpr)
+            dst[j0 + 32 * u] = v[u];
       }
     }
-    if (gsrc) {
-      dot = warp_sum(dot);
-      if (lane == 0)
-        gate[t] = 1.0f / (1.0f + expf(-dot));
-    }
+  }
+  if (gsrc) {
+    dot = warp_sum(dot);
+    if (lane == 0)
+      gate[t] = 1.0f / (1.0f + expf(-dot));
   }
 }
 
@@ -573,7 +572,6 @@ struct moe_state {
   cudaEvent_t ev[UPF_CUDA_MOE_PHASES + 1] = {};
   aux_stream side; /* the shared expert's */
   aux_stream lane; /* BUCKETED's odd buckets (UPF_MOE_BUCKET_LANES=2) */
-  aux_stream urgent; /* the capped gather beside the shared expert (UPF_MOE_GATHER_SMS), greatest priority */
   std::vector<unsigned char> blob; /* host image of the per-call plan uploaded to the device */
 };
 
@@ -591,7 +589,7 @@ upf_status reserve(dev_buffer &b, size_t bytes, bool zero) {
   size_t want = std::max(bytes, b.bytes + b.bytes / 4);
   want = align_up(want, (size_t)1 << 20);
   UPF_CUDA_TRY(cudaStreamSynchronize(s));
-  for (cudaStream_t aux : {ms.side.stream, ms.lane.stream, ms.urgent.stream})
+  for (cudaStream_t aux : {ms.side.stream, ms.lane.stream})
     if (aux)
       UPF_CUDA_TRY(cudaStreamSynchronize(aux));
   if (b.ptr) {
@@ -785,23 +783,6 @@ upf_status bucket_choices(int *buckets, int *lanes) {
   return UPF_OK;
 }
 
-/* UPF_MOE_GATHER_SMS (read once per process; any other value is an error naming the variable): unset
- * or "all" = the gather on the backend stream, one warp a token over the whole GPU, dispatched as the
- * shared expert's GEMMs (queued before it on their side stream) free SMs; a number = the gather on
- * ms.urgent, a stream of the greatest priority, its grid capped to that many SMs' worth of CTAs that
- * loop over the tokens: the block scheduler hands it those SMs first and leaves the others to the
- * shared expert, so the memory-bound gather and the compute-bound GEMMs run side by side instead of
- * one after the other. Without a shared expert the gather always takes the whole GPU. */
-const char *const GATHER_SMS[] = {"all", "32", "48", "64", "80", "96"};
-
-upf_status gather_sm_choice(int *sms) {
-  static int cache = -1;
-  int c = 0;
-  UPF_TRY(upf_env_choice_once("UPF_MOE_GATHER_SMS", GATHER_SMS, 6, 0, &cache, &c));
-  *sms = c == 0 ? 0 : atoi(GATHER_SMS[c]);
-  return UPF_OK;
-}
-
 /* BUCKETED: the experts with tokens, in ascending count order, cut into B buckets of equal expert
  * counts (B = 1..MAX_BUCKETS, the one with the fewest slab rows plus BUCKET_COST_ROWS a bucket: a
  * launch and its tail wave); each bucket's slabs hold its largest count rounded up to 8. */
@@ -893,24 +874,16 @@ void plan_gemms(const upf_moe_config *cfg, int64_t T, const uint32_t *counts, in
   }
 }
 
-/* Makes a's stream, events and cuBLAS handle where missing; an urgent stream has the device's greatest
- * priority (the others the default, least one) and no cuBLAS handle. */
-upf_status aux_ready(aux_stream &a, bool urgent = false) {
-  if (a.join && (a.blas || urgent)) /* the urgent stream runs no GEMM: no handle */
+/* Makes a's stream, events and cuBLAS handle where missing. */
+upf_status aux_ready(aux_stream &a) {
+  if (a.blas)
     return UPF_OK;
-  if (!a.stream && urgent) {
-    int least = 0, greatest = 0;
-    UPF_CUDA_TRY(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-    UPF_CUDA_TRY(cudaStreamCreateWithPriority(&a.stream, cudaStreamDefault, greatest));
-  }
   if (!a.stream)
     UPF_CUDA_TRY(cudaStreamCreate(&a.stream));
   if (!a.fork)
     UPF_CUDA_TRY(cudaEventCreateWithFlags(&a.fork, cudaEventDisableTiming));
   if (!a.join)
     UPF_CUDA_TRY(cudaEventCreateWithFlags(&a.join, cudaEventDisableTiming));
-  if (urgent)
-    return UPF_OK;
   cublasHandle_t h = nullptr;
   MOE_CUBLAS_TRY(cublasCreate(&h));
   cublasStatus_t st = cublasSetStream(h, a.stream);
@@ -1033,19 +1006,10 @@ template <typename T> struct gather_io {
   T *xp;
 };
 
-/* sms = 0: one warp a token over the whole GPU; sms > 0: at most as many CTAs as `sms` SMs hold at
- * once, each looping over tokens. */
-template <typename T, typename R>
-upf_status launch_gather_as(const upf_tensor *x, int K, const gather_io<T> &g, int sms, cudaStream_t s) {
+template <typename T, typename R> upf_status launch_gather_as(const upf_tensor *x, int K, const gather_io<T> &g) {
   const int64_t vpr = x->shape[1] * (int64_t)sizeof(T) / (int64_t)sizeof(R), T_ = x->shape[0];
   const int warps = 8;
-  int64_t ctas = (T_ + warps - 1) / warps;
-  if (sms > 0) {
-    int per_sm = 0;
-    UPF_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_gather_kernel<T, R>, warps * 32, 0));
-    ctas = std::min(ctas, (int64_t)sms * std::max(per_sm, 1));
-  }
-  moe_gather_kernel<T, R><<<(unsigned)ctas, warps * 32, 0, s>>>(
+  moe_gather_kernel<T, R><<<(unsigned)((T_ + warps - 1) / warps), warps * 32, 0, upf_cuda_stream()>>>(
       static_cast<const T *>(x->data), x->stride[0], vpr, g.topk_index, g.slot_of_pair, g.offsets, g.row_base, T_, K,
       g.shared_gate, g.gate, g.row_of_pair, g.row_of_sorted, reinterpret_cast<R *>(g.xp));
   UPF_CUDA_LAUNCH_TRY("moe_gather_kernel");
@@ -1054,19 +1018,18 @@ upf_status launch_gather_as(const upf_tensor *x, int K, const gather_io<T> &g, i
 
 /* The widest access (16 bytes down to one element) that x's rows, its stride, its base and the shared
  * gate allow. */
-template <typename T>
-upf_status launch_gather(const upf_tensor *x, int K, const gather_io<T> &g, int sms, cudaStream_t s) {
+template <typename T> upf_status launch_gather(const upf_tensor *x, int K, const gather_io<T> &g) {
   const size_t row_bytes = (size_t)x->shape[1] * sizeof(T), ld_bytes = (size_t)x->stride[0] * sizeof(T);
   auto fits = [&](size_t a) {
     return row_bytes % a == 0 && ld_bytes % a == 0 && aligned(x->data, a) && aligned(g.shared_gate, a);
   };
   if (fits(16))
-    return launch_gather_as<T, uint4>(x, K, g, sms, s);
+    return launch_gather_as<T, uint4>(x, K, g);
   if (fits(8))
-    return launch_gather_as<T, uint2>(x, K, g, sms, s);
+    return launch_gather_as<T, uint2>(x, K, g);
   if (fits(4))
-    return launch_gather_as<T, unsigned int>(x, K, g, sms, s);
-  return launch_gather_as<T, typename raw_vec<sizeof(T)>::type>(x, K, g, sms, s);
+    return launch_gather_as<T, unsigned int>(x, K, g);
+  return launch_gather_as<T, typename raw_vec<sizeof(T)>::type>(x, K, g);
 }
 
 template <typename T, int V>
@@ -1295,18 +1258,7 @@ upf_status ffn_run(const upf_moe_config *cfg, const upf_tensor *x, const upf_moe
   const gather_io<T> gio = {topk_index, slot_of_pair, offsets, row_base,
                             Is > 0 ? static_cast<const T *>(w->shared_gate) : nullptr, token_gate, row_of_pair,
                             row_of_sorted, xp};
-  int gather_sms = 0;
-  UPF_TRY(gather_sm_choice(&gather_sms));
-  if (gather_sms > 0 && Is > 0) {
-    UPF_TRY(aux_ready(ms.urgent, true));
-    UPF_TRY(aux_fork(ms.urgent));
-    const upf_status st = launch_gather<T>(x, K, gio, gather_sms, ms.urgent.stream);
-    UPF_CUDA_TRY(cudaEventRecord(ms.urgent.join, ms.urgent.stream));
-    UPF_CUDA_TRY(cudaStreamWaitEvent(s, ms.urgent.join, 0));
-    UPF_TRY(st);
-  } else {
-    UPF_TRY(launch_gather<T>(x, K, gio, 0, s));
-  }
+  UPF_TRY(launch_gather<T>(x, K, gio));
   mark(2);
   upf_cuda_moe_gemm_variant ran = plan.variant;
   expert_gemm g1 = {w->gate_up, xp, hg, 2 * I, H, ptrs};
