@@ -37,13 +37,16 @@ template <upf_act ACT> __device__ __forceinline__ float act_fn(float x) {
   }
 }
 
+/* h[r] = act(gu[r, :I]) * gu[r, I:] for the rows r = row_index[i] (i < rows), or r = i when row_index
+ * is NULL; a grid-stride loop over (row, vector) in order, VEC elements a thread. */
 template <typename T, int VEC, upf_act ACT>
 __global__ void act_mul_kernel(const T *__restrict__ gu, // (T, ld_in) rows: [gate (I) | up (I)]
                                int64_t ld_in, T *__restrict__ h, // (T, ld_out) rows: I outputs
-                               int64_t ld_out, int64_t rows, int64_t inter) {
+                               int64_t ld_out, const int32_t *__restrict__ row_index, int64_t rows, int64_t inter) {
   int64_t vpr = inter / VEC, n = rows * vpr;
   for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += (int64_t)gridDim.x * blockDim.x) {
-    int64_t row = idx / vpr, col = (idx - row * vpr) * VEC;
+    const int64_t i = idx / vpr, col = (idx - i * vpr) * VEC;
+    const int64_t row = row_index ? (int64_t)row_index[i] : i;
     const T *g = gu + row * ld_in + col;
     float gv[VEC], uv[VEC], o[VEC];
     load_vec<VEC>(g, gv);
@@ -56,8 +59,8 @@ __global__ void act_mul_kernel(const T *__restrict__ gu, // (T, ld_in) rows: [ga
 }
 
 template <typename T, int VEC>
-upf_status launch_act(const void *gu, int64_t ld_in, void *h, int64_t ld_out, int64_t rows, int64_t inter, upf_act act,
-                      cudaStream_t stream) {
+upf_status launch_act(const void *gu, int64_t ld_in, void *h, int64_t ld_out, const int32_t *row_index, int64_t rows,
+                      int64_t inter, upf_act act, cudaStream_t stream) {
   int64_t n = rows * (inter / VEC);
   int64_t cap = (int64_t)upf_cuda_num_sms() * 16; /* 16 CTAs of 256 per SM: full occupancy, then stride */
   int64_t grid = (n + 255) / 256;
@@ -65,39 +68,38 @@ upf_status launch_act(const void *gu, int64_t ld_in, void *h, int64_t ld_out, in
   grid = grid > 0 ? grid : 1;
   if (act == UPF_ACT_GELU_TANH)
     act_mul_kernel<T, VEC, UPF_ACT_GELU_TANH>
-        <<<(unsigned)grid, 256, 0, stream>>>((const T *)gu, ld_in, (T *)h, ld_out, rows, inter);
+        <<<(unsigned)grid, 256, 0, stream>>>((const T *)gu, ld_in, (T *)h, ld_out, row_index, rows, inter);
   else
     act_mul_kernel<T, VEC, UPF_ACT_SILU><<<(unsigned)grid, 256, 0, stream>>>((const T *)gu, ld_in, (T *)h, ld_out,
-                                                                              rows, inter);
+                                                                              row_index, rows, inter);
   UPF_CUDA_LAUNCH_TRY("act_mul_kernel");
   return UPF_OK;
 }
 
-/* The act-and-multiply on raw pointers (validated by the caller). */
-upf_status act_mul_raw(const void *gu, int64_t ld_in, void *h, int64_t ld_out, int64_t rows, int64_t inter,
-                       upf_dtype dt, upf_act act) {
+} // namespace
+
+extern "C" upf_status upf_cuda_act_mul_rows(const void *gu, int64_t ld_in, void *h, int64_t ld_out,
+                                            const int32_t *row_index, int64_t rows, int64_t inter, upf_dtype dt,
+                                            upf_act act, cudaStream_t stream) {
   if (rows == 0 || inter == 0)
     return UPF_OK;
-  cudaStream_t stream = upf_cuda_stream();
   const void *ptrs[3] = {gu, (const char *)gu + (size_t)inter * (dt == UPF_DTYPE_BF16 ? 2 : 4), h};
   const int64_t strides[3] = {ld_in, ld_out, inter};
   if (dt == UPF_DTYPE_BF16) {
     if (vec_ok(vec16<bf16_t>::n, ptrs, 3, strides, 3))
-      return launch_act<bf16_t, vec16<bf16_t>::n>(gu, ld_in, h, ld_out, rows, inter, act, stream);
-    return launch_act<bf16_t, 1>(gu, ld_in, h, ld_out, rows, inter, act, stream);
+      return launch_act<bf16_t, vec16<bf16_t>::n>(gu, ld_in, h, ld_out, row_index, rows, inter, act, stream);
+    return launch_act<bf16_t, 1>(gu, ld_in, h, ld_out, row_index, rows, inter, act, stream);
   }
   if (vec_ok(vec16<float>::n, ptrs, 3, strides, 3))
-    return launch_act<float, vec16<float>::n>(gu, ld_in, h, ld_out, rows, inter, act, stream);
-  return launch_act<float, 1>(gu, ld_in, h, ld_out, rows, inter, act, stream);
+    return launch_act<float, vec16<float>::n>(gu, ld_in, h, ld_out, row_index, rows, inter, act, stream);
+  return launch_act<float, 1>(gu, ld_in, h, ld_out, row_index, rows, inter, act, stream);
 }
-
-} // namespace
 
 extern "C" upf_status upf_cuda_ffn_act_mul(const upf_tensor *gate_up, upf_act act, const upf_tensor *h) {
   UPF_TRY(upf_cuda_init());
   UPF_TRY(upf_gated_act_check(gate_up, act, h));
-  return act_mul_raw(gate_up->data, gate_up->stride[0], h->data, h->stride[0], h->shape[0], h->shape[1], h->dtype,
-                     act);
+  return upf_cuda_act_mul_rows(gate_up->data, gate_up->stride[0], h->data, h->stride[0], nullptr, h->shape[0],
+                               h->shape[1], h->dtype, act, upf_cuda_stream());
 }
 
 extern "C" upf_status upf_cuda_ffn_gated(const upf_tensor *x, const upf_tensor *w_gate_up, const upf_tensor *w_down,
@@ -120,7 +122,7 @@ extern "C" upf_status upf_cuda_ffn_gated(const upf_tensor *x, const upf_tensor *
     int64_t rows = T - t0 < chunk ? T - t0 : chunk;
     UPF_TRY(upf_cuda_gemm_raw((const char *)x->data + (size_t)(t0 * x->stride[0]) * es, x->stride[0], w_gate_up->data,
                               w_gate_up->stride[0], gu, 2 * inter, rows, H, 2 * inter, dt, dt));
-    UPF_TRY(act_mul_raw(gu, 2 * inter, h, inter, rows, inter, dt, act));
+    UPF_TRY(upf_cuda_act_mul_rows(gu, 2 * inter, h, inter, nullptr, rows, inter, dt, act, upf_cuda_stream()));
     UPF_TRY(upf_cuda_gemm_raw(h, inter, w_down->data, w_down->stride[0],
                               (char *)y->data + (size_t)(t0 * y->stride[0]) * ys, y->stride[0], rows, inter, H, dt,
                               y->dtype));

@@ -22,8 +22,8 @@
  *      computes the shared expert's gate g = sigmoid(x . shared_gate) (per-lane partial sums in a
  *      fixed order, then an xor tree). Each expert's rows start at a multiple of 8 (16-byte aligned
  *      matrices for cuBLAS).
- *   5. Expert GEMM 1: h (rows, 2I) = xp . gate_up_e^T per expert; moe_swiglu_kernel: a (rows, I) =
- *      silu(h[:, :I]) * h[:, I:]; expert GEMM 2: y (rows, H) = a . down_e^T. Variants:
+ *   5. Expert GEMM 1: h (rows, 2I) = xp . gate_up_e^T per expert; the dense FFN's act_mul_kernel:
+ *      a (rows, I) = silu(h[:, :I]) * h[:, I:]; expert GEMM 2: y (rows, H) = a . down_e^T. Variants:
  *        GROUPED  cublasGemmGroupedBatchedEx, experts with equal counts form one group;
  *        PADDED   cublasGemmStridedBatchedEx over E slabs of `cap` rows (the largest count rounded up
  *                 to 8); slab e holds expert e's rows first, the rest is never read;
@@ -72,6 +72,7 @@
 
 #include "cuda/cuda_backend.cuh"
 #include "cuda/cuda_check.cuh"
+#include "cuda/ffn.cuh"
 #include "cuda/moe.cuh"
 #include "uniprefill/env.h"
 
@@ -477,32 +478,6 @@ __global__ void moe_gather_kernel(const T *__restrict__ x, int64_t x_ld, int64_t
   }
 }
 
-/* act[r] = silu(hg[r, :I]) * hg[r, I:] for the rows r = rows[i] (i < n), or r = i when rows is
- * NULL. tpr threads per row, V elements per access. (Measured slower on the H200, perf/NOTES.md: a form
- * with 4 rows a thread group, every load issued before the first store, 1.6x at 32K; BUCKETED's slab
- * rows in order, padding included and no row index, 3-10%.) */
-template <typename T, int V>
-__global__ void moe_swiglu_kernel(const T *__restrict__ hg, // (rows, 2I)
-                                  const int32_t *__restrict__ rows, int64_t n, int I, int tpr,
-                                  T *__restrict__ act) { // (rows, I)
-  const int rows_per_cta = blockDim.x / tpr;
-  const int64_t i = (int64_t)blockIdx.x * rows_per_cta + threadIdx.x / tpr;
-  if (i >= n)
-    return;
-  const int64_t r = rows ? rows[i] : i;
-  const T *g = hg + r * 2 * I, *u = g + I;
-  T *a = act + r * I;
-  for (int c = (threadIdx.x % tpr) * V; c < I; c += tpr * V) {
-    float gv[V], uv[V], av[V];
-    load_f<T, V>(g + c, gv);
-    load_f<T, V>(u + c, uv);
-#pragma unroll
-    for (int j = 0; j < V; j++)
-      av[j] = gv[j] / (1.0f + expf(-gv[j])) * uv[j];
-    store_f<T, V>(a + c, av);
-  }
-}
-
 /* One CTA per token t: out[t] = sum_k w[t,k] * y[row(t,k)] (k ascending) + gate[t] * ys[t] (when ys
  * is not NULL; gate from moe_gather_kernel). Shared memory: K ints, K floats. */
 template <typename T, typename TO, int V>
@@ -660,6 +635,10 @@ struct cublas_guard {
     }
   }
 };
+
+template <typename T> constexpr upf_dtype upf_dtype_of() {
+  return std::is_same<T, bf16>::value ? UPF_DTYPE_BF16 : UPF_DTYPE_F32;
+}
 
 template <typename T> constexpr cudaDataType_t cuda_type() {
   return std::is_same<T, bf16>::value ? CUDA_R_16BF : CUDA_R_32F;
@@ -1032,24 +1011,13 @@ template <typename T> upf_status launch_gather(const upf_tensor *x, int K, const
   return launch_gather_as<T, typename raw_vec<sizeof(T)>::type>(x, K, g);
 }
 
-template <typename T, int V>
-upf_status launch_swiglu_as(const T *hg, const int32_t *rows, int64_t n, int I, T *act, cudaStream_t s) {
-  int chunks = (I + V - 1) / V, tpr = 1;
-  while (tpr < 256 && tpr < chunks)
-    tpr *= 2;
-  const int rows_per_cta = 256 / tpr;
-  moe_swiglu_kernel<T, V><<<(unsigned)((n + rows_per_cta - 1) / rows_per_cta), 256, 0, s>>>(hg, rows, n, I, tpr,
-                                                                                              act);
-  UPF_CUDA_LAUNCH_TRY("moe_swiglu_kernel");
-  return UPF_OK;
-}
-
+/* act[r] = silu(hg[r, :I]) * hg[r, I:] for r = rows[i] (i < n), or r = i when rows is NULL: the dense
+ * FFN's act-and-multiply kernel, a grid-stride loop over (row, vector). (Its own kernel here, one CTA a
+ * few rows and 80K CTAs at 32K, ran at 0.77 of copy bandwidth where the dense one runs at 0.94; two
+ * other forms measured slower still, perf/NOTES.md.) */
 template <typename T>
 upf_status launch_swiglu(const T *hg, const int32_t *rows, int64_t n, int I, T *act, cudaStream_t s) {
-  constexpr int VM = 16 / (int)sizeof(T);
-  if (I % VM == 0)
-    return launch_swiglu_as<T, VM>(hg, rows, n, I, act, s);
-  return launch_swiglu_as<T, 1>(hg, rows, n, I, act, s);
+  return upf_cuda_act_mul_rows(hg, 2 * (int64_t)I, act, I, rows, n, I, upf_dtype_of<T>(), UPF_ACT_SILU, s);
 }
 
 /* The shared expert on the side stream: hs (T, 2Is) = x . shared_gate_up^T, as = SwiGLU(hs),
