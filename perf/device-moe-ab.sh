@@ -23,6 +23,7 @@ if [ -n "$FULL" ]; then
 fi
 wait
 report "$OUT"
+mkdir -p "$OUT/correctness" && mv "$OUT"/*.log "$OUT/correctness/" && pack correctness
 FILTER='^copy|^moe\.(dense_equiv|ffn)/cuda/bf16/T:(8192|32768)'${EXTRA:+|$EXTRA}
 bench() { # label dir
   (cd "$2" && LD_LIBRARY_PATH=$2/lib timeout 120 bin/bench_upf --benchmark_filter="$FILTER" \
