@@ -33,28 +33,45 @@ template <upf_act ACT> __device__ __forceinline__ float act_fn(float x) {
     const float k = 0.7978845608028654f; /* sqrt(2/pi) */
     return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
   } else {
-    return x / (1.0f + expf(-x));
+    /* __expf and __fdividef: a few fp32 ulps (far inside the fp32 and bf16 tolerances) for about half
+     * the instructions of expf and the IEEE division, which kept this memory-bound kernel near its issue
+     * limit. Large negative x: __expf(-x) overflows to inf or passes 2^126, and the quotient is 0, the
+     * limit (x / (1 + e^-x) is below 1e-36 in magnitude there). */
+    return __fdividef(x, 1.0f + __expf(-x));
   }
 }
 
 /* h[r] = act(gu[r, :I]) * gu[r, I:] for the rows r = row_index[i] (i < rows), or r = i when row_index
- * is NULL; a grid-stride loop over (row, vector) in order, VEC elements a thread. */
+ * is NULL; a grid-stride loop over (row, vector) in order, VEC elements a thread. The (row, vector)
+ * pair advances by the stride's quotient and remainder (no 64-bit division in the loop), and the next
+ * row's index is loaded before this row's arithmetic. */
 template <typename T, int VEC, upf_act ACT>
 __global__ void act_mul_kernel(const T *__restrict__ gu, // (T, ld_in) rows: [gate (I) | up (I)]
                                int64_t ld_in, T *__restrict__ h, // (T, ld_out) rows: I outputs
                                int64_t ld_out, const int32_t *__restrict__ row_index, int64_t rows, int64_t inter) {
-  int64_t vpr = inter / VEC, n = rows * vpr;
-  for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += (int64_t)gridDim.x * blockDim.x) {
-    const int64_t i = idx / vpr, col = (idx - i * vpr) * VEC;
-    const int64_t row = row_index ? (int64_t)row_index[i] : i;
+  const int64_t vpr = inter / VEC, n = rows * vpr, stride = (int64_t)gridDim.x * blockDim.x;
+  const int64_t first = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (first >= n)
+    return;
+  const int64_t di = stride / vpr, dv = stride - di * vpr;
+  int64_t i = first / vpr, v = first - i * vpr;
+  int64_t row = row_index ? (int64_t)row_index[i] : i;
+  for (int64_t idx = first; idx < n; idx += stride) {
+    const int64_t col = v * VEC;
     const T *g = gu + row * ld_in + col;
     float gv[VEC], uv[VEC], o[VEC];
     load_vec<VEC>(g, gv);
     load_vec<VEC>(g + inter, uv);
+    T *out = h + row * ld_out + col;
+    i += di, v += dv;
+    if (v >= vpr)
+      i++, v -= vpr;
+    if (idx + stride < n)
+      row = row_index ? (int64_t)row_index[i] : i;
 #pragma unroll
-    for (int i = 0; i < VEC; i++)
-      o[i] = act_fn<ACT>(gv[i]) * uv[i];
-    store_vec<VEC>(h + row * ld_out + col, o);
+    for (int j = 0; j < VEC; j++)
+      o[j] = act_fn<ACT>(gv[j]) * uv[j];
+    store_vec<VEC>(out, o);
   }
 }
 
