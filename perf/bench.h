@@ -111,6 +111,14 @@ typedef struct {
 upf_status upf_bench_time_cuda(upf_bench_state *st, upf_status (*call)(void *arg), void *arg, int warmup,
                                double working_bytes, upf_bench_timing *timing);
 
+/* The median device time of call(arg) in its steady state: call back to back on the backend's
+ * stream for warm_s of device time, then `reps` (1..UPF_BENCH_STEADY_MAX_REPS) calls each between two
+ * device events. A GEMM timed after idle runs at boost clocks, up to 17% faster than under sustained
+ * load; the ceilings that rates are compared with are taken in the sustained state. */
+#define UPF_BENCH_STEADY_MAX_REPS 256
+upf_status upf_bench_steady_median(upf_status (*call)(void *arg), void *arg, double warm_s, int reps,
+                                   double *median_s);
+
 /* The CUDA backend's copy bandwidth (bytes read + written per second, a 1 GiB device-to-device copy,
  * 20 repetitions), measured once per process and shared by every family's bandwidth shares. */
 upf_status upf_bench_copy_ceiling(double *bytes_per_second);

@@ -26,6 +26,7 @@
 #define DENSE_WARMUP 3
 #define CEILING_N 8192                     /* square bf16 GEMM of the ceiling: 1.1 TFLOP */
 #define CEILING_REPS 20
+#define CEILING_WARM_S 0.3 /* ~180 calls: past the boost clocks of an idle GPU */
 #define FILL_CHUNK ((size_t)32 << 20)      /* bytes of random data generated once, tiled into buffers */
 #define MAX_BUFS 6
 
@@ -486,13 +487,12 @@ static void bench_cpu(upf_bench_state *st, void *ctx) {
 #ifdef UPF_HAVE_CUDA
 /* ---- ceilings, measured once and shared ---- */
 
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
+static upf_status call_case_cuda(void *arg) { return case_call(arg, upf_backend_cuda()); }
 
-/* The cuBLAS ceiling: the median rate of CEILING_REPS timed square bf16 GEMMs of CEILING_N after a
- * warm-up, on random data (zeros run faster: less switching power, higher clocks). */
+/* The cuBLAS ceiling: the median rate of CEILING_REPS timed square bf16 GEMMs of CEILING_N in their
+ * steady state (upf_bench_steady_median, after CEILING_WARM_S of them back to back: 20 calls after
+ * idle ran at 770-780 TFLOP/s in 4de9521's call, where a full dense run had measured 666), on random
+ * data (zeros run faster: less switching power, higher clocks). */
 static upf_status gemm_ceiling(double *flops_per_second) {
   static double measured;
   static upf_status status = UPF_STATUS_COUNT;
@@ -500,28 +500,15 @@ static upf_status gemm_ceiling(double *flops_per_second) {
   if (status == UPF_STATUS_COUNT) {
     dense_case sq = {"ceiling", K_CEILING, 1, BF, CEILING_N, CEILING_N, CEILING_N, M_LLAMA, UPF_ACT_SILU, 0};
     const upf_backend *be = upf_backend_cuda();
-    upf_cuda_timer *timer = NULL;
-    double secs[CEILING_REPS];
     dense_case *was_live = live_case;
     live_case = NULL; /* keep the running case's buffers */
     status = case_prepare(&sq, be);
+    double median_s = 0.0;
     if (status == UPF_OK)
-      status = upf_cuda_timer_create(&timer);
-    for (int i = 0; status == UPF_OK && i < DENSE_WARMUP; i++)
-      status = case_call(&sq, be);
-    for (int i = 0; status == UPF_OK && i < CEILING_REPS; i++) {
-      status = upf_cuda_timer_start(timer);
-      if (status == UPF_OK)
-        status = case_call(&sq, be);
-      if (status == UPF_OK)
-        status = upf_cuda_timer_stop(timer, &secs[i]);
-    }
-    if (status == UPF_OK) {
-      qsort(secs, CEILING_REPS, sizeof secs[0], cmp_double);
-      measured = case_work(&sq).flops / secs[CEILING_REPS / 2];
-    }
+      status = upf_bench_steady_median(call_case_cuda, &sq, CEILING_WARM_S, CEILING_REPS, &median_s);
+    if (status == UPF_OK)
+      measured = case_work(&sq).flops / median_s;
     snprintf(message, sizeof message, "%s", upf_last_error());
-    upf_cuda_timer_destroy(timer);
     case_release(&sq);
     live_case = was_live;
   }
@@ -529,10 +516,6 @@ static upf_status gemm_ceiling(double *flops_per_second) {
   return status == UPF_OK ? UPF_OK : upf_fail(status, "cuBLAS ceiling: %s", message);
 }
 
-#endif
-
-#ifdef UPF_HAVE_CUDA
-static upf_status call_cuda(void *arg) { return case_call(arg, upf_backend_cuda()); }
 #endif
 
 static void bench_cuda(upf_bench_state *st, void *ctx) {
@@ -567,7 +550,7 @@ static void bench_cuda(upf_bench_state *st, void *ctx) {
   }
   dense_work w = case_work(c);
   upf_bench_timing t;
-  if (upf_bench_time_cuda(st, call_cuda, c, DENSE_WARMUP, compute_bound ? 0.0 : w.bytes, &t) != UPF_OK) {
+  if (upf_bench_time_cuda(st, call_case_cuda, c, DENSE_WARMUP, compute_bound ? 0.0 : w.bytes, &t) != UPF_OK) {
     upf_bench_skip_with_error(st, "%s: %s", upf_op_name(op), upf_last_error());
     return;
   }

@@ -2,10 +2,10 @@
  * bf16 at T = 8K and 32K for each expert-GEMM variant, every variant verified against the CPU
  * reference before it is timed; "moe.dense_equiv", one cuBLAS bf16 GEMM (T, H) x (H, N) with N the
  * layer's FLOPs / (2 T H) rounded up to 64, timed alone; and the CPU reference on a small layer.
- * Each layer case also times that dense GEMM itself, back to back in its steady state just before the
- * layer's loop, and compares: "vs_dense" = median layer time / median dense time scaled to equal
- * FLOPs (the issue's target is <= 1.5); "vs_dense_interleaved", the same from 16 (layer, dense) pairs
- * run alternately; "floor_vs_dense", the vs_dense of the layer's unfused DRAM traffic at the measured
+ * Each layer case also times that dense GEMM itself in its steady state (upf_bench_steady_median) just
+ * before the layer's loop, and compares: "vs_dense" = the layer's time (the repetition's mean, the
+ * reported time) / the dense median scaled to equal FLOPs (the issue's target is <= 1.5);
+ * "vs_dense_interleaved", the ratio of the medians of 16 (layer, dense) pairs run alternately; "floor_vs_dense", the vs_dense of the layer's unfused DRAM traffic at the measured
  * copy bandwidth (the bound of its pass structure).
  * No L2 flush: every call streams the 3.2 GB of expert weights, which evicts the previous call's x. */
 #include <math.h>
@@ -30,8 +30,8 @@
 #define MOE_CUDA_REPETITIONS 10
 #define MOE_CUDA_MIN_TIME_S 0.1
 #define MOE_WARMUP 3
-#define MOE_SAMPLES_MAX 4096 /* timed calls kept per loop for a median */
 #define MOE_INTERLEAVED_PAIRS 16
+#define MOE_DENSE_REPS 41 /* timed dense GEMMs in their steady state, per repetition */
 #define MOE_SEED 0x30e0b3e7ull
 
 typedef struct {
@@ -251,30 +251,15 @@ typedef struct {
   upf_tensor x, out;
 } layer_call;
 
-static upf_status run_layer(const layer_call *lc) {
+static upf_status run_layer(void *arg) {
+  const layer_call *lc = arg;
   return lc->be->moe_ffn(&q.cfg, &lc->x, &q.dev_data.w, &lc->out, NULL);
 }
 
-/* The dense GEMM back to back for at least min_s of device time (the first min_s untimed, to reach
- * the sustained clocks the layer's own loop runs at); the median of the timed calls. */
-static upf_status sustained_dense_time(upf_cuda_timer *timer, int64_t T, double min_s, double *median_s) {
-  static double t[MOE_SAMPLES_MAX];
-  int n = 0;
-  for (double warm = 0.0; warm < 2.0 * min_s && n < MOE_SAMPLES_MAX;) {
-    double sec = 0.0;
-    UPF_TRY(upf_cuda_timer_start(timer));
-    UPF_TRY(dense_gemm(T));
-    UPF_TRY(upf_cuda_timer_stop(timer, &sec));
-    if (warm >= min_s)
-      t[n++] = sec;
-    warm += sec;
-  }
-  *median_s = median_of(t, n);
-  return UPF_OK;
-}
+static upf_status dense_call(void *arg) { return dense_gemm(*(const int64_t *)arg); }
 
 /* MOE_INTERLEAVED_PAIRS of (layer call, dense GEMM), each timed: the medians of both. */
-static upf_status interleaved_times(upf_cuda_timer *timer, const layer_call *lc, int64_t T, double *layer_s,
+static upf_status interleaved_times(upf_cuda_timer *timer, layer_call *lc, int64_t T, double *layer_s,
                                     double *dense_s) {
   double lt[MOE_INTERLEAVED_PAIRS], dt[MOE_INTERLEAVED_PAIRS];
   for (int i = 0; i < MOE_INTERLEAVED_PAIRS; i++) {
@@ -291,23 +276,10 @@ static upf_status interleaved_times(upf_cuda_timer *timer, const layer_call *lc,
 }
 
 static void bench_dense_cuda(upf_bench_state *st, moe_bench_case *c) {
-  const int64_t T = c->T, H = q.cfg.hidden;
-  upf_cuda_timer *timer = NULL;
-  upf_status s = upf_cuda_timer_create(&timer);
-  for (int i = 0; s == UPF_OK && i < MOE_WARMUP; i++)
-    s = dense_gemm(T);
-  while (s == UPF_OK && upf_bench_keep_running(st)) {
-    double seconds = 0.0;
-    s = upf_cuda_timer_start(timer);
-    if (s == UPF_OK)
-      s = dense_gemm(T);
-    if (s == UPF_OK)
-      s = upf_cuda_timer_stop(timer, &seconds);
-    if (s == UPF_OK)
-      upf_bench_set_iteration_time(st, seconds);
-  }
-  upf_cuda_timer_destroy(timer);
-  if (s != UPF_OK) {
+  int64_t T = c->T;
+  const int64_t H = q.cfg.hidden;
+  upf_bench_timing timing;
+  if (upf_bench_time_cuda(st, dense_call, &T, MOE_WARMUP, 0.0, &timing) != UPF_OK) {
     upf_bench_skip_with_error(st, "dense GEMM: %s", upf_last_error());
     return;
   }
@@ -346,27 +318,13 @@ static void bench_moe_cuda(upf_bench_state *st, void *ctx) {
   upf_tensor_init(&lc.out, d_out, UPF_DTYPE_BF16, 2, shape);
   upf_cuda_moe_set_gemm_variant((upf_cuda_moe_gemm_variant)c->variant);
   /* The equal-FLOP dense GEMM in its own steady state, just before the layer's loop in its own: the
-   * issue's comparison. (A dense time taken in a short burst after idle ran up to 17% faster.) */
+   * issue's comparison. */
   double dense_s = 0.0;
   if (s == UPF_OK)
-    s = sustained_dense_time(timer, T, MOE_CUDA_MIN_TIME_S, &dense_s);
-  for (int i = 0; s == UPF_OK && i < MOE_WARMUP; i++)
-    s = run_layer(&lc);
-  static double layer_t[MOE_SAMPLES_MAX];
-  int calls = 0;
-  while (s == UPF_OK && upf_bench_keep_running(st)) {
-    double seconds = 0.0;
-    s = upf_cuda_timer_start(timer);
-    if (s == UPF_OK)
-      s = run_layer(&lc);
-    if (s == UPF_OK)
-      s = upf_cuda_timer_stop(timer, &seconds);
-    if (s == UPF_OK) {
-      upf_bench_set_iteration_time(st, seconds);
-      if (calls < MOE_SAMPLES_MAX)
-        layer_t[calls++] = seconds;
-    }
-  }
+    s = upf_bench_steady_median(dense_call, (void *)&T, MOE_CUDA_MIN_TIME_S, MOE_DENSE_REPS, &dense_s);
+  upf_bench_timing timing = {0};
+  if (s == UPF_OK)
+    s = upf_bench_time_cuda(st, run_layer, &lc, MOE_WARMUP, 0.0, &timing);
   /* The same two interleaved: each dense GEMM right after a layer call, which leaves the GPU cooler
    * than a dense GEMM leaves it (1-4% faster dense at 8K and 32K on the H200). */
   double inter_layer_s = 0.0, inter_dense_s = 0.0;
@@ -395,7 +353,7 @@ static void bench_moe_cuda(upf_bench_state *st, void *ctx) {
   /* The dense GEMM's N is rounded up to a multiple of 64: its times scale back to the layer's FLOPs. */
   const double to_layer_flops = flops / (2.0 * (double)T * (double)H * (double)q.dense_n);
   dense_s *= to_layer_flops, inter_dense_s *= to_layer_flops;
-  const double layer_s = median_of(layer_t, calls);
+  const double layer_s = timing.iterations ? timing.total_s / (double)timing.iterations : NAN; /* the reported time */
   /* Bytes counted once: every weight, x read, out written. */
   double bytes = upf_moe_weight_bytes(&q.cfg, UPF_DTYPE_BF16) + 2.0 * (double)T * (double)H * 2.0;
   upf_bench_set_counter(st, UPF_BENCH_FLOPS, flops, UPF_BENCH_COUNTER_RATE);

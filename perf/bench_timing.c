@@ -2,6 +2,7 @@
  * the event-timed loop with warm-up and optional L2 flush (one loop, so every family measures the
  * same way). */
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "perf/bench.h"
 #include "uniprefill/backend.h"
@@ -63,6 +64,49 @@ upf_status upf_bench_time_cuda(upf_bench_state *st, upf_status (*call)(void *arg
   upf_cuda_timer_destroy(timer);
   upf_cuda_l2_flush_destroy(flush);
   return s;
+#endif
+}
+
+static int cmp_seconds(const void *a, const void *b) {
+  const double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+upf_status upf_bench_steady_median(upf_status (*call)(void *arg), void *arg, double warm_s, int reps,
+                                   double *median_s) {
+  *median_s = 0.0;
+  if (reps < 1 || reps > UPF_BENCH_STEADY_MAX_REPS)
+    return upf_fail(UPF_ERR_INVALID_ARG, "upf_bench_steady_median: reps = %d outside [1, %d]", reps,
+                    UPF_BENCH_STEADY_MAX_REPS);
+#ifndef UPF_HAVE_CUDA
+  (void)call, (void)arg, (void)warm_s;
+  return upf_fail(UPF_ERR_UNSUPPORTED, "cuda backend unavailable (built with CUDA=0)");
+#else
+  upf_cuda_timer *timer = NULL;
+  double t[UPF_BENCH_STEADY_MAX_REPS];
+  upf_status s = upf_cuda_timer_create(&timer);
+  for (double warm = 0.0; s == UPF_OK && warm < warm_s;) { /* timed too, to know when warm_s has passed */
+    double seconds = 0.0;
+    s = upf_cuda_timer_start(timer);
+    if (s == UPF_OK)
+      s = call(arg);
+    if (s == UPF_OK)
+      s = upf_cuda_timer_stop(timer, &seconds);
+    warm += seconds > 0.0 ? seconds : warm_s; /* a zero-time call cannot stall the loop */
+  }
+  for (int i = 0; s == UPF_OK && i < reps; i++) {
+    s = upf_cuda_timer_start(timer);
+    if (s == UPF_OK)
+      s = call(arg);
+    if (s == UPF_OK)
+      s = upf_cuda_timer_stop(timer, &t[i]);
+  }
+  upf_cuda_timer_destroy(timer);
+  if (s != UPF_OK)
+    return s;
+  qsort(t, (size_t)reps, sizeof t[0], cmp_seconds);
+  *median_s = t[reps / 2];
+  return UPF_OK;
 #endif
 }
 
