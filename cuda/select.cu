@@ -493,22 +493,24 @@ struct MmaBf16 {
 
   __device__ __forceinline__ void wait_k() { upf_mma::cp_async_wait<0>(); }
 
-  __device__ __forceinline__ void compute(const uint8_t *smem, int buf, float (&acc)[MT][8][4]) {
+  /* Keys [16 np0, 16 (np0 + NP)) of the tile in buffer buf: 2 NP n8 tiles, acc zeroed first. */
+  template <int NP>
+  __device__ __forceinline__ void compute_keys(const uint8_t *smem, int buf, int np0, float (&acc)[MT][2 * NP][4]) {
     const int lane = threadIdx.x & 31;
     const uint8_t *base = smem + (size_t)buf * KT * D * 2;
     const int mi = lane >> 3, rr = lane & 7;
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-      for (int nt = 0; nt < 8; nt++)
+      for (int nt = 0; nt < 2 * NP; nt++)
 #pragma unroll
         for (int e = 0; e < 4; e++)
           acc[mt][nt][e] = 0.f;
 #pragma unroll
     for (int ks = 0; ks < KS; ks++) {
 #pragma unroll
-      for (int np = 0; np < 4; np++) {
-        int kk = np * 16 + rr + ((mi & 2) ? 8 : 0);
+      for (int np = 0; np < NP; np++) {
+        int kk = (np0 + np) * 16 + rr + ((mi & 2) ? 8 : 0);
         int ch = ks * 2 + (mi & 1);
         uint32_t b0, b1, b2, b3;
         upf_mma::ldsm_x4(b0, b1, b2, b3, (const __nv_bfloat16 *)(base + kk * D * 2 + ((ch ^ rr) << 4)));
@@ -521,33 +523,14 @@ struct MmaBf16 {
     }
   }
 
+  /* The whole tile: 64 keys, eight n8 tiles. */
+  __device__ __forceinline__ void compute(const uint8_t *smem, int buf, float (&acc)[MT][8][4]) {
+    compute_keys<4>(smem, buf, 0, acc);
+  }
+
   /* Keys [32*half, 32*half + 32) of the tile in buffer buf: four n8 tiles. */
   __device__ __forceinline__ void compute_half(const uint8_t *smem, int buf, int half, float (&acc)[MT][4][4]) {
-    const int lane = threadIdx.x & 31;
-    const uint8_t *base = smem + (size_t)buf * KT * D * 2;
-    const int mi = lane >> 3, rr = lane & 7;
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-      for (int nt = 0; nt < 4; nt++)
-#pragma unroll
-        for (int e = 0; e < 4; e++)
-          acc[mt][nt][e] = 0.f;
-#pragma unroll
-    for (int ks = 0; ks < KS; ks++) {
-#pragma unroll
-      for (int npl = 0; npl < 2; npl++) {
-        int kk = (half * 2 + npl) * 16 + rr + ((mi & 2) ? 8 : 0);
-        int ch = ks * 2 + (mi & 1);
-        uint32_t b0, b1, b2, b3;
-        upf_mma::ldsm_x4(b0, b1, b2, b3, (const __nv_bfloat16 *)(base + kk * D * 2 + ((ch ^ rr) << 4)));
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++) {
-          mma(acc[mt][2 * npl], a[mt][ks], b0, b1);
-          mma(acc[mt][2 * npl + 1], a[mt][ks], b2, b3);
-        }
-      }
-    }
+    compute_keys<2>(smem, buf, 2 * half, acc);
   }
 
   static __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
