@@ -51,9 +51,10 @@ template <upf_act ACT> __device__ __forceinline__ float act_fn(float x) {
  * pair advances by the stride's quotient and remainder (no 64-bit division in the loop), and the next
  * row's index is loaded before this row's arithmetic. */
 template <typename T, int VEC, upf_act ACT>
-__global__ void __launch_bounds__(ACT_THREADS, ACT_CTAS_PER_SM) act_mul_kernel(const T *__restrict__ gu, // (T, ld_in) rows: [gate (I) | up (I)]
-                               int64_t ld_in, T *__restrict__ h, // (T, ld_out) rows: I outputs
-                               int64_t ld_out, const int32_t *__restrict__ row_index, int64_t rows, int64_t inter) {
+__global__ void __launch_bounds__(ACT_THREADS, ACT_CTAS_PER_SM)
+    act_mul_kernel(const T *__restrict__ gu,                   // (T, ld_in) rows: [gate (I) | up (I)]
+                   int64_t ld_in, T *__restrict__ h,           // (T, ld_out) rows: I outputs
+                   int64_t ld_out, const int32_t *__restrict__ row_index, int64_t rows, int64_t inter) {
   const int64_t vpr = inter / VEC, n = rows * vpr, stride = (int64_t)gridDim.x * blockDim.x;
   const int64_t first = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (first >= n)
@@ -92,8 +93,8 @@ upf_status launch_act(const void *gu, int64_t ld_in, void *h, int64_t ld_out, co
     act_mul_kernel<T, VEC, UPF_ACT_GELU_TANH>
         <<<(unsigned)grid, ACT_THREADS, 0, stream>>>((const T *)gu, ld_in, (T *)h, ld_out, row_index, rows, inter);
   else
-    act_mul_kernel<T, VEC, UPF_ACT_SILU><<<(unsigned)grid, ACT_THREADS, 0, stream>>>((const T *)gu, ld_in, (T *)h, ld_out,
-                                                                              row_index, rows, inter);
+    act_mul_kernel<T, VEC, UPF_ACT_SILU>
+        <<<(unsigned)grid, ACT_THREADS, 0, stream>>>((const T *)gu, ld_in, (T *)h, ld_out, row_index, rows, inter);
   UPF_CUDA_LAUNCH_TRY("act_mul_kernel");
   return UPF_OK;
 }

@@ -5,8 +5,9 @@
  * Each layer case also times that dense GEMM itself in its steady state (upf_bench_steady_median) just
  * before the layer's loop, and compares: "vs_dense" = the layer's time (the repetition's mean, the
  * reported time) / the dense median scaled to equal FLOPs (the issue's target is <= 1.5);
- * "vs_dense_interleaved", the ratio of the medians of 16 (layer, dense) pairs run alternately; "floor_vs_dense", the vs_dense of the layer's unfused DRAM traffic at the measured
- * copy bandwidth (the bound of its pass structure).
+ * "vs_dense_interleaved", the ratio of the medians of 16 (layer, dense) pairs run alternately;
+ * "floor_vs_dense", the vs_dense of the layer's unfused DRAM traffic at the measured copy bandwidth
+ * (the bound of its pass structure).
  * No L2 flush: every call streams the 3.2 GB of expert weights, which evicts the previous call's x. */
 #include <math.h>
 #include <stdio.h>
