@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # A short device call for a small MoE change (fits the end of a session's device time): `upf verify
 # moe --quick` on this bundle (with FULL='op ...' also the full `upf verify op` of each and memcheck
-# over `upf verify moe.ffn --quick`, side by side), then bench moe.dense_equiv and moe.ffn at 8K and 32K (and the rows
-# EXTRA names, a regex) on this bundle, on BASE's (the commit before), and on this one again (A/B/A:
-# drift shows as A != A).
+# over `upf verify moe.ffn --quick`, side by side; the logs come back packed in correctness.tar.xz),
+# then bench moe.dense_equiv and moe.ffn at 8K and 32K (and the rows EXTRA names, a regex) on this
+# bundle, on BASE's (the commit before), and on this one again (A/B/A: drift shows as A != A).
 #   OUT=dir BASE=dir [FULL='op ...'] [EXTRA=regex] bash device-moe-ab.sh
 set -u
 source "$(dirname "$0")/device-common.sh"
