@@ -1012,9 +1012,8 @@ template <typename T> upf_status launch_gather(const upf_tensor *x, int K, const
 }
 
 /* act[r] = silu(hg[r, :I]) * hg[r, I:] for r = rows[i] (i < n), or r = i when rows is NULL: the dense
- * FFN's act-and-multiply kernel, a grid-stride loop over (row, vector). (Its own kernel here, one CTA a
- * few rows and 80K CTAs at 32K, ran at 0.77 of copy bandwidth where the dense one runs at 0.94; two
- * other forms measured slower still, perf/NOTES.md.) */
+ * FFN's act-and-multiply kernel, a grid-stride loop over (row, vector), 0.95 of copy bandwidth on the
+ * H200 at 32K. (A kernel of the MoE's own, one CTA a few rows, ran at 0.77 in three forms; perf/NOTES.md.) */
 template <typename T>
 upf_status launch_swiglu(const T *hg, const int32_t *rows, int64_t n, int I, T *act, cudaStream_t s) {
   return upf_cuda_act_mul_rows(hg, 2 * (int64_t)I, act, I, rows, n, I, upf_dtype_of<T>(), UPF_ACT_SILU, s);

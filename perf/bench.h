@@ -111,6 +111,9 @@ typedef struct {
 upf_status upf_bench_time_cuda(upf_bench_state *st, upf_status (*call)(void *arg), void *arg, int warmup,
                                double working_bytes, upf_bench_timing *timing);
 
+/* The median of v[0..n) (the upper one of an even n; NAN when n is 0); sorts v in place. */
+double upf_bench_median(double *v, int n);
+
 /* The median device time of call(arg) in its steady state: call back to back on the backend's
  * stream for warm_s of device time, then `reps` (1..UPF_BENCH_STEADY_MAX_REPS) calls each between two
  * device events. A GEMM timed after idle runs at boost clocks, up to 17% faster than under sustained

@@ -237,15 +237,6 @@ static upf_status dense_gemm(int64_t T) {
                                  q.dense_c);
 }
 
-static double median_of(double *v, int n) {
-  for (int i = 1; i < n; i++) /* insertion sort */
-    for (int j = i; j > 0 && v[j] < v[j - 1]; j--) {
-      double s = v[j];
-      v[j] = v[j - 1], v[j - 1] = s;
-    }
-  return n ? v[n / 2] : NAN;
-}
-
 /* One layer call on the backend stream: out = moe_ffn(x). */
 typedef struct {
   const upf_backend *be;
@@ -271,8 +262,8 @@ static upf_status interleaved_times(upf_cuda_timer *timer, layer_call *lc, int64
     UPF_TRY(dense_gemm(T));
     UPF_TRY(upf_cuda_timer_stop(timer, &dt[i]));
   }
-  *layer_s = median_of(lt, MOE_INTERLEAVED_PAIRS);
-  *dense_s = median_of(dt, MOE_INTERLEAVED_PAIRS);
+  *layer_s = upf_bench_median(lt, MOE_INTERLEAVED_PAIRS);
+  *dense_s = upf_bench_median(dt, MOE_INTERLEAVED_PAIRS);
   return UPF_OK;
 }
 

@@ -1,6 +1,7 @@
 /* Timing shared by the benchmark families: the spec fields of a device-timed or CPU benchmark, and
  * the event-timed loop with warm-up and optional L2 flush (one loop, so every family measures the
  * same way). */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -67,9 +68,16 @@ upf_status upf_bench_time_cuda(upf_bench_state *st, upf_status (*call)(void *arg
 #endif
 }
 
-static int cmp_seconds(const void *a, const void *b) {
+static int cmp_double(const void *a, const void *b) {
   const double x = *(const double *)a, y = *(const double *)b;
   return x < y ? -1 : x > y;
+}
+
+double upf_bench_median(double *v, int n) {
+  if (n <= 0)
+    return NAN;
+  qsort(v, (size_t)n, sizeof v[0], cmp_double);
+  return v[n / 2];
 }
 
 upf_status upf_bench_steady_median(upf_status (*call)(void *arg), void *arg, double warm_s, int reps,
@@ -104,8 +112,7 @@ upf_status upf_bench_steady_median(upf_status (*call)(void *arg), void *arg, dou
   upf_cuda_timer_destroy(timer);
   if (s != UPF_OK)
     return s;
-  qsort(t, (size_t)reps, sizeof t[0], cmp_seconds);
-  *median_s = t[reps / 2];
+  *median_s = upf_bench_median(t, reps);
   return UPF_OK;
 #endif
 }

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "perf/bench.h"
 #include "tests/test_util.h"
 #include "uniprefill/bf16.h"
 #include "uniprefill/env.h"
@@ -119,6 +120,20 @@ static void test_tensor_descriptor(void) {
   CU_ASSERT_EQUAL(upf_dtype_parse("fp8", &d), UPF_ERR_DTYPE);
 }
 
+/* The benches' median by hand: odd and even counts (the upper middle), unsorted input, none; and the
+ * steady-state timer's reps bound, checked before any device is touched. */
+static void test_bench_median(void) {
+  double odd[5] = {3.0, 1.0, 5.0, 2.0, 4.0}, even[4] = {4.0, 1.0, 3.0, 2.0}, one[1] = {7.5};
+  CU_ASSERT_DOUBLE_EQUAL(upf_bench_median(odd, 5), 3.0, 0.0);
+  CU_ASSERT_DOUBLE_EQUAL(upf_bench_median(even, 4), 3.0, 0.0);
+  CU_ASSERT_DOUBLE_EQUAL(upf_bench_median(one, 1), 7.5, 0.0);
+  CU_ASSERT(isnan(upf_bench_median(one, 0)));
+  double m = -1.0;
+  CU_ASSERT_EQUAL(upf_bench_steady_median(NULL, NULL, 0.1, 0, &m), UPF_ERR_INVALID_ARG);
+  CU_ASSERT_EQUAL(upf_bench_steady_median(NULL, NULL, 0.1, UPF_BENCH_STEADY_MAX_REPS + 1, &m), UPF_ERR_INVALID_ARG);
+  CU_ASSERT_DOUBLE_EQUAL(m, 0.0, 0.0);
+}
+
 void upf_register_core_tests(void) {
   CU_pSuite suite = CU_add_suite("core", NULL, NULL);
   CU_add_test(suite, "bf16 round to nearest even", test_bf16_round_to_nearest_even);
@@ -126,4 +141,5 @@ void upf_register_core_tests(void) {
   CU_add_test(suite, "status messages", test_status_messages);
   CU_add_test(suite, "tensor descriptor", test_tensor_descriptor);
   CU_add_test(suite, "env switch: values, fallback, typo named", test_env_switch);
+  CU_add_test(suite, "bench median and the steady timer's bounds", test_bench_median);
 }
