@@ -5,7 +5,7 @@
 #include "uniprefill/select.h"
 
 upf_select_params upf_select_params_default(void) {
-  upf_select_params p = {.block = 64, .sink = 128, .last_q = 128, .p = 0.99f, .topk = 0, .scale = 0.0f};
+  upf_select_params p = {.block = 64, .sink = 128, .last_q = 128, .p = 0.99f, .topk = 0, .scale = 0.0f, .keep_ratio = 0.0f};
   return p;
 }
 
@@ -23,10 +23,22 @@ upf_status upf_select_params_check(const upf_select_params *params) {
     return upf_fail(UPF_ERR_INVALID_ARG, "select params: p=%g outside (0, 1]", (double)params->p);
   if (params->topk < 0)
     return upf_fail(UPF_ERR_INVALID_ARG, "select params: topk=%d is negative", params->topk);
+  if (!(params->keep_ratio == 0.0f || (params->keep_ratio > 0.0f && params->keep_ratio <= 1.0f)))
+    return upf_fail(UPF_ERR_INVALID_ARG, "select params: keep_ratio=%g outside (0, 1] (0 = off)",
+                    (double)params->keep_ratio);
+  if (params->keep_ratio > 0.0f && params->topk > 0)
+    return upf_fail(UPF_ERR_INVALID_ARG, "select params: topk=%d and keep_ratio=%g both set", params->topk,
+                    (double)params->keep_ratio);
   if (!isfinite(params->scale) || params->scale < 0.0f)
     return upf_fail(UPF_ERR_INVALID_ARG, "select params: scale=%g must be finite and >= 0 (0 = 1/sqrt(D))",
                     (double)params->scale);
   return UPF_OK;
+}
+
+int64_t upf_select_topk_of(const upf_select_params *params, int64_t nb) {
+  if (params->keep_ratio > 0.0f)
+    return (int64_t)ceil((double)params->keep_ratio * (double)nb);
+  return params->topk;
 }
 
 upf_status upf_cu_seqlens_check(const int32_t *cu, int32_t num_reqs, int64_t num_tokens) {

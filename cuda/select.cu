@@ -1384,6 +1384,7 @@ struct topp_args {
   int ib;                   /* index bits of the sort key */
   float p;
   int topk;
+  float keep_ratio; /* > 0: per-request top-k, ceil(keep_ratio * nb) (upf_select_topk_of) */
   unsigned long long *bad_score; /* (1) min (r << 32 | block) with a NaN/Inf/negative score */
 };
 
@@ -1427,12 +1428,13 @@ __device__ __forceinline__ void chunk_decide(tp_temp &tmp, const topp_args &a, c
   float aggregate;
   tp_scan(tmp.scan).ExclusiveSum(pi, excl, aggregate);
   __syncthreads();
+  const int64_t topk = a.keep_ratio > 0.f ? (int64_t)ceil((double)a.keep_ratio * (double)nb) : a.topk;
 #pragma unroll
   for (int i = 0; i < TP_ITEMS; i++) {
     int64_t rank = rank0 + threadIdx.x * TP_ITEMS + i;
     if (rank < nb) {
       float before = carry + excl[i];
-      bool keep = a.topk > 0 ? rank < a.topk : (rank == 0 || before <= a.p);
+      bool keep = topk > 0 ? rank < topk : (rank == 0 || before <= a.p);
       unsigned cl = (unsigned)(keys[i] & ((1ull << a.ib) - 1));
       a.block_mask[blk0 + cl] = keep ? 1 : 0;
     }
@@ -1971,6 +1973,7 @@ upf_status run_topp(const sel_plan &p, const sel_dev_plan &dp, const upf_select_
   a.block_mask = block_mask;
   a.p = params->p;
   a.topk = params->topk;
+  a.keep_ratio = params->keep_ratio;
   a.bad_score = bad_score;
   bool segmented = g_topp_variant == UPF_CUDA_TOPP_SEGMENTED || p.max_nb > TP_CHUNK;
   if (!segmented) {

@@ -78,6 +78,7 @@ static int rank_order(const void *a, const void *b) {
 
 void ref_select_topp(const double *block_score, int64_t nb, const upf_select_params *params, uint8_t *block_mask,
                      double *prefix, double *pi) {
+  const int64_t topk = upf_select_topk_of(params, nb);
   double total = 0.0;
   for (int64_t c = 0; c < nb; c++)
     total += block_score[c];
@@ -90,7 +91,7 @@ void ref_select_topp(const double *block_score, int64_t nb, const upf_select_par
   double before = 0.0; /* mass of the blocks ranked ahead */
   for (int64_t rank = 0; rank < nb; rank++) {
     int64_t c = order[rank].index;
-    int keep = params->topk > 0 ? rank < params->topk : (rank == 0 || before <= (double)params->p);
+    int keep = topk > 0 ? rank < topk : (rank == 0 || before <= (double)params->p);
     block_mask[c] = (uint8_t)keep;
     if (prefix)
       prefix[c] = before;

@@ -19,6 +19,8 @@ typedef struct {
   float p;        /* top-p mass threshold, in (0, 1] */
   int32_t topk;   /* 0: top-p mode; K > 0: keep the K best-ranked blocks instead */
   float scale;    /* softmax scale; 0 means 1/sqrt(head_dim) */
+  float keep_ratio; /* 0: off; R in (0, 1]: keep the ceil(R * nb) best-ranked blocks of each request
+                     * (top-k per request, for controlled benchmarks); excludes topk */
 } upf_select_params;
 
 /* G=64, sink=128, L=128, p=0.99, top-p, scale 1/sqrt(D). */
@@ -60,6 +62,9 @@ static inline int upf_select_is_scored(int64_t n, const upf_select_params *param
 }
 
 static inline int64_t upf_select_blocks_of(int64_t n, int32_t block) { return (n + block - 1) / block; }
+/* Blocks kept by rank in top-k mode for a request of nb blocks: ceil(keep_ratio * nb) or topk; 0 in
+ * top-p mode. */
+int64_t upf_select_topk_of(const upf_select_params *params, int64_t nb);
 
 /* block_offset[r] = sum_{r' < r} ceil(n_r' / G), for r = 0..B (host arrays). Every request owns
  * blocks, scored or not, so block r of the batch maps to tokens by offset alone. */
