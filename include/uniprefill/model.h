@@ -1,0 +1,196 @@
+/* End-to-end prefill of the three model families (SPEC.md section 6): a model is a config plus
+ * weights; the forward pass (models/) walks the layers and calls the sub-layers of layers/, every op
+ * through the backend ops table, so the same code runs on the CPU reference and on CUDA. UniPrefill
+ * mode runs the drop step (SPEC.md section 3) after the attention block of each drop layer. */
+#ifndef UNIPREFILL_MODEL_H
+#define UNIPREFILL_MODEL_H
+
+#include <stdint.h>
+
+#include "uniprefill/backend.h"
+#include "uniprefill/dense.h"
+#include "uniprefill/moe.h"
+#include "uniprefill/select.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define UPF_MODEL_MAX_LAYERS 64
+
+typedef enum { UPF_FAMILY_LLAMA = 0, UPF_FAMILY_GEMMA3, UPF_FAMILY_QWEN3_NEXT, UPF_FAMILY_COUNT } upf_family;
+
+/* The token mixer of a layer. */
+typedef enum {
+  UPF_MIXER_FULL = 0, /* causal attention over every token of the request */
+  UPF_MIXER_SLIDING,  /* causal sliding-window attention (window counted in compacted indices) */
+  UPF_MIXER_GDN,      /* Gated DeltaNet linear attention */
+} upf_mixer_kind;
+
+typedef enum { UPF_FFN_DENSE = 0, UPF_FFN_MOE } upf_ffn_kind;
+
+typedef struct {
+  const char *name;    /* "llama3.1-8b", "llama-tiny", ... */
+  const char *summary; /* one line: where the shapes come from */
+  upf_family family;
+  int32_t hidden;      /* H */
+  int32_t num_layers;
+  int32_t vocab;       /* V */
+  /* attention layers */
+  int32_t q_heads, kv_heads, head_dim; /* Hq, Hkv, D */
+  int32_t attn_gate;                   /* 1: q_proj emits (Hq, 2D) = query and output gate (Qwen3-Next) */
+  int32_t qk_norm;                     /* 1: per-head RMSNorm of q and k (Gemma-3, Qwen3-Next) */
+  int32_t sandwich_norm;               /* 1: post-attention and post-FFN norms (Gemma-3) */
+  int32_t full_attn_interval;          /* layer i is full attention iff (i+1) % interval == 0; 1: all */
+  upf_mixer_kind other_mixer;          /* the mixer of the other layers: SLIDING or GDN */
+  int32_t window;                      /* sliding window (keys, the query's own included) */
+  upf_attn_params attn;                /* scale (0 = 1/sqrt(D)), softcap; window is set per layer */
+  upf_rope_params rope_full;           /* RoPE of the full-attention layers */
+  upf_rope_params rope_sliding;        /* RoPE of the sliding-window layers */
+  upf_norm_params norm;                /* every layer norm, the q/k norms and the final norm */
+  float embed_scale;                   /* embeddings times this (Gemma-3: sqrt(H)); 1 otherwise */
+  int32_t tied_embeddings;             /* 1: the LM head is token_embd^T */
+  /* FFN */
+  upf_ffn_kind ffn;
+  int32_t inter;                       /* I of the dense gated FFN */
+  upf_act act;
+  upf_moe_config moe;                  /* when ffn == UPF_FFN_MOE */
+  /* Gated DeltaNet (other_mixer == GDN) */
+  int32_t gdn_key_heads, gdn_value_heads, gdn_key_dim, gdn_value_dim, gdn_conv_kernel;
+  upf_norm_params gdn_norm;
+  /* UniPrefill: the drop layers (full-attention layers), ascending, and the selection defaults */
+  int32_t num_drop_layers;
+  int32_t drop_layers[UPF_MODEL_MAX_LAYERS];
+  upf_select_params select;
+  int64_t drop_min_step_tokens; /* drops run only when the step has more tokens than this (Gemma-3: the window) */
+} upf_model_config;
+
+/* The built-in models: the real shapes of Llama-3.1-8B, Gemma-3-12B and Qwen3-Next-80B-A3B and a
+ * tiny config of each family. NULL (with a message listing the names) for an unknown name. */
+const upf_model_config *upf_model_config_by_name(const char *name);
+int upf_model_config_count(void);
+const upf_model_config *upf_model_config_at(int i);
+/* Consistency of a config (heads divide, drop layers are full-attention layers in range, ...). */
+upf_status upf_model_config_check(const upf_model_config *cfg);
+upf_mixer_kind upf_model_mixer(const upf_model_config *cfg, int32_t layer);
+int upf_model_is_drop_layer(const upf_model_config *cfg, int32_t layer);
+/* Columns of the fused QKV projection: Hq*D*(1 + attn_gate) + 2*Hkv*D. */
+int64_t upf_model_qkv_cols(const upf_model_config *cfg);
+/* Gated DeltaNet: conv channels C = 2*Hk*Dk + Hv*Dv and the fused input projection's columns C + Hv*Dv. */
+int64_t upf_model_gdn_conv_dim(const upf_model_config *cfg);
+
+/* ---- Weights ----
+ * Every tensor has its GGUF name (token_embd.weight, blk.N.attn_qkv.weight, ..., output_norm.weight).
+ * Projections are stored (in, out), the layout of the gemm op; GGUF's attn_q/attn_k/attn_v are the
+ * column blocks of attn_qkv and ffn_gate/ffn_up those of ffn_gate_up. MoE weights keep the (out, in)
+ * layout of the moe op. Norm weights hold what the op multiplies by (zero-centred norms: the offset). */
+typedef struct {
+  upf_tensor attn_norm;      /* (H)          blk.N.attn_norm.weight */
+  upf_tensor attn_qkv;       /* (H, Nqkv)    blk.N.attn_qkv.weight: [q (Hq, D[, gate D]) | k (Hkv D) | v (Hkv D)] */
+  upf_tensor attn_q_norm;    /* (D)          blk.N.attn_q_norm.weight (qk_norm) */
+  upf_tensor attn_k_norm;    /* (D)          blk.N.attn_k_norm.weight (qk_norm) */
+  upf_tensor attn_output;    /* (Hq D, H)    blk.N.attn_output.weight */
+  upf_tensor post_attn_norm; /* (H)          blk.N.post_attention_norm.weight (sandwich) */
+  /* Gated DeltaNet */
+  upf_tensor ssm_in;         /* (H, C + Hv Dv) blk.N.ssm_in.weight: [q (Hk Dk) | k (Hk Dk) | v (Hv Dv) | z (Hv Dv)] */
+  upf_tensor ssm_ba;         /* (H, 2 Hv)    blk.N.ssm_ba.weight: [b (Hv) | a (Hv)] */
+  upf_tensor ssm_conv1d;     /* (C, K)       blk.N.ssm_conv1d.weight */
+  upf_tensor ssm_a;          /* (Hv) f32     blk.N.ssm_a: A_log */
+  upf_tensor ssm_dt;         /* (Hv) f32     blk.N.ssm_dt.bias */
+  upf_tensor ssm_norm;       /* (Dv)         blk.N.ssm_norm.weight */
+  upf_tensor ssm_out;        /* (Hv Dv, H)   blk.N.ssm_out.weight */
+  /* FFN */
+  upf_tensor ffn_norm;       /* (H)          blk.N.ffn_norm.weight (Gemma-3: pre-feedforward norm) */
+  upf_tensor ffn_gate_up;    /* (H, 2I)      blk.N.ffn_gate_up.weight: [gate | up] */
+  upf_tensor ffn_down;       /* (I, H)       blk.N.ffn_down.weight */
+  upf_tensor post_ffn_norm;  /* (H)          blk.N.post_ffw_norm.weight (sandwich) */
+  upf_tensor moe_router;     /* (E, H)       blk.N.ffn_gate_inp.weight */
+  upf_tensor moe_gate_up;    /* (E, 2I, H)   blk.N.ffn_gate_up_exps.weight */
+  upf_tensor moe_down;       /* (E, H, I)    blk.N.ffn_down_exps.weight */
+  upf_tensor moe_shared_gate_up; /* (2Is, H) blk.N.ffn_gate_up_shexp.weight */
+  upf_tensor moe_shared_down;    /* (H, Is)  blk.N.ffn_down_shexp.weight */
+  upf_tensor moe_shared_gate;    /* (H)      blk.N.ffn_gate_inp_shexp.weight */
+} upf_layer_weights;
+
+typedef struct {
+  const upf_model_config *cfg;
+  const upf_backend *be;      /* where every tensor lives */
+  upf_dtype dtype;            /* f32 or bf16: weights and activations (A_log, dt_bias stay f32) */
+  int32_t layer_begin, layer_end; /* the layers held: [begin, end) */
+  upf_tensor token_embd;      /* (V, H)  token_embd.weight */
+  upf_tensor output_norm;     /* (H)     output_norm.weight */
+  upf_tensor output;          /* (H, V)  output.weight (the transpose of token_embd when tied) */
+  upf_layer_weights layers[UPF_MODEL_MAX_LAYERS];
+  double weight_bytes;
+} upf_model;
+
+/* Seeded weights for layers [layer_begin, layer_end) (the embedding and head always): every value is a
+ * function of (seed, tensor name, element index) only, so a layer range holds the same values as the
+ * whole model. Scaling: projections uniform with variance 1/fan_in (activations keep their scale
+ * through each projection), norm weights 1 + small noise (offsets for zero-centred norms), the
+ * embedding with unit variance / embed_scale, the decay A_log in [log 1, log 16], dt_bias ~ 0. */
+upf_status upf_model_init_seeded(upf_model *m, const upf_model_config *cfg, const upf_backend *be, upf_dtype dtype,
+                                 uint64_t seed, int32_t layer_begin, int32_t layer_end);
+void upf_model_free(upf_model *m);
+
+/* Visits every tensor of the model with its GGUF name (the model's layer range only). */
+typedef upf_status (*upf_model_tensor_fn)(const char *name, upf_tensor *t, void *user);
+upf_status upf_model_for_each_tensor(upf_model *m, upf_model_tensor_fn fn, void *user);
+
+/* ---- Prefill ---- */
+
+typedef enum { UPF_PREFILL_DENSE = 0, UPF_PREFILL_UNIPREFILL } upf_prefill_mode;
+
+typedef struct {
+  upf_prefill_mode mode;
+  upf_select_params select;    /* the selection at every drop layer (defaults: cfg->select) */
+  /* Replay: per drop layer, a host token mask (one entry per token entering the layer, compacted
+   * order), used instead of selecting; NULL entries select. Indexed like cfg->drop_layers. */
+  const uint8_t *const *replay_masks;
+  const int64_t *replay_mask_len;
+  /* Called after each layer (progress, timing); may be NULL. */
+  void (*on_layer)(void *user, int32_t layer, double seconds, int64_t tokens);
+  void *user;
+} upf_prefill_options;
+
+/* What one drop layer did. */
+typedef struct {
+  int32_t layer;
+  int64_t tokens_in, tokens_kept;
+  int32_t *kept_per_req;  /* (B) host */
+  uint8_t *mask;          /* (tokens_in) host token mask, compacted order of the layer's input */
+  double select_seconds;  /* selection + compaction (+ the host copies the step needs) */
+} upf_drop_record;
+
+typedef struct {
+  int32_t num_reqs;
+  int32_t vocab;
+  float *logits;             /* (B, V) host, f32: last-position logits of each request */
+  int32_t num_drops;
+  upf_drop_record drops[UPF_MODEL_MAX_LAYERS];
+  double layer_seconds[UPF_MODEL_MAX_LAYERS]; /* per layer of [begin, end), indexed by layer */
+  int64_t layer_tokens[UPF_MODEL_MAX_LAYERS]; /* tokens each layer processed */
+  double total_seconds;
+} upf_prefill_result;
+
+/* Device memory a prefill of `total_tokens` (the step's packed tokens) over `num_reqs` requests needs
+ * besides the weights: activation buffers (reused across layers), the selection's outputs, and the
+ * K/V the step's attention layers produce (not retained by prefill; what a paged cache would hold,
+ * dense). Bytes. */
+typedef struct {
+  double weights, activations, selection, kv_dense;
+} upf_memory_plan;
+upf_memory_plan upf_model_memory_plan(const upf_model *m, int64_t total_tokens, int32_t num_reqs);
+
+/* Runs the prefill of a packed batch: ids (T) host token ids, cu_seqlens (B+1) host. With a layer
+ * range that does not start at 0 the embedding still feeds the first held layer; with one that does
+ * not end at num_layers the final norm and head still produce logits (so a range is timed whole).
+ * Fills res (free with upf_prefill_result_free). */
+upf_status upf_model_prefill(const upf_model *m, const int32_t *ids, const int32_t *cu_seqlens, int32_t num_reqs,
+                             const upf_prefill_options *opt, upf_prefill_result *res);
+void upf_prefill_result_free(upf_prefill_result *res);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,80 @@
+/* The sub-layers of a transformer block, each a short composition of backend-table calls, and the
+ * state they share. A sub-layer never branches on the backend and does not know whether tokens were
+ * dropped before it: it sees a (possibly compacted) varlen batch with its original positions. */
+#ifndef UNIPREFILL_LAYERS_H
+#define UNIPREFILL_LAYERS_H
+
+#include "uniprefill/model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Every per-token array the layers carry, in one place, so the drop step compacts all of them.
+ * Activations are in the model's dtype; buffers hold max_tokens rows, of which num_tokens are live.
+ * Backend memory unless named _host. */
+typedef struct {
+  int64_t num_tokens, max_tokens; /* T (after the drops so far), and the step's tokens */
+  int32_t num_reqs;               /* B */
+  void *residual;                 /* (T, H) the residual stream */
+  void *hidden;                   /* (T, H) the normalised input of the next sub-layer */
+  int32_t *positions;             /* (T) original position of each token in its request (RoPE) */
+  int32_t *origin;                /* (T) index of each token in the step's packed input */
+  int32_t *cu_seqlens;            /* (B+1) */
+  int32_t *cu_seqlens_host;       /* (B+1) */
+} upf_tokens;
+
+/* Buffers a layer writes and a later one overwrites, sized by the step's tokens (Tmax rows). */
+typedef struct {
+  void *out;            /* (Tmax, H) a sub-layer's output, before the residual add */
+  void *proj;           /* (Tmax, max(Nqkv, C + Hv Dv)) fused input projection */
+  void *mix;            /* (Tmax, max(Hq D, Hv Dv)) attention / scan output */
+  void *conv;           /* (Tmax, C) Gated DeltaNet conv output (GDN models only) */
+  void *ba;             /* (Tmax, 2 Hv) Gated DeltaNet b and a (GDN models only) */
+  void *spare;          /* (Tmax, H) compaction target */
+  int32_t *spare_i32;   /* (Tmax) compaction target */
+  uint8_t *token_mask;  /* (Tmax) selection outputs */
+  int32_t *kept_index;  /* (Tmax) */
+  int32_t *new_cu;      /* (B+1) */
+  int32_t *kept_count;  /* (B) */
+} upf_layer_scratch;
+
+/* Views of a drop layer's q and k (after q/k norm and RoPE): the drop step's input. */
+typedef struct {
+  upf_tensor q; /* (T, Hq, D) view into scratch.proj */
+  upf_tensor k; /* (T, Hkv, D) view into scratch.proj */
+} upf_attn_qk;
+
+/* A contiguous (rows, cols) matrix over buffer memory. */
+upf_tensor upf_mat(void *data, upf_dtype dtype, int64_t rows, int64_t cols);
+/* Columns [col0, col0 + cols) of a 2-D matrix (same rows, same row stride). */
+upf_tensor upf_cols(const upf_tensor *mat, int64_t col0, int64_t cols);
+/* A (rows, heads, dim) view of columns [col0, ...) of a 2-D matrix, heads head_stride apart (dim, or
+ * 2*dim where each head interleaves with another tensor: Qwen3-Next's query and gate). */
+upf_tensor upf_heads(const upf_tensor *mat, int64_t col0, int64_t heads, int64_t dim, int64_t head_stride);
+
+/* Attention block: hidden (T, H) = norm(residual) in; q/k/v projection, q/k norm, RoPE at the original
+ * positions, full or sliding-window causal attention, the output gate, the output projection, the
+ * post-attention norm (sandwich), then residual += out and hidden = ffn_norm(residual). qk receives
+ * the layer's q and k for the drop step. */
+upf_status upf_layer_attention(const upf_model *m, int32_t layer, upf_tokens *tok, upf_layer_scratch *s,
+                               upf_attn_qk *qk);
+/* Gated DeltaNet block: the same contract, with the linear-attention mixer in place of attention. */
+upf_status upf_layer_gdn(const upf_model *m, int32_t layer, upf_tokens *tok, upf_layer_scratch *s);
+/* FFN block: s->out (T, H) = FFN(hidden) (dense gated or MoE), post-FFN norm (sandwich). The residual
+ * add is the next block's pre-norm (upf_layer_add_norm). */
+upf_status upf_layer_ffn(const upf_model *m, int32_t layer, upf_tokens *tok, upf_layer_scratch *s);
+/* residual += s->out; hidden = norm_w(residual). */
+upf_status upf_layer_add_norm(const upf_model *m, upf_tokens *tok, upf_layer_scratch *s, const upf_tensor *norm_w);
+
+/* The drop step (SPEC.md section 3): selection on the layer's q and k (or a replayed host token mask
+ * of T entries), then every per-token array of tok compacted by the kept index and cu_seqlens
+ * rebuilt. Fills rec (its mask and kept_per_req allocated here, host). */
+upf_status upf_layer_drop(const upf_model *m, const upf_select_params *params, const upf_attn_qk *qk,
+                          const uint8_t *replay_mask, int64_t replay_len, upf_tokens *tok, upf_layer_scratch *s,
+                          upf_drop_record *rec);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,225 @@
+/* The prefill of a packed batch: embedding, the layers in order with the drop step after each drop
+ * layer's attention block (UniPrefill mode), the final norm and the last-position logits of each
+ * request. The walk over the layers is the model; buffers, timing and validation sit around it. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "layers/layers.h"
+#include "uniprefill/bf16.h"
+
+static double now_seconds(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Widest columns any layer of the model writes into each scratch buffer. */
+typedef struct {
+  int64_t proj, mix, conv, ba;
+} scratch_cols;
+
+static scratch_cols scratch_widths(const upf_model_config *c) {
+  scratch_cols w = {upf_model_qkv_cols(c), (int64_t)c->q_heads * c->head_dim, 0, 0};
+  if (c->other_mixer == UPF_MIXER_GDN) {
+    const int64_t HvDv = (int64_t)c->gdn_value_heads * c->gdn_value_dim, C = upf_model_gdn_conv_dim(c);
+    w.proj = w.proj > C + HvDv ? w.proj : C + HvDv;
+    w.mix = w.mix > HvDv ? w.mix : HvDv;
+    w.conv = C, w.ba = 2 * (int64_t)c->gdn_value_heads;
+  }
+  return w;
+}
+
+upf_memory_plan upf_model_memory_plan(const upf_model *m, int64_t T, int32_t B) {
+  const upf_model_config *c = m->cfg;
+  const double e = (double)upf_dtype_size(m->dtype), H = c->hidden;
+  const scratch_cols w = scratch_widths(c);
+  upf_memory_plan p = {m->weight_bytes, 0, 0, 0};
+  /* residual, hidden, out, spare; proj, mix, conv, ba; ids, positions, origin, spare_i32 */
+  p.activations = (double)T * (e * (4 * H + (double)(w.proj + w.mix + w.conv + w.ba)) + 4 * 4);
+  /* the backend's own scratch of the widest op: the dense FFN's (T, 2I) and (T, I), or the MoE layer's
+   * (T*K rows of 2I, I and H) */
+  const double ffn_ws = c->ffn == UPF_FFN_MOE
+                            ? (double)T * c->moe.top_k * e * (3.0 * c->moe.inter + H) + (double)T * e * 3 * c->moe.shared_inter
+                            : (double)T * e * 3 * c->inter;
+  p.activations += ffn_ws;
+  p.selection = (double)T * (1 + 4) + (double)(2 * B + 1) * 4 + (double)B * c->vocab * 4;
+  for (int32_t l = m->layer_begin; l < m->layer_end; l++)
+    if (upf_model_mixer(c, l) != UPF_MIXER_GDN)
+      p.kv_dense += 2.0 * (double)T * c->kv_heads * c->head_dim * e;
+  return p;
+}
+
+/* Host checks of the batch, before any device work. */
+static upf_status check_batch(const upf_model *m, const int32_t *ids, const int32_t *cu, int32_t B,
+                              const upf_prefill_options *opt) {
+  if (B < 1)
+    return upf_fail(UPF_ERR_CU_SEQLENS, "prefill: needs at least one request");
+  UPF_TRY(upf_cu_seqlens_check(cu, B, cu[B]));
+  for (int32_t r = 0; r < B; r++)
+    if (cu[r + 1] == cu[r])
+      return upf_fail(UPF_ERR_CU_SEQLENS, "prefill: request %d has no tokens", r);
+  for (int64_t t = 0; t < cu[B]; t++)
+    if (ids[t] < 0 || ids[t] >= m->cfg->vocab)
+      return upf_fail(UPF_ERR_INVALID_ARG, "prefill: token id %d at position %lld is outside the vocabulary [0, %d)",
+                      ids[t], (long long)t, m->cfg->vocab);
+  if (opt->mode == UPF_PREFILL_UNIPREFILL)
+    UPF_TRY(upf_select_params_check(&opt->select));
+  return UPF_OK;
+}
+
+typedef struct {
+  upf_tokens tok;
+  upf_layer_scratch s;
+  int32_t *ids;    /* (T) */
+  float *logits;   /* (B, V) */
+} run_buffers;
+
+static upf_status alloc_buffers(const upf_model *m, int64_t T, int32_t B, run_buffers *b) {
+  const upf_backend *be = m->be;
+  const upf_model_config *c = m->cfg;
+  const size_t e = upf_dtype_size(m->dtype), rows = (size_t)(T ? T : 1);
+  const scratch_cols w = scratch_widths(c);
+  struct {
+    void **p;
+    size_t bytes;
+  } list[] = {
+      {&b->tok.residual, rows * c->hidden * e}, {&b->tok.hidden, rows * c->hidden * e},
+      {(void **)&b->tok.positions, rows * 4},   {(void **)&b->tok.origin, rows * 4},
+      {(void **)&b->tok.cu_seqlens, (size_t)(B + 1) * 4},
+      {&b->s.out, rows * c->hidden * e},        {&b->s.proj, rows * (size_t)w.proj * e},
+      {&b->s.mix, rows * (size_t)w.mix * e},    {&b->s.conv, rows * (size_t)w.conv * e},
+      {&b->s.ba, rows * (size_t)w.ba * e},      {&b->s.spare, rows * c->hidden * e},
+      {(void **)&b->s.spare_i32, rows * 4},     {(void **)&b->s.token_mask, rows},
+      {(void **)&b->s.kept_index, rows * 4},    {(void **)&b->s.new_cu, (size_t)(B + 1) * 4},
+      {(void **)&b->s.kept_count, (size_t)B * 4}, {(void **)&b->ids, rows * 4},
+      {(void **)&b->logits, (size_t)B * c->vocab * 4},
+  };
+  for (size_t i = 0; i < sizeof list / sizeof *list; i++)
+    UPF_TRY(be->alloc(list[i].p, list[i].bytes));
+  b->tok.cu_seqlens_host = malloc((size_t)(B + 1) * sizeof(int32_t));
+  return b->tok.cu_seqlens_host ? UPF_OK : upf_fail(UPF_ERR_NOMEM, "prefill: cu_seqlens");
+}
+
+static void free_buffers(const upf_backend *be, run_buffers *b) {
+  void *list[] = {b->tok.residual, b->tok.hidden, b->tok.positions, b->tok.origin, b->tok.cu_seqlens,
+                  b->s.out,        b->s.proj,     b->s.mix,         b->s.conv,     b->s.ba,
+                  b->s.spare,      b->s.spare_i32, b->s.token_mask, b->s.kept_index, b->s.new_cu,
+                  b->s.kept_count, b->ids,        b->logits};
+  for (size_t i = 0; i < sizeof list / sizeof *list; i++)
+    if (list[i])
+      be->release(list[i]);
+  free(b->tok.cu_seqlens_host);
+}
+
+/* Token ids, positions within each request, the packed index of each token and cu_seqlens. */
+static upf_status upload_batch(const upf_backend *be, const int32_t *ids, const int32_t *cu, int32_t B, run_buffers *b) {
+  const int64_t T = cu[B];
+  int32_t *pos = malloc((size_t)(T ? T : 1) * 2 * sizeof *pos);
+  if (!pos)
+    return upf_fail(UPF_ERR_NOMEM, "prefill: positions");
+  int32_t *origin = pos + T;
+  for (int32_t r = 0; r < B; r++)
+    for (int32_t t = cu[r]; t < cu[r + 1]; t++)
+      pos[t] = t - cu[r], origin[t] = t;
+  upf_status st = be->upload(b->ids, ids, (size_t)T * 4);
+  if (st == UPF_OK)
+    st = be->upload(b->tok.positions, pos, (size_t)T * 4);
+  if (st == UPF_OK)
+    st = be->upload(b->tok.origin, origin, (size_t)T * 4);
+  if (st == UPF_OK)
+    st = be->upload(b->tok.cu_seqlens, cu, (size_t)(B + 1) * 4);
+  free(pos);
+  memcpy(b->tok.cu_seqlens_host, cu, (size_t)(B + 1) * sizeof *cu);
+  b->tok.num_tokens = b->tok.max_tokens = T, b->tok.num_reqs = B;
+  return st;
+}
+
+/* The layers [begin, end) over the batch in b, dropping at the drop layers in UniPrefill mode. */
+static upf_status run_layers(const upf_model *m, const upf_prefill_options *opt, run_buffers *b,
+                             upf_prefill_result *res) {
+  const upf_model_config *c = m->cfg;
+  const upf_backend *be = m->be;
+  upf_tokens *tok = &b->tok;
+  const int64_t step_tokens = tok->num_tokens;
+  const int dropping = opt->mode == UPF_PREFILL_UNIPREFILL && step_tokens > c->drop_min_step_tokens;
+  int drop_index = 0; /* position in cfg->drop_layers */
+
+  const upf_tensor residual = upf_mat(tok->residual, m->dtype, tok->num_tokens, c->hidden);
+  const upf_tensor hidden = upf_mat(tok->hidden, m->dtype, tok->num_tokens, c->hidden);
+  const float embed_scale = m->dtype == UPF_DTYPE_BF16 ? upf_round_bf16(c->embed_scale) : c->embed_scale;
+  UPF_TRY(be->embed(b->ids, tok->num_tokens, &m->token_embd, embed_scale, &residual));
+  UPF_TRY(be->rmsnorm(&residual, &m->layers[m->layer_begin].attn_norm, &c->norm, &hidden));
+
+  for (int32_t l = m->layer_begin; l < m->layer_end; l++) {
+    const double t0 = now_seconds();
+    res->layer_tokens[l] = tok->num_tokens;
+    if (l > m->layer_begin)
+      UPF_TRY(upf_layer_add_norm(m, tok, &b->s, &m->layers[l].attn_norm));
+    upf_attn_qk qk;
+    if (upf_model_mixer(c, l) == UPF_MIXER_GDN)
+      UPF_TRY(upf_layer_gdn(m, l, tok, &b->s));
+    else
+      UPF_TRY(upf_layer_attention(m, l, tok, &b->s, &qk));
+    while (drop_index < c->num_drop_layers && c->drop_layers[drop_index] < l)
+      drop_index++;
+    if (dropping && drop_index < c->num_drop_layers && c->drop_layers[drop_index] == l) {
+      UPF_TRY(be->synchronize());
+      const double s0 = now_seconds();
+      upf_drop_record *rec = &res->drops[res->num_drops];
+      rec->layer = l;
+      const uint8_t *replay = opt->replay_masks ? opt->replay_masks[drop_index] : NULL;
+      const int64_t replay_len = opt->replay_mask_len ? opt->replay_mask_len[drop_index] : 0;
+      UPF_TRY(upf_layer_drop(m, &opt->select, &qk, replay, replay_len, tok, &b->s, rec));
+      UPF_TRY(be->synchronize());
+      rec->select_seconds = now_seconds() - s0;
+      res->num_drops++;
+    }
+    UPF_TRY(upf_layer_ffn(m, l, tok, &b->s));
+    UPF_TRY(be->synchronize());
+    res->layer_seconds[l] = now_seconds() - t0;
+    if (opt->on_layer)
+      opt->on_layer(opt->user, l, res->layer_seconds[l], res->layer_tokens[l]);
+  }
+
+  /* residual += the last FFN's output (the norm written to `out` is not used), then the final norm and
+   * the LM head on the last token of each request */
+  UPF_TRY(upf_layer_add_norm(m, tok, &b->s, &m->output_norm));
+  const upf_tensor last = upf_mat(tok->residual, m->dtype, tok->num_tokens, c->hidden);
+  const upf_tensor logits = upf_mat(b->logits, UPF_DTYPE_F32, tok->num_reqs, c->vocab);
+  UPF_TRY(be->logits_last(&last, tok->cu_seqlens_host, tok->num_reqs, &m->output_norm, &c->norm, &m->output, &logits));
+  return be->download(res->logits, b->logits, (size_t)tok->num_reqs * c->vocab * sizeof(float));
+}
+
+upf_status upf_model_prefill(const upf_model *m, const int32_t *ids, const int32_t *cu_seqlens, int32_t num_reqs,
+                             const upf_prefill_options *opt, upf_prefill_result *res) {
+  memset(res, 0, sizeof *res);
+  UPF_TRY(check_batch(m, ids, cu_seqlens, num_reqs, opt));
+  res->num_reqs = num_reqs, res->vocab = m->cfg->vocab;
+  res->logits = malloc((size_t)num_reqs * m->cfg->vocab * sizeof(float));
+  if (!res->logits)
+    return upf_fail(UPF_ERR_NOMEM, "prefill: logits (%d x %d)", num_reqs, m->cfg->vocab);
+  run_buffers b;
+  memset(&b, 0, sizeof b);
+  const double t0 = now_seconds();
+  upf_status st = alloc_buffers(m, cu_seqlens[num_reqs], num_reqs, &b);
+  if (st == UPF_OK)
+    st = upload_batch(m->be, ids, cu_seqlens, num_reqs, &b);
+  if (st == UPF_OK)
+    st = run_layers(m, opt, &b, res);
+  if (st == UPF_OK)
+    st = m->be->synchronize();
+  res->total_seconds = now_seconds() - t0;
+  free_buffers(m->be, &b);
+  if (st != UPF_OK)
+    upf_prefill_result_free(res);
+  return st;
+}
+
+void upf_prefill_result_free(upf_prefill_result *res) {
+  free(res->logits);
+  for (int i = 0; i < res->num_drops; i++)
+    free(res->drops[i].mask), free(res->drops[i].kept_per_req);
+  memset(res, 0, sizeof *res);
+}

@@ -1,0 +1,253 @@
+/* Model weights: the tensor list of each config with its GGUF names and shapes, seeded values that
+ * depend on (seed, name, index) only, and their allocation on a backend. */
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "uniprefill/bf16.h"
+#include "uniprefill/model.h"
+
+/* How a tensor's seeded values are drawn: uniform in [offset - amp, offset + amp). */
+typedef struct {
+  char name[64];
+  upf_tensor *t;
+  int ndim;
+  int64_t shape[3];
+  int f32_only;   /* stays f32 in a bf16 model (A_log, dt_bias) */
+  double amp, offset;
+  /* The LM head of a tied model: element (h, v) takes token_embd's value at (v, h). */
+  const char *transpose_of;
+} tensor_spec;
+
+#define MAX_SPECS (8 + 24 * UPF_MODEL_MAX_LAYERS)
+
+static void add(tensor_spec *s, int *n, upf_tensor *t, const char *name, int ndim, int64_t d0, int64_t d1, int64_t d2,
+                double amp, double offset) {
+  tensor_spec *p = &s[(*n)++];
+  memset(p, 0, sizeof *p);
+  snprintf(p->name, sizeof p->name, "%s", name);
+  p->t = t, p->ndim = ndim, p->shape[0] = d0, p->shape[1] = d1, p->shape[2] = d2, p->amp = amp, p->offset = offset;
+}
+
+/* Uniform with variance 1/fan_in: a projection keeps its input's scale. */
+static double proj_amp(int64_t fan_in) { return sqrt(3.0 / (double)fan_in); }
+
+static void layer_specs(upf_model *m, int32_t l, tensor_spec *s, int *n) {
+  const upf_model_config *c = m->cfg;
+  upf_layer_weights *w = &m->layers[l];
+  const int64_t H = c->hidden, D = c->head_dim;
+  /* norm weights: 1 + noise, or the noise alone where the norm multiplies by (1 + w) */
+  const double norm_off = c->norm.zero_centred ? 0.0 : 1.0, norm_amp = 0.1;
+  char name[64];
+#define NAME(suffix) (snprintf(name, sizeof name, "blk.%d." suffix, l), name)
+  add(s, n, &w->attn_norm, NAME("attn_norm.weight"), 1, H, 0, 0, norm_amp, norm_off);
+  if (upf_model_mixer(c, l) == UPF_MIXER_GDN) {
+    const int64_t C = upf_model_gdn_conv_dim(c), HvDv = (int64_t)c->gdn_value_heads * c->gdn_value_dim;
+    add(s, n, &w->ssm_in, NAME("ssm_in.weight"), 2, H, C + HvDv, 0, proj_amp(H), 0);
+    add(s, n, &w->ssm_ba, NAME("ssm_ba.weight"), 2, H, 2 * (int64_t)c->gdn_value_heads, 0, proj_amp(H), 0);
+    add(s, n, &w->ssm_conv1d, NAME("ssm_conv1d.weight"), 2, C, c->gdn_conv_kernel, 0, proj_amp(c->gdn_conv_kernel), 0);
+    /* A_log in [0, log 16] (HF draws A in (0, 16)); dt_bias in [-6, -2]: softplus gives steps of 0.002-0.13 */
+    add(s, n, &w->ssm_a, NAME("ssm_a"), 1, c->gdn_value_heads, 0, 0, 0.5 * log(16.0), 0.5 * log(16.0));
+    s[*n - 1].f32_only = 1;
+    add(s, n, &w->ssm_dt, NAME("ssm_dt.bias"), 1, c->gdn_value_heads, 0, 0, 2.0, -4.0);
+    s[*n - 1].f32_only = 1;
+    add(s, n, &w->ssm_norm, NAME("ssm_norm.weight"), 1, c->gdn_value_dim, 0, 0, norm_amp, c->gdn_norm.zero_centred ? 0 : 1);
+    add(s, n, &w->ssm_out, NAME("ssm_out.weight"), 2, HvDv, H, 0, proj_amp(HvDv), 0);
+  } else {
+    add(s, n, &w->attn_qkv, NAME("attn_qkv.weight"), 2, H, upf_model_qkv_cols(c), 0, proj_amp(H), 0);
+    if (c->qk_norm) {
+      add(s, n, &w->attn_q_norm, NAME("attn_q_norm.weight"), 1, D, 0, 0, norm_amp, norm_off);
+      add(s, n, &w->attn_k_norm, NAME("attn_k_norm.weight"), 1, D, 0, 0, norm_amp, norm_off);
+    }
+    add(s, n, &w->attn_output, NAME("attn_output.weight"), 2, c->q_heads * D, H, 0, proj_amp(c->q_heads * D), 0);
+  }
+  if (c->sandwich_norm)
+    add(s, n, &w->post_attn_norm, NAME("post_attention_norm.weight"), 1, H, 0, 0, norm_amp, norm_off);
+  add(s, n, &w->ffn_norm, NAME("ffn_norm.weight"), 1, H, 0, 0, norm_amp, norm_off);
+  if (c->ffn == UPF_FFN_MOE) {
+    const upf_moe_config *e = &c->moe;
+    add(s, n, &w->moe_router, NAME("ffn_gate_inp.weight"), 2, e->num_experts, H, 0, proj_amp(H), 0);
+    add(s, n, &w->moe_gate_up, NAME("ffn_gate_up_exps.weight"), 3, e->num_experts, 2 * (int64_t)e->inter, H,
+        proj_amp(H), 0);
+    add(s, n, &w->moe_down, NAME("ffn_down_exps.weight"), 3, e->num_experts, H, e->inter, proj_amp(e->inter), 0);
+    if (e->shared_inter > 0) {
+      add(s, n, &w->moe_shared_gate_up, NAME("ffn_gate_up_shexp.weight"), 2, 2 * (int64_t)e->shared_inter, H, 0,
+          proj_amp(H), 0);
+      add(s, n, &w->moe_shared_down, NAME("ffn_down_shexp.weight"), 2, H, e->shared_inter, 0, proj_amp(e->shared_inter),
+          0);
+      add(s, n, &w->moe_shared_gate, NAME("ffn_gate_inp_shexp.weight"), 1, H, 0, 0, proj_amp(H), 0);
+    }
+  } else {
+    add(s, n, &w->ffn_gate_up, NAME("ffn_gate_up.weight"), 2, H, 2 * (int64_t)c->inter, 0, proj_amp(H), 0);
+    add(s, n, &w->ffn_down, NAME("ffn_down.weight"), 2, c->inter, H, 0, proj_amp(c->inter), 0);
+  }
+  if (c->sandwich_norm)
+    add(s, n, &w->post_ffn_norm, NAME("post_ffw_norm.weight"), 1, H, 0, 0, norm_amp, norm_off);
+#undef NAME
+}
+
+static int model_specs(upf_model *m, tensor_spec *s) {
+  const upf_model_config *c = m->cfg;
+  int n = 0;
+  const double norm_off = c->norm.zero_centred ? 0.0 : 1.0;
+  /* unit-variance embeddings after the embed scale */
+  add(s, &n, &m->token_embd, "token_embd.weight", 2, c->vocab, c->hidden, 0, sqrt(3.0) / c->embed_scale, 0);
+  for (int32_t l = m->layer_begin; l < m->layer_end; l++)
+    layer_specs(m, l, s, &n);
+  add(s, &n, &m->output_norm, "output_norm.weight", 1, c->hidden, 0, 0, 0.1, norm_off);
+  add(s, &n, &m->output, "output.weight", 2, c->hidden, c->vocab, 0, proj_amp(c->hidden), 0);
+  if (c->tied_embeddings) {
+    s[n - 1].amp = s[0].amp;
+    s[n - 1].transpose_of = "token_embd.weight";
+  }
+  return n;
+}
+
+static uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+static uint64_t name_key(uint64_t seed, const char *name) {
+  uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a */
+  for (; *name; name++)
+    h = (h ^ (unsigned char)*name) * 0x100000001b3ull;
+  return splitmix64(seed ^ h);
+}
+
+/* Element idx of a tensor with key `key`: uniform in [-1, 1), a multiple of 2^-23. */
+static float unit_value(uint64_t key, int64_t idx) {
+  const uint64_t x = splitmix64(key + (uint64_t)idx * 0x9e3779b97f4a7c15ull);
+  return (float)((double)(x >> 40) * (1.0 / 8388608.0) - 1.0);
+}
+
+typedef struct {
+  const tensor_spec *spec;
+  uint64_t key;
+  int64_t cols; /* of the transposed tensor: element (h, v) is source (v, h) */
+  int64_t begin, end;
+  int bf16;
+  void *out; /* (end - begin) elements */
+} fill_job;
+
+static void *fill_range(void *arg) {
+  const fill_job *j = arg;
+  const tensor_spec *s = j->spec;
+  for (int64_t i = j->begin; i < j->end; i++) {
+    int64_t src = i;
+    if (s->transpose_of) { /* this tensor is (rows, cols) = source (cols, rows) transposed */
+      const int64_t r = i / j->cols, col = i % j->cols, rows = s->shape[0];
+      src = col * rows + r;
+    }
+    const float v = (float)(s->offset + s->amp * unit_value(j->key, src));
+    if (j->bf16)
+      ((uint16_t *)j->out)[i - j->begin] = upf_bf16_from_f32(v);
+    else
+      ((float *)j->out)[i - j->begin] = v;
+  }
+  return NULL;
+}
+
+#define FILL_CHUNK (int64_t)(1 << 24)
+#define FILL_THREADS 16
+
+/* Fills one backend tensor chunk by chunk through a host buffer, the chunks split over threads. */
+static upf_status fill_tensor(const upf_backend *be, const tensor_spec *s, uint64_t seed, void *host) {
+  const upf_tensor *t = s->t;
+  const int64_t numel = upf_tensor_numel(t);
+  const int bf16 = t->dtype == UPF_DTYPE_BF16;
+  const size_t esize = upf_dtype_size(t->dtype);
+  const uint64_t key = name_key(seed, s->transpose_of ? s->transpose_of : s->name);
+  for (int64_t c0 = 0; c0 < numel; c0 += FILL_CHUNK) {
+    const int64_t c1 = c0 + FILL_CHUNK < numel ? c0 + FILL_CHUNK : numel;
+    const int64_t per = (c1 - c0 + FILL_THREADS - 1) / FILL_THREADS;
+    pthread_t th[FILL_THREADS];
+    fill_job jobs[FILL_THREADS];
+    int started = 0;
+    for (int k = 0; k < FILL_THREADS; k++) {
+      const int64_t b = c0 + k * per, e = b + per < c1 ? b + per : c1;
+      if (b >= e)
+        break;
+      jobs[k] = (fill_job){s, key, t->ndim == 2 ? t->shape[1] : 1, b, e, bf16, (char *)host + (b - c0) * esize};
+      if (c1 - c0 < (1 << 16) || pthread_create(&th[k], NULL, fill_range, &jobs[k]) != 0)
+        fill_range(&jobs[k]); /* small tensors (or no thread): inline */
+      else
+        started |= 1 << k;
+    }
+    for (int k = 0; k < FILL_THREADS; k++)
+      if (started & (1 << k))
+        pthread_join(th[k], NULL);
+    UPF_TRY(be->upload((char *)t->data + c0 * esize, host, (size_t)(c1 - c0) * esize));
+  }
+  return UPF_OK;
+}
+
+upf_status upf_model_init_seeded(upf_model *m, const upf_model_config *cfg, const upf_backend *be, upf_dtype dtype,
+                                 uint64_t seed, int32_t layer_begin, int32_t layer_end) {
+  memset(m, 0, sizeof *m);
+  UPF_TRY(upf_model_config_check(cfg));
+  if (dtype != UPF_DTYPE_F32 && dtype != UPF_DTYPE_BF16)
+    return upf_fail(UPF_ERR_DTYPE, "model %s: dtype %s (f32 or bf16)", cfg->name, upf_dtype_name(dtype));
+  if (layer_begin < 0 || layer_end > cfg->num_layers || layer_begin >= layer_end)
+    return upf_fail(UPF_ERR_INVALID_ARG, "model %s: layer range %d:%d outside 0:%d or empty", cfg->name, layer_begin,
+                    layer_end, cfg->num_layers);
+  m->cfg = cfg, m->be = be, m->dtype = dtype, m->layer_begin = layer_begin, m->layer_end = layer_end;
+  tensor_spec *specs = malloc(MAX_SPECS * sizeof *specs);
+  void *host = malloc((size_t)FILL_CHUNK * sizeof(float));
+  upf_status st = specs && host ? UPF_OK : upf_fail(UPF_ERR_NOMEM, "model %s: host staging", cfg->name);
+  const int n = st == UPF_OK ? model_specs(m, specs) : 0;
+  for (int i = 0; i < n && st == UPF_OK; i++) {
+    tensor_spec *s = &specs[i];
+    const upf_dtype dt = s->f32_only ? UPF_DTYPE_F32 : dtype;
+    st = upf_tensor_init(s->t, NULL, dt, s->ndim, s->shape);
+    const size_t bytes = (size_t)upf_tensor_numel(s->t) * upf_dtype_size(dt);
+    if (st == UPF_OK)
+      st = be->alloc(&s->t->data, bytes);
+    if (st == UPF_OK) {
+      m->weight_bytes += (double)bytes;
+      st = fill_tensor(be, s, seed, host);
+    }
+    if (st != UPF_OK)
+      upf_fail_context(st, s->name);
+  }
+  free(specs);
+  free(host);
+  if (st != UPF_OK)
+    upf_model_free(m);
+  return st;
+}
+
+/* Every descriptor of the model, including the ones a config does not use (data NULL). */
+static void release_tensor(const upf_backend *be, upf_tensor *t) {
+  if (t->data)
+    be->release(t->data);
+  t->data = NULL;
+}
+
+void upf_model_free(upf_model *m) {
+  if (!m || !m->be)
+    return;
+  release_tensor(m->be, &m->token_embd), release_tensor(m->be, &m->output_norm), release_tensor(m->be, &m->output);
+  for (int l = 0; l < UPF_MODEL_MAX_LAYERS; l++) {
+    upf_tensor *t = (upf_tensor *)&m->layers[l]; /* upf_layer_weights holds upf_tensor fields only */
+    for (size_t i = 0; i < sizeof m->layers[l] / sizeof *t; i++)
+      release_tensor(m->be, &t[i]);
+  }
+  m->weight_bytes = 0;
+}
+
+upf_status upf_model_for_each_tensor(upf_model *m, upf_model_tensor_fn fn, void *user) {
+  tensor_spec *specs = malloc(MAX_SPECS * sizeof *specs);
+  if (!specs)
+    return upf_fail(UPF_ERR_NOMEM, "model: tensor list");
+  const int n = model_specs(m, specs);
+  upf_status st = UPF_OK;
+  for (int i = 0; i < n && st == UPF_OK; i++)
+    st = fn(specs[i].name, specs[i].t, user);
+  free(specs);
+  return st;
+}
