@@ -1,0 +1,433 @@
+#!/usr/bin/env bash
+# The one driver of GPU evidence. Here (a machine that builds) it stages what a GPU machine needs; there
+# (the device tool's machine: a copy of this working tree, $OUT comes back, 10 minutes a call, at most 8
+# files back) it runs the checks and timings and writes everything under $OUT/<commit>-<name>/, with
+# commands.txt naming each exact command it ran and summary.txt one line a result.
+#
+#   here:   perf/device.sh stage [--as NAME]          build (make all), pack .devbin/NAME.tar.xz (default bundle)
+#   there:  bash perf/device.sh COMMAND [options]     (carry [".devbin"]; [".devbin", ".whl"] for the FLA peer)
+#     verify [OPS...] [--quick]           upf verify of each op or prefix (default: every family), side by side
+#     sanitize [OPS...] [--tools LIST]    compute-sanitizer (memcheck,racecheck,synccheck) over `upf verify OP --quick`
+#     test                                test_upf, every CUnit suite with the device
+#     bench [--filter REGEX] [--reps N] [--ab VAR=a,b | --base BUNDLE]
+#                                         bench_upf JSON; --ab times A, B, A (A again: drift shows as A != A) with
+#                                         VAR=a then VAR=b (an empty value unsets VAR), e.g.
+#                                         --ab UPF_VARIANT=,attn.prefill=fa2 or --ab UPF_MOE_BUCKETS=auto,4;
+#                                         --base times this bundle, BUNDLE (another commit's stage), this one again
+#     peers [sdpa|matmul|fla ...]         the PyTorch / FLA peer scripts of perf/peers on the benchmarks' shapes
+#     profile BENCH [--kernel REGEX] [--skip N] [--count N] [--set SET | --section S ... | --metrics LIST]
+#                                         ncu (clocks left alone) of one benchmark's kernel launches
+#     session [--quick]                   the standard full pass: verify, sanitize and test side by side, then
+#                                         bench alone on the GPU, then peers
+#   options of every device command:
+#     --name NAME     the folder's name after the commit (default the command's)
+#     --env VAR=v     set for every command run (repeatable), e.g. --env UPF_VARIANT=attn.paged=ffma
+#     --cap S         time limit of each command, seconds (session: of each phase, see its caps below)
+#     --bundle FILE   the staged bundle (default .devbin/bundle.tar.xz of the checkout)
+# A command that fails or runs out of time stops nothing after it; the exit status is 1 if any did.
+# Several commands in one device call write several folders; when more than 8 files would come back,
+# each step's folder is packed into <step>.tar.xz (summary.txt and commands.txt stay loose).
+set -uo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+T0=$(date +%s)
+STATUS=0
+
+die() {
+  echo "device.sh: $*" >&2
+  exit 2
+}
+usage() {
+  sed -n '2,/^set -uo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'
+}
+
+# ---------------------------------------------------------------------------------------------- stage
+# The bundle: bin/ (upf, test_upf, bench_upf, stripped), lib/ (the shared libraries of the Debian
+# packages they link, which the device machine lacks), peers/ (perf/peers/*.py), device.sh, COMMIT.
+STAGE_LIBS="libopenblas.so.0 libgfortran.so.5 libquadmath.so.0 libcunit.so.1 libbenchmark.so.1debian"
+BUNDLE_MAX=$((64 * 1024 * 1024)) # the device tool carries at most 64 MiB, working tree included
+
+stage() {
+  local as=bundle
+  while [ $# -gt 0 ]; do
+    case $1 in
+    --as) as=${2:?--as needs a name}; shift 2 ;;
+    -h | --help) usage; exit 0 ;;
+    *) die "stage: unknown argument $1" ;;
+    esac
+  done
+  local repo
+  repo=$(cd "$HERE/.." && pwd)
+  if [ ! -f "$repo/Makefile" ] || [ ! -d "$repo/perf/peers" ]; then die "stage runs from the checkout (perf/device.sh)"; fi
+  cd "$repo" || die "stage: cannot enter $repo"
+  make -j"$(nproc)" all >/dev/null || die "stage: make all failed"
+  local st
+  st=$(mktemp -d) || die "stage: mktemp failed"
+  # shellcheck disable=SC2064 # the folder is known now
+  trap "rm -rf '$st'" EXIT
+  mkdir -p "$st/bin" "$st/lib" "$st/peers" .devbin
+  cp build/upf build/test_upf build/bench_upf "$st/bin/" || die "stage: cannot copy the binaries"
+  strip "$st"/bin/* || die "stage: strip failed"
+  local lib path
+  for lib in $STAGE_LIBS; do
+    path=$(ldd build/test_upf build/bench_upf | awk -v l="$lib" '$1 == l { print $3; exit }')
+    [ -n "$path" ] || die "stage: $lib is not linked by test_upf or bench_upf"
+    cp -L "$path" "$st/lib/"
+  done
+  cp perf/peers/*.py "$st/peers/"
+  cp perf/device.sh "$st/"
+  local commit
+  commit=$(git rev-parse --short HEAD)
+  if ! git diff --quiet HEAD -- .; then
+    commit=$commit-dirty
+    echo "device.sh stage: warning: uncommitted changes are in the build ($commit)" >&2
+  fi
+  echo "$commit" >"$st/COMMIT"
+  tar -C "$st" -cJf ".devbin/$as.tar.xz" . || die "stage: tar failed"
+  local size
+  size=$(stat -c %s ".devbin/$as.tar.xz")
+  [ "$size" -le "$BUNDLE_MAX" ] || die "stage: .devbin/$as.tar.xz is $size bytes, over the 64 MiB the device tool carries"
+  echo ".devbin/$as.tar.xz: $commit, $((size / 1024)) KiB (carry [\".devbin\"])"
+}
+
+# --------------------------------------------------------------------------------- device-side helpers
+# unpack BUNDLE DIR: the bundle into DIR, unless DIR already holds this very file's contents.
+unpack() {
+  local stamp
+  stamp=$(stat -c %s-%Y "$1") || die "no bundle at $1 (stage it here: perf/device.sh stage; carry .devbin)"
+  if [ "$(cat "$2/.stamp" 2>/dev/null)" != "$stamp" ]; then
+    rm -rf "$2"
+    if ! mkdir -p "$2" || ! tar -C "$2" -xJf "$1"; then die "cannot unpack $1 into $2"; fi
+    echo "$stamp" >"$2/.stamp"
+  fi
+}
+
+# setup: find the bundle (the folder this script runs from when unpacked, else the checkout's
+# .devbin/bundle.tar.xz unpacked to /tmp/upf-dev), export what its binaries need, make $DIR.
+setup() {
+  OUT=${OUT:?set OUT: the folder that comes back (the device tool sets it)}
+  if [ -z "$BUNDLE" ] && [ -x "$HERE/bin/upf" ]; then
+    DEV=$HERE
+  else
+    BUNDLE=${BUNDLE:-$HERE/../.devbin/bundle.tar.xz}
+    DEV=${UPF_DEV:-/tmp/upf-dev}
+    unpack "$BUNDLE" "$DEV"
+  fi
+  REPO=$(cd "$HERE/.." && pwd)
+  COMMIT=$(cat "$DEV/COMMIT" 2>/dev/null || echo unknown)
+  export UPF_COMMIT=$COMMIT PYTHONUNBUFFERED=1
+  export LD_LIBRARY_PATH=$DEV/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+  SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  NPROC=$(nproc)
+  DIR=$OUT/$COMMIT-$NAME
+  mkdir -p "$DIR" || die "cannot make $DIR"
+  CMDS=$DIR/commands.txt
+  local gpu="no nvidia-smi"
+  command -v nvidia-smi >/dev/null &&
+    gpu=$(nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader 2>&1 | head -n 1)
+  say "commit $COMMIT, bundle $DEV; $gpu${ENVS[*]:+; env ${ENVS[*]}}"
+}
+
+say() { echo "[$(($(date +%s) - T0)) s] $*" | tee -a "$DIR/summary.txt"; }
+
+# run LOG CAP [ENV ...] -- CMD...: CMD in the bundle's folder under `env ENVS ENV` and `timeout CAP`,
+# its output to LOG, "# rc=N" appended; the exact command goes to commands.txt. ENV items are env's
+# arguments (VAR=v, or -u VAR). Returns CMD's status.
+run() {
+  local log=$1 cap=$2 rc
+  shift 2
+  local envs=("${ENVS[@]}")
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do envs+=("$1"); shift; done
+  shift
+  mkdir -p "$(dirname "$log")"
+  {
+    printf '(cd %q && env' "$DEV"
+    printf ' %q' "${envs[@]}" timeout "$cap" "$@"
+    printf ') > %q 2>&1\n' "$log"
+  } >>"$CMDS"
+  (cd "$DEV" && env "${envs[@]}" timeout "$cap" "$@") >"$log" 2>&1
+  rc=$?
+  [ -z "$(tail -c 1 "$log")" ] || echo >>"$log" # a killed command may leave its last line open
+  echo "# rc=$rc" >>"$log"
+  return "$rc"
+}
+
+# pool N: wait until fewer than N background jobs run.
+pool() { while [ "$(jobs -rp | wc -l)" -ge "$1" ]; do wait -n; done; }
+
+# note LOG: one summary line for a log (check counts, sanitizer summaries, test totals, rc), then its
+# first failures; a non-zero rc makes the driver's status 1.
+note() {
+  local rc
+  rc=$(grep -oE '^# rc=[0-9]+' "$1" | tail -n 1 | cut -d= -f2)
+  say "${1#"$DIR"/}: $(grep -E '^# [0-9]+ checks|ERROR SUMMARY|RACECHECK SUMMARY|^ +(tests|asserts) ' "$1" |
+    tr -s ' ' | tr '\n' ' ')rc=${rc:-none}$([ "${rc:-}" = 124 ] && echo ' (timed out)')"
+  grep -E '^FAIL|Failed|FAILED|not timed' "$1" | cut -c1-220 | head -n 4 | tee -a "$DIR/summary.txt"
+  [ "${rc:-1}" = 0 ] || STATUS=1
+}
+
+# The op families: the first word of each name in `upf ops` (select, gemm, attn, moe, ...).
+families() { (cd "$DEV" && bin/upf ops) | awk '{ split($1, a, "."); if (!seen[a[1]]++) print a[1] }'; }
+
+# finish: when more than 8 files would come back, pack each step folder (one archive per folder), and
+# if that is not enough, each earlier command's whole folder.
+finish() {
+  local n d
+  n=$(find "$OUT" -type f | wc -l)
+  if [ "$n" -gt 8 ]; then
+    for d in "$OUT"/*/*/; do
+      [ -d "$d" ] || continue
+      tar -C "$(dirname "$d")" -cJf "${d%/}.tar.xz" "$(basename "$d")" && rm -rf "$d"
+    done
+  fi
+  n=$(find "$OUT" -type f | wc -l)
+  if [ "$n" -gt 8 ]; then # then each earlier command's folder as one archive
+    for d in "$OUT"/*/; do
+      [ "${d%/}" != "$DIR" ] || continue
+      tar -C "$OUT" -cJf "${d%/}.tar.xz" "$(basename "$d")" && rm -rf "$d"
+    done
+  fi
+  n=$(find "$OUT" -type f | wc -l)
+  [ "$n" -le 8 ] || say "warning: $n files under OUT; the device tool returns 8"
+  say "done, status $STATUS: $(cd "$OUT" && find . -type f | sort | tr '\n' ' ')"
+}
+
+# -------------------------------------------------------------------------------------------- steps
+# verify [OPS...] [--quick]: each op or prefix in its own process, side by side; OpenBLAS threads
+# shared among them (the CPU reference is the long pole of the full sets).
+do_verify() {
+  local quick=$1 cap=$2
+  shift 2
+  local ops=("$@") op
+  [ ${#ops[@]} -gt 0 ] || mapfile -t ops < <(families)
+  local threads=$((NPROC / ${#ops[@]}))
+  [ "$threads" -ge 1 ] || threads=1
+  say "verify${quick:+ $quick} ${ops[*]} (cap $cap s, $threads BLAS threads each)"
+  for op in "${ops[@]}"; do
+    run "$DIR/verify/verify-$op${quick:+-quick}.log" "$cap" OPENBLAS_NUM_THREADS=$threads -- \
+      bin/upf verify "$op" ${quick:+"$quick"} &
+  done
+  wait
+  for op in "${ops[@]}"; do note "$DIR/verify/verify-$op${quick:+-quick}.log"; done
+}
+
+# sanitize [OPS...] TOOLS: each tool over `upf verify OP --quick`, at most 8 processes at once.
+do_sanitize() {
+  local tools=$1 cap=$2
+  shift 2
+  local ops=("$@") op tool
+  [ ${#ops[@]} -gt 0 ] || mapfile -t ops < <(families)
+  say "sanitize ($tools) over verify --quick of ${ops[*]} (cap $cap s each)"
+  for tool in ${tools//,/ }; do
+    for op in "${ops[@]}"; do
+      pool 8
+      run "$DIR/sanitize/$tool-$op.log" "$cap" OPENBLAS_NUM_THREADS=1 -- \
+        "$SAN" --tool "$tool" --error-exitcode 9 bin/upf verify "$op" --quick &
+    done
+  done
+  wait
+  for tool in ${tools//,/ }; do
+    for op in "${ops[@]}"; do note "$DIR/sanitize/$tool-$op.log"; done
+  done
+}
+
+do_test() {
+  say "test_upf (cap $1 s)"
+  run "$DIR/test/test_upf.log" "$1" -- sh -c 'cd bin && exec ./test_upf'
+  note "$DIR/test/test_upf.log"
+}
+
+# The benchmarks of the standard pass (the reference shapes of perf/reports/H200/INDEX.md), one
+# bench_upf process a family so that a cap cuts one family only.
+BENCH_FAMILIES=(
+  "select|^copy|^select/cuda/bf16/"
+  "dense|^copy|^gemm_ceiling|^(gemm|ffn|act_mul)/cuda/bf16/.*/T:(8192|32768)/|^(rmsnorm|rmsnorm_add|qk_norm|rope|gated_output|embed|logits_last|kv_cache_write)/cuda/"
+  "moe|^copy|^moe\.(dense_equiv|ffn)/cuda/bf16/T:(8192|32768)/"
+  "attn|^copy|^attn_prefill/cuda/bf16/|^attn_paged/cuda/bf16/"
+  "gdn|^gdn\.scan/cuda/bf16/qwen3next_(prefill/chunked|batch16x2K/chunked|decode)/"
+)
+
+# bench_one TAG FILTER REPS CAP [ENV ...]: one bench_upf run into bench/bench-TAG.{json,log}.
+bench_one() {
+  local tag=$1 filter=$2 reps=$3 cap=$4
+  shift 4
+  run "$DIR/bench/bench-$tag.log" "$cap" "$@" -- bin/bench_upf --benchmark_filter="$filter" \
+    ${reps:+--benchmark_repetitions="$reps"} --benchmark_out="$DIR/bench/bench-$tag.json" --benchmark_out_format=json
+  note "$DIR/bench/bench-$tag.log"
+  grep -E '_median ' "$DIR/bench/bench-$tag.log" | sed -E 's/ +/ /g' | cut -c1-200 >>"$DIR/summary.txt"
+}
+
+# bench FILTER REPS CAP AB BASE: one run, or A/B/A over an env setting (AB = VAR=a,b) or a base bundle.
+do_bench() {
+  local filter=$1 reps=$2 cap=$3 ab=$4 base=$5
+  mkdir -p "$DIR/bench"
+  if [ -n "$ab" ]; then
+    local var=${ab%%=*} vals=${ab#*=}
+    if [ "$var" = "$ab" ] || [[ $vals != *,* ]]; then die "bench: --ab wants VAR=a,b, got '$ab'"; fi
+    local a=${vals%%,*} b=${vals#*,}
+    local ea=("$var=$a") eb=("$var=$b")
+    [ -n "$a" ] || ea=(-u "$var")
+    [ -n "$b" ] || eb=(-u "$var")
+    say "bench A/B/A: A = ${ea[*]}, B = ${eb[*]}; filter $filter"
+    bench_one A1 "$filter" "$reps" "$cap" "${ea[@]}"
+    bench_one B "$filter" "$reps" "$cap" "${eb[@]}"
+    bench_one A2 "$filter" "$reps" "$cap" "${ea[@]}"
+  elif [ -n "$base" ]; then
+    local bdir=${UPF_DEV:-/tmp/upf-dev}-base
+    unpack "$base" "$bdir"
+    local here_dev=$DEV
+    say "bench A/B/A: A = this bundle ($COMMIT), B = $base ($(cat "$bdir/COMMIT")); filter $filter"
+    bench_one A1 "$filter" "$reps" "$cap"
+    DEV=$bdir
+    bench_one B "$filter" "$reps" "$cap" LD_LIBRARY_PATH="$bdir/lib" UPF_COMMIT="$(cat "$bdir/COMMIT")"
+    DEV=$here_dev
+    bench_one A2 "$filter" "$reps" "$cap"
+  elif [ -n "$filter" ]; then
+    say "bench $filter (cap $cap s)"
+    bench_one "${TAG:-run}" "$filter" "$reps" "$cap"
+  else
+    local f
+    say "bench, the standard families (cap $cap s each)"
+    for f in "${BENCH_FAMILIES[@]}"; do bench_one "${f%%|*}" "${f#*|}" "$reps" "$cap"; done
+  fi
+}
+
+# peers [sdpa matmul fla]: the PyTorch peers on the shapes of the standard benchmarks, then the
+# comparisons against this folder's bench JSON where there is one. The FLA peer needs the
+# flash-linear-attention wheels: carry .whl (perf/reports/H200/README.md names them).
+do_peers() {
+  local cap=$1
+  shift
+  local which=("$@") p
+  [ ${#which[@]} -gt 0 ] || which=(sdpa matmul fla)
+  mkdir -p "$DIR/peers"
+  for p in "${which[@]}"; do
+    case $p in
+    sdpa)
+      run "$DIR/peers/torch-sdpa.log" "$cap" -- python3 peers/torch_sdpa.py --only 'llama/T:(32768|131072)' \
+        --iters 6 --out "$DIR/peers/torch-sdpa.json"
+      note "$DIR/peers/torch-sdpa.log"
+      if [ -s "$DIR/bench/bench-attn.json" ]; then
+        run "$DIR/peers/compare-attn.txt" 60 -- python3 peers/compare_attn.py "$DIR/bench/bench-attn.json" \
+          "$DIR/peers/torch-sdpa.json"
+        grep -E 'llama|decode|share' "$DIR/peers/compare-attn.txt" | cut -c1-140 | head -n 20 >>"$DIR/summary.txt"
+      fi ;;
+    matmul)
+      run "$DIR/peers/torch-matmul.log" "$cap" -- python3 peers/torch_matmul.py --out "$DIR/peers/torch-matmul.json" \
+        --tokens 8192,32768 --ffn-tokens 8192,32768 --iters 10 --warmup 3
+      note "$DIR/peers/torch-matmul.log"
+      tail -n 16 "$DIR/peers/torch-matmul.log" | cut -c1-120 >>"$DIR/summary.txt" ;;
+    fla)
+      if ! python3 -c 'import fla' 2>/dev/null && compgen -G "$REPO/.whl/*.whl" >/dev/null; then
+        run "$DIR/peers/pip-fla.log" 120 -- python3 -m pip install -q --no-index --no-deps --no-compile \
+          --no-cache-dir --upgrade --target /tmp/upf-site "$REPO"/.whl/*.whl
+        export PYTHONPATH=/tmp/upf-site${PYTHONPATH:+:$PYTHONPATH}
+      fi
+      run "$DIR/peers/fla-gdn.log" "$cap" -- python3 peers/fla_gdn.py --iters 10 --warmup 2 --out "$DIR/peers/fla-gdn.json"
+      note "$DIR/peers/fla-gdn.log"
+      if [ -s "$DIR/bench/bench-gdn.json" ]; then
+        run "$DIR/peers/compare-gdn.txt" 60 -- python3 peers/compare_gdn.py ours="$DIR/bench/bench-gdn.json" \
+          --fla "$DIR/peers/fla-gdn.json"
+        tee -a "$DIR/summary.txt" <"$DIR/peers/compare-gdn.txt" >/dev/null
+      fi ;;
+    *) die "peers: unknown peer $p (sdpa, matmul, fla)" ;;
+    esac
+  done
+}
+
+# profile BENCH KERNEL SKIP COUNT NCUARGS...: ncu of COUNT launches of KERNEL after SKIP, in the
+# benchmark whose name matches BENCH (five repetitions, so that there are launches to skip).
+do_profile() {
+  local bench=$1 kernel=$2 skip=$3 count=$4 cap=$5
+  shift 5
+  local tag
+  tag=$(echo "$bench" | tr -c 'A-Za-z0-9._-' '_' | sed -E 's/_+/_/g; s/^_|_$//g' | cut -c1-60)
+  say "ncu of ${kernel:-every kernel} in $bench (skip $skip, count $count, $*)"
+  run "$DIR/profile/ncu-$tag.log" "$cap" -- "$NCU" --clock-control none ${kernel:+-k "regex:$kernel"} \
+    --launch-skip "$skip" --launch-count "$count" "$@" bin/bench_upf --benchmark_filter="$bench" \
+    --benchmark_repetitions=5
+  note "$DIR/profile/ncu-$tag.log"
+  grep -E '^  [a-zA-Z_<].*\(|Duration|Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|Registers Per|gpu__time' \
+    "$DIR/profile/ncu-$tag.log" | tr -s ' ' | cut -c1-140 | head -n 40 >>"$DIR/summary.txt"
+}
+
+# session: verify (full, or --quick), the sanitizers and test_upf side by side (nothing is timed
+# meanwhile), then every standard benchmark alone on the GPU, then the peers. Caps in seconds:
+# CHECK_S for the first phase (default 300), BENCH_S per benchmark family (60), PEERS_S per peer (90);
+# the defaults fit the device tool's 600 s a call.
+do_session() {
+  local quick=$1 check=${CHECK_S:-300}
+  say "session: phase 1, correctness side by side (cap $check s)"
+  do_verify "$quick" "$check" &
+  do_sanitize memcheck,racecheck,synccheck "$check" &
+  do_test "$check" &
+  wait
+  # the status of the background subshells is in their logs: read it again here
+  for f in "$DIR"/verify/*.log "$DIR"/sanitize/*.log "$DIR"/test/*.log; do
+    grep -q '^# rc=0$' "$f" || STATUS=1
+  done
+  say "session: phase 2, benchmarks alone on the GPU"
+  do_bench "" 3 "${BENCH_S:-60}" "" ""
+  say "session: phase 3, peers"
+  do_peers "${PEERS_S:-90}"
+}
+
+# ----------------------------------------------------------------------------------------------- main
+[ $# -gt 0 ] || { usage; exit 2; }
+CMD=$1
+shift
+case $CMD in
+-h | --help | help) usage; exit 0 ;;
+stage) stage "$@"; exit $? ;;
+verify | sanitize | test | bench | peers | profile | session) ;;
+*) die "unknown command $CMD (stage, verify, sanitize, test, bench, peers, profile, session; --help)" ;;
+esac
+
+NAME=$CMD BUNDLE="" CAP="" ENVS=() ARGS=()
+QUICK="" TOOLS=memcheck,racecheck,synccheck FILTER="" REPS="" AB="" BASE=""
+KERNEL="" SKIP=0 COUNT=1 NCUARGS=()
+while [ $# -gt 0 ]; do
+  case $1 in
+  --name) NAME=${2:?--name needs a value}; shift 2 ;;
+  --env) [[ ${2:-} == *=* ]] || die "--env wants VAR=value"; ENVS+=("$2"); shift 2 ;;
+  --cap) CAP=${2:?--cap needs seconds}; shift 2 ;;
+  --bundle) BUNDLE=${2:?--bundle needs a file}; shift 2 ;;
+  --quick) QUICK=--quick; shift ;;
+  --tools) TOOLS=${2:?--tools needs a list}; shift 2 ;;
+  --filter) FILTER=${2:?--filter needs a regex}; shift 2 ;;
+  --reps) REPS=${2:?--reps needs a number}; shift 2 ;;
+  --ab) AB=${2:?--ab needs VAR=a,b}; shift 2 ;;
+  --base) BASE=${2:?--base needs a bundle}; shift 2 ;;
+  --kernel) KERNEL=${2:?--kernel needs a regex}; shift 2 ;;
+  --skip) SKIP=${2:?--skip needs a number}; shift 2 ;;
+  --count) COUNT=${2:?--count needs a number}; shift 2 ;;
+  --set | --section | --metrics) NCUARGS+=("$1" "${2:?$1 needs a value}"); shift 2 ;;
+  -h | --help) usage; exit 0 ;;
+  -*) die "$CMD: unknown option $1" ;;
+  *) ARGS+=("$1"); shift ;;
+  esac
+done
+[ -z "$AB" ] || [ -z "$BASE" ] || die "bench: --ab and --base are one or the other"
+[[ $NAME =~ ^[A-Za-z0-9._-]+$ ]] || die "--name: letters, digits, '.', '_' and '-' only (the device tool's rule)"
+
+setup
+case $CMD in
+verify) do_verify "$QUICK" "${CAP:-300}" "${ARGS[@]}" ;;
+sanitize) do_sanitize "$TOOLS" "${CAP:-300}" "${ARGS[@]}" ;;
+test) do_test "${CAP:-300}" ;;
+bench)
+  [ ${#ARGS[@]} -eq 0 ] || die "bench takes no operands (--filter REGEX)"
+  [ -n "$FILTER" ] || [ -z "$AB$BASE" ] || die "bench: --ab and --base need --filter"
+  do_bench "$FILTER" "$REPS" "${CAP:-120}" "$AB" "$BASE" ;;
+peers) do_peers "${CAP:-120}" "${ARGS[@]}" ;;
+profile)
+  [ ${#ARGS[@]} -eq 1 ] || die "profile takes one benchmark name regex"
+  [ ${#NCUARGS[@]} -gt 0 ] || NCUARGS=(--set full)
+  do_profile "${ARGS[0]}" "$KERNEL" "$SKIP" "$COUNT" "${CAP:-120}" "${NCUARGS[@]}" ;;
+session)
+  [ ${#ARGS[@]} -eq 0 ] || die "session takes no operands"
+  do_session "$QUICK" ;;
+esac
+finish
+exit "$STATUS"
