@@ -16,23 +16,31 @@
 static const int32_t model_lengths[] = {300, 24, 1, 170};
 #define MODEL_REQS 4
 
+upf_status upf_model_run_ids(const upf_model_config *cfg, const upf_backend *be, upf_dtype dtype, uint64_t seed,
+                             const int32_t *ids, const int32_t *cu, int32_t num_reqs, const upf_prefill_options *opt,
+                             upf_prefill_result *res) {
+  upf_model m;
+  UPF_TRY(upf_model_init_seeded(&m, cfg, be, dtype, seed, 0, cfg->num_layers));
+  const upf_status st = upf_model_prefill(&m, ids, cu, num_reqs, opt, res);
+  upf_model_free(&m);
+  return st;
+}
+
 upf_status upf_model_run_seeded(const upf_model_config *cfg, const upf_backend *be, upf_dtype dtype, uint64_t seed,
                                 const int32_t *lengths, int32_t num_reqs, const upf_prefill_options *opt,
                                 upf_prefill_result *res) {
+  memset(res, 0, sizeof *res);
   int32_t *cu = malloc((size_t)(num_reqs + 1) * sizeof *cu);
   if (!cu)
     return upf_fail(UPF_ERR_NOMEM, "model run: cu_seqlens");
   cu[0] = 0;
   for (int32_t r = 0; r < num_reqs; r++)
     cu[r + 1] = cu[r] + lengths[r];
-  int32_t *ids = malloc((size_t)(cu[num_reqs] ? cu[num_reqs] : 1) * sizeof *ids);
-  upf_model m;
-  upf_status st = ids ? upf_model_init_seeded(&m, cfg, be, dtype, seed, 0, cfg->num_layers)
-                      : upf_fail(UPF_ERR_NOMEM, "model run: ids");
+  int32_t *ids = malloc((size_t)(cu[num_reqs] > 0 ? cu[num_reqs] : 1) * sizeof *ids);
+  upf_status st = ids ? UPF_OK : upf_fail(UPF_ERR_NOMEM, "model run: ids");
   if (st == UPF_OK) {
     upf_model_seeded_ids(seed, cfg->vocab, cu[num_reqs], ids);
-    st = upf_model_prefill(&m, ids, cu, num_reqs, opt, res);
-    upf_model_free(&m);
+    st = upf_model_run_ids(cfg, be, dtype, seed, ids, cu, num_reqs, opt, res);
   }
   free(ids), free(cu);
   return st;

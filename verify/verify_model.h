@@ -17,6 +17,10 @@ void upf_model_seeded_ids(uint64_t seed, int32_t vocab, int64_t n, int32_t *ids)
 upf_status upf_model_run_seeded(const upf_model_config *cfg, const upf_backend *be, upf_dtype dtype, uint64_t seed,
                                 const int32_t *lengths, int32_t num_reqs, const upf_prefill_options *opt,
                                 upf_prefill_result *res);
+/* The same over given ids (T) and cu_seqlens (B+1), host. */
+upf_status upf_model_run_ids(const upf_model_config *cfg, const upf_backend *be, upf_dtype dtype, uint64_t seed,
+                             const int32_t *ids, const int32_t *cu, int32_t num_reqs, const upf_prefill_options *opt,
+                             upf_prefill_result *res);
 /* `upf verify model`: every tiny config, f32 and bf16, dense and UniPrefill, backend against CPU. */
 void upf_verify_model(upf_verify_ctx *ctx);
 

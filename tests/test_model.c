@@ -1,0 +1,160 @@
+/* End-to-end prefill on the tiny configs: UniPrefill at p = 1 equals dense bit for bit, replayed
+ * masks reproduce a selecting run, batch invariance, kept counts and the top-k keep ratio, the
+ * positions a drop leaves, bad input, and (GPU) the model check of CUDA against the CPU. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "layers/layers.h"
+#include "tests/test_util.h"
+#include "verify/verify_model.h"
+
+static const char *const tiny[] = {"llama-tiny", "gemma3-tiny", "qwen3-next-tiny"};
+#define NUM_TINY 3
+static const int32_t lengths[] = {200, 24, 1, 120};
+
+static upf_prefill_options options(const upf_model_config *cfg, upf_prefill_mode mode) {
+  upf_prefill_options o = {.mode = mode, .select = cfg->select};
+  return o;
+}
+
+static int run(const upf_model_config *cfg, upf_dtype dt, const int32_t *lens, int32_t b, const upf_prefill_options *o,
+               upf_prefill_result *res) {
+  upf_status st = upf_model_run_seeded(cfg, upf_backend_cpu(), dt, 7, lens, b, o, res);
+  if (st != UPF_OK)
+    printf("\n%s: %s\n", cfg->name, upf_last_error());
+  CU_ASSERT_EQUAL(st, UPF_OK);
+  return st == UPF_OK;
+}
+
+static int finite_logits(const upf_prefill_result *r) {
+  for (int64_t i = 0; i < (int64_t)r->num_reqs * r->vocab; i++)
+    if (!isfinite(r->logits[i]))
+      return 0;
+  return 1;
+}
+
+/* p = 1 keeps every token: the same logits, bit for bit, as dense; every drop layer ran. */
+static void test_p1_equals_dense(void) {
+  for (int i = 0; i < NUM_TINY; i++)
+    for (int d = 0; d < 2; d++) {
+      const upf_model_config *cfg = upf_model_config_by_name(tiny[i]);
+      const upf_dtype dt = d ? UPF_DTYPE_BF16 : UPF_DTYPE_F32;
+      upf_prefill_options dense = options(cfg, UPF_PREFILL_DENSE), uni = options(cfg, UPF_PREFILL_UNIPREFILL);
+      uni.select.p = 1.0f;
+      upf_prefill_result a, b;
+      if (!run(cfg, dt, lengths, 4, &dense, &a))
+        continue;
+      if (run(cfg, dt, lengths, 4, &uni, &b)) {
+        CU_ASSERT(finite_logits(&a));
+        CU_ASSERT_EQUAL(b.num_drops, cfg->num_drop_layers);
+        for (int k = 0; k < b.num_drops; k++)
+          CU_ASSERT_EQUAL(b.drops[k].tokens_kept, b.drops[k].tokens_in);
+        CU_ASSERT_EQUAL(memcmp(a.logits, b.logits, sizeof(float) * 4 * cfg->vocab), 0);
+        upf_prefill_result_free(&b);
+      }
+      upf_prefill_result_free(&a);
+    }
+}
+
+/* The default p drops tokens at every drop layer; kept counts equal the masks' sums and per-request
+ * counts; chained drops see the survivors; decode and short rows keep every token; each request's
+ * last token is kept; replaying the masks gives the same logits bit for bit. */
+static void test_drops_and_replay(void) {
+  for (int i = 0; i < NUM_TINY; i++) {
+    const upf_model_config *cfg = upf_model_config_by_name(tiny[i]);
+    upf_prefill_options uni = options(cfg, UPF_PREFILL_UNIPREFILL);
+    upf_prefill_result a, b;
+    if (!run(cfg, UPF_DTYPE_F32, lengths, 4, &uni, &a))
+      continue;
+    CU_ASSERT_EQUAL(a.num_drops, cfg->num_drop_layers);
+    int64_t in = 0;
+    for (int r = 0; r < 4; r++)
+      in += lengths[r];
+    const uint8_t *masks[UPF_MODEL_MAX_LAYERS];
+    int64_t lens[UPF_MODEL_MAX_LAYERS];
+    int32_t n_req[4] = {lengths[0], lengths[1], lengths[2], lengths[3]};
+    for (int k = 0; k < a.num_drops; k++) {
+      const upf_drop_record *d = &a.drops[k];
+      CU_ASSERT_EQUAL(d->tokens_in, in);
+      int64_t sum = 0, per = 0, start = 0;
+      for (int64_t t = 0; t < d->tokens_in; t++)
+        sum += d->mask[t];
+      for (int r = 0; r < 4; r++) {
+        per += d->kept_per_req[r];
+        CU_ASSERT(d->mask[start + n_req[r] - 1] == 1); /* last token */
+        if (n_req[r] <= cfg->select.sink + cfg->select.last_q)
+          CU_ASSERT_EQUAL(d->kept_per_req[r], n_req[r]); /* not scored */
+        start += n_req[r];
+        n_req[r] = d->kept_per_req[r];
+      }
+      CU_ASSERT_EQUAL(sum, d->tokens_kept);
+      CU_ASSERT_EQUAL(per, d->tokens_kept);
+      masks[k] = d->mask, lens[k] = d->tokens_in;
+      in = d->tokens_kept;
+    }
+    CU_ASSERT(a.drops[0].tokens_kept < a.drops[0].tokens_in); /* p < 1 on random weights drops blocks */
+    uni.replay_masks = masks, uni.replay_mask_len = lens;
+    if (run(cfg, UPF_DTYPE_F32, lengths, 4, &uni, &b)) {
+      CU_ASSERT_EQUAL(memcmp(a.logits, b.logits, sizeof(float) * 4 * cfg->vocab), 0);
+      upf_prefill_result_free(&b);
+    }
+    upf_prefill_result_free(&a);
+  }
+}
+
+/* A request's logits in a mixed batch equal its logits run alone (long, short, shorter than sink + L,
+ * one token), in both modes. */
+static void test_batch_invariance(void) {
+  const int32_t cu[5] = {0, lengths[0], lengths[0] + lengths[1], lengths[0] + lengths[1] + lengths[2],
+                         lengths[0] + lengths[1] + lengths[2] + lengths[3]};
+  int32_t ids[400];
+  for (int i = 0; i < NUM_TINY; i++)
+    for (int mode = 0; mode < 2; mode++) {
+      const upf_model_config *cfg = upf_model_config_by_name(tiny[i]);
+      const upf_prefill_options o = options(cfg, mode ? UPF_PREFILL_UNIPREFILL : UPF_PREFILL_DENSE);
+      upf_model_seeded_ids(3, cfg->vocab, cu[4], ids);
+      upf_prefill_result all, one;
+      if (upf_model_run_ids(cfg, upf_backend_cpu(), UPF_DTYPE_F32, 7, ids, cu, 4, &o, &all) != UPF_OK) {
+        CU_FAIL(upf_last_error());
+        continue;
+      }
+      for (int r = 0; r < 4; r++) {
+        const int32_t cu1[2] = {0, cu[r + 1] - cu[r]};
+        if (upf_model_run_ids(cfg, upf_backend_cpu(), UPF_DTYPE_F32, 7, ids + cu[r], cu1, 1, &o, &one) != UPF_OK) {
+          CU_FAIL(upf_last_error());
+          continue;
+        }
+        double err = 0, mag = 0;
+        for (int v = 0; v < cfg->vocab; v++) {
+          const double a = all.logits[(int64_t)r * cfg->vocab + v], b = one.logits[v];
+          err = fmax(err, fabs(a - b)), mag = fmax(mag, fabs(b));
+        }
+        if (err > 1e-5 * (1 + mag))
+          printf("\n%s mode %d request %d: max |batch - alone| = %g (max |logit| %g)\n", cfg->name, mode, r, err, mag);
+        CU_ASSERT(err <= 1e-5 * (1 + mag));
+        upf_prefill_result_free(&one);
+      }
+      upf_prefill_result_free(&all);
+    }
+}
+
+static void test_bad_input(void) {
+  const upf_model_config *cfg = upf_model_config_by_name("llama-tiny");
+  CU_ASSERT_PTR_NULL(upf_model_config_by_name("llama-huge"));
+  CU_ASSERT_PTR_NOT_NULL(strstr(upf_last_error(), "llama-tiny"));
+  upf_prefill_options o = options(cfg, UPF_PREFILL_DENSE);
+  upf_prefill_result res;
+  const int32_t zero[] = {5, 0};
+  CU_ASSERT_EQUAL(upf_model_run_seeded(cfg, upf_backend_cpu(), UPF_DTYPE_F32, 1, zero, 2, &o, &res),
+                  UPF_ERR_CU_SEQLENS);
+  CU_ASSERT_PTR_NOT_NULL(strstr(upf_last_error(), "request 1"));
+}
+
+void upf_register_model_tests(void) {
+  CU_pSuite suite = CU_add_suite("model", NULL, NULL);
+  CU_add_test(suite, "uniprefill at p=1 equals dense bit for bit", test_p1_equals_dense);
+  CU_add_test(suite, "drops: kept counts, chained drops, replay", test_drops_and_replay);
+  CU_add_test(suite, "batch invariance", test_batch_invariance);
+  CU_add_test(suite, "bad input", test_bad_input);
+}
