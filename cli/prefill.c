@@ -1,0 +1,470 @@
+/* `upf models` lists the built-in models; `upf prefill` runs the end-to-end prefill of one of them on
+ * seeded weights, dense or UniPrefill, on the CPU reference or CUDA, and writes the last-position
+ * logits, the drop masks and a JSON record. Every input is checked before any work, and outputs are
+ * written only once the whole run succeeded. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cli/args.h"
+#include "cli/cli.h"
+#include "uniprefill/model.h"
+#include "uniprefill/npy.h"
+#include "uniprefill/rng.h"
+
+const char upf_cli_models_usage[] =
+    "usage: upf models\n"
+    "  Lists every built-in model: its layer pattern (attention kind, FFN kind) and drop layers.\n";
+
+static const char *mixer_name(upf_mixer_kind k) {
+  return k == UPF_MIXER_FULL ? "full" : k == UPF_MIXER_SLIDING ? "sliding" : "gdn";
+}
+
+int upf_cli_models(int argc, char **argv) {
+  upf_arg_parser p = {"upf models", upf_cli_models_usage, NULL, 0, NULL, 0, 0};
+  const upf_args_result r = upf_args_parse(&p, argc, argv);
+  if (r != UPF_ARGS_OK)
+    return upf_args_exit_code(r);
+  for (int i = 0; i < upf_model_config_count(); i++) {
+    const upf_model_config *c = upf_model_config_at(i);
+    printf("%-20s %s\n", c->name, c->summary);
+    printf("  layers %d, hidden %d, vocab %d, heads %d/%d x %d; FFN %s", c->num_layers, c->hidden, c->vocab,
+           c->q_heads, c->kv_heads, c->head_dim, c->ffn == UPF_FFN_MOE ? "moe" : upf_act_name(c->act));
+    if (c->ffn == UPF_FFN_MOE)
+      printf(" (%d experts, top-%d, shared %d)", c->moe.num_experts, c->moe.top_k, c->moe.shared_inter);
+    printf("\n  pattern: ");
+    for (int l = 0; l < c->num_layers; l++) {
+      const upf_mixer_kind k = upf_model_mixer(c, l);
+      printf("%c", upf_model_is_drop_layer(c, l) ? 'D' : k == UPF_MIXER_FULL ? 'F' : k == UPF_MIXER_SLIDING ? 's' : 'g');
+    }
+    printf("  (F full, s sliding %d, g gdn, D full + drop)\n  drop layers:", c->window);
+    for (int k = 0; k < c->num_drop_layers; k++)
+      printf(" %d", c->drop_layers[k]);
+    printf("; G %d, sink %d, last-q %d, p %g", c->select.block, c->select.sink, c->select.last_q, (double)c->select.p);
+    if (c->drop_min_step_tokens)
+      printf(", only in steps of more than %lld tokens", (long long)c->drop_min_step_tokens);
+    printf("\n");
+  }
+  return 0;
+}
+
+const char upf_cli_prefill_usage[] =
+    "usage: upf prefill --model NAME (--lengths N1,N2,... | --token-ids IDS.npy [--cu-seqlens CU.npy])\n"
+    "                   [--seed S] [--mode dense|uniprefill] [--select topp|topk] [--p P] [--keep R]\n"
+    "                   [--dtype f32|bf16] [--backend cpu|cuda] [--layers A:B] [--out-logits L.npy]\n"
+    "                   [--dump-masks DIR] [--replay-masks DIR] [--json R.json] [--warmup N] [--iters N]\n"
+    "  End-to-end prefill of a built-in model (upf models) on weights seeded by S.\n"
+    "  IDS <i4 (T,), CU <i4 (B+1) (one request when absent); with --lengths the ids come from the seed.\n"
+    "  L <f4 (B, vocab): the last-position logits of each request.\n"
+    "  --mode uniprefill drops tokens after each drop layer's attention: top-p with --p (default: the\n"
+    "  model's), or --select topk --keep R: the ceil(R * blocks) best blocks of each request.\n"
+    "  --dump-masks writes DIR/layer<l>.npy (|u1, one entry per token entering drop layer l, compacted\n"
+    "  order); --replay-masks uses such masks instead of selecting. --layers A:B runs layers [A, B) only\n"
+    "  (a partial model: every output says so). --warmup/--iters repeat the run; times are medians.\n";
+
+typedef struct {
+  const char *model, *lengths, *ids_path, *cu_path, *mode, *select, *dtype, *backend, *layers;
+  const char *out_logits, *dump_dir, *replay_dir, *json;
+  int32_t seed, warmup, iters;
+  float p, keep;
+} prefill_args;
+
+/* "A:B" into [a, b); 0 on a malformed range. */
+static int parse_range(const char *s, int32_t n, int32_t *a, int32_t *b) {
+  char *end;
+  long x = strtol(s, &end, 10);
+  if (end == s || *end != ':')
+    return 0;
+  const char *s2 = end + 1;
+  long y = strtol(s2, &end, 10);
+  if (end == s2 || *end)
+    return 0;
+  *a = (int32_t)x, *b = (int32_t)y;
+  return x >= 0 && y <= n && x < y;
+}
+
+/* "8192,32768" into lengths; each in [1, 2^31). */
+static int parse_lengths(const char *s, int32_t **out, int32_t *n) {
+  int32_t cap = 1;
+  for (const char *c = s; *c; c++)
+    cap += *c == ',';
+  *out = malloc((size_t)cap * sizeof **out);
+  *n = 0;
+  int64_t total = 0;
+  for (const char *c = s; *out && *c;) {
+    char *end;
+    long long v = strtoll(c, &end, 10);
+    if (end == c || v < 1 || v > INT32_MAX || (*end && *end != ','))
+      return 0;
+    total += v;
+    (*out)[(*n)++] = (int32_t)v;
+    c = *end ? end + 1 : end;
+  }
+  return *out && *n > 0 && total <= INT32_MAX;
+}
+
+static int is_dir(const char *path) {
+  struct stat st;
+  return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+static void progress(void *user, int32_t layer, double seconds, int64_t tokens) {
+  const upf_model *m = user;
+  fprintf(stderr, "\r  layer %d/%d  %8.3f ms  %lld tokens   ", layer + 1, m->layer_end, seconds * 1e3,
+          (long long)tokens);
+  if (layer + 1 == m->layer_end)
+    fprintf(stderr, "\n");
+}
+
+static int cmp_double(const void *a, const void *b) {
+  const double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static void print_plan(FILE *f, const upf_model *m, const upf_memory_plan *p, int64_t T, int32_t B) {
+  const double g = 1.0 / (1 << 30);
+  fprintf(f, "memory plan (%s, %lld tokens in %d requests): weights %.2f GiB, activations %.2f GiB (reused by every "
+             "layer, incl. the widest op's scratch), selection %.3f GiB, K/V the attention layers produce %.2f GiB "
+             "(dense; not retained by prefill)\n",
+          m->be->name, (long long)T, B, p->weights * g, p->activations * g, p->selection * g, p->kv_dense * g);
+}
+
+/* The JSON record of a run (see the issue: per request and drop layer, tokens in and kept, per-layer
+ * times, the memory plan, the commit and the command). */
+static upf_status write_json(const char *path, const prefill_args *a, const upf_model *m, const int32_t *cu, int32_t B,
+                             const upf_prefill_result *res, const double *totals, int iters,
+                             const upf_memory_plan *plan, int argc, char **argv) {
+  char tmp[4096];
+  snprintf(tmp, sizeof tmp, "%s.tmp-%d", path, (int)getpid());
+  FILE *f = fopen(tmp, "w");
+  if (!f)
+    return upf_fail(UPF_ERR_IO, "cannot write %s", tmp);
+  const upf_model_config *c = m->cfg;
+  char commit[64] = "unknown";
+  FILE *g = popen("git rev-parse --short HEAD 2>/dev/null", "r");
+  if (g) {
+    if (!fgets(commit, sizeof commit, g))
+      snprintf(commit, sizeof commit, "unknown");
+    commit[strcspn(commit, "\n")] = '\0';
+    pclose(g);
+  }
+  fprintf(f, "{\n  \"model\": \"%s\",\n  \"layers\": [%d, %d],\n  \"partial_model\": %s,\n", c->name, m->layer_begin,
+          m->layer_end, m->layer_begin > 0 || m->layer_end < c->num_layers ? "true" : "false");
+  fprintf(f, "  \"mode\": \"%s\",\n  \"dtype\": \"%s\",\n  \"backend\": \"%s\",\n  \"device\": \"%s\",\n", a->mode,
+          upf_dtype_name(m->dtype), m->be->name, m->be->describe());
+  fprintf(f, "  \"select\": {\"block\": %d, \"sink\": %d, \"last_q\": %d, \"p\": %g, \"keep_ratio\": %g},\n",
+          c->select.block, c->select.sink, c->select.last_q, (double)a->p, (double)a->keep);
+  fprintf(f, "  \"requests\": [");
+  for (int32_t r = 0; r < B; r++)
+    fprintf(f, "%s%d", r ? ", " : "", cu[r + 1] - cu[r]);
+  fprintf(f, "],\n  \"drops\": [");
+  for (int k = 0; k < res->num_drops; k++) {
+    const upf_drop_record *d = &res->drops[k];
+    fprintf(f, "%s\n    {\"layer\": %d, \"tokens_in\": %lld, \"tokens_kept\": %lld, \"select_ms\": %.4f, \"kept_per_request\": [",
+            k ? "," : "", d->layer, (long long)d->tokens_in, (long long)d->tokens_kept, d->select_seconds * 1e3);
+    for (int32_t r = 0; r < B; r++)
+      fprintf(f, "%s%d", r ? ", " : "", d->kept_per_req[r]);
+    fprintf(f, "]}");
+  }
+  fprintf(f, "\n  ],\n  \"layer_ms\": [");
+  for (int32_t l = m->layer_begin; l < m->layer_end; l++)
+    fprintf(f, "%s%.4f", l > m->layer_begin ? ", " : "", res->layer_seconds[l] * 1e3);
+  fprintf(f, "],\n  \"layer_tokens\": [");
+  for (int32_t l = m->layer_begin; l < m->layer_end; l++)
+    fprintf(f, "%s%lld", l > m->layer_begin ? ", " : "", (long long)res->layer_tokens[l]);
+  qsort((void *)totals, (size_t)iters, sizeof *totals, cmp_double);
+  fprintf(f, "],\n  \"ttft_ms\": {\"median\": %.4f, \"min\": %.4f, \"max\": %.4f, \"iters\": %d},\n",
+          totals[iters / 2] * 1e3, totals[0] * 1e3, totals[iters - 1] * 1e3, iters);
+  fprintf(f, "  \"memory_gib\": {\"weights\": %.4f, \"activations\": %.4f, \"selection\": %.4f, \"kv_dense\": %.4f},\n",
+          plan->weights / (1 << 30), plan->activations / (1 << 30), plan->selection / (1 << 30),
+          plan->kv_dense / (1 << 30));
+  fprintf(f, "  \"commit\": \"%s\",\n  \"command\": \"", commit);
+  for (int i = 0; i < argc; i++)
+    for (const char *s = argv[i]; ; s++) {
+      if (s == argv[i] && i)
+        fputc(' ', f);
+      if (!*s)
+        break;
+      if (*s == '"' || *s == '\\')
+        fputc('\\', f);
+      fputc(*s, f);
+    }
+  fprintf(f, "\"\n}\n");
+  if (fclose(f) != 0 || rename(tmp, path) != 0) {
+    remove(tmp);
+    return upf_fail(UPF_ERR_IO, "cannot write %s", path);
+  }
+  return UPF_OK;
+}
+
+/* Reads DIR/layer<l>.npy for every drop layer of the range: |u1, 1-D. */
+static int read_masks(const char *dir, const upf_model *m, upf_tensor *masks, const uint8_t **ptrs, int64_t *lens) {
+  const upf_model_config *c = m->cfg;
+  for (int k = 0; k < c->num_drop_layers; k++) {
+    const int32_t l = c->drop_layers[k];
+    if (l < m->layer_begin || l >= m->layer_end)
+      continue;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/layer%d.npy", dir, l);
+    upf_status st = upf_npy_read(path, &masks[k]);
+    if (st == UPF_OK && (masks[k].ndim != 1 || (masks[k].dtype != UPF_DTYPE_U8 && masks[k].dtype != UPF_DTYPE_BOOL)))
+      st = upf_fail(UPF_ERR_FORMAT, "%s: want |u1 (T,), got %s with %d dims", path, upf_dtype_name(masks[k].dtype),
+                    masks[k].ndim);
+    if (st != UPF_OK) {
+      char what[64];
+      snprintf(what, sizeof what, "prefill: --replay-masks");
+      return upf_cli_error(st, what), 0;
+    }
+    ptrs[k] = masks[k].data, lens[k] = masks[k].shape[0];
+  }
+  return 1;
+}
+
+/* Checks the command line against the model and builds the batch; 0 (message printed) on bad input. */
+static int build_batch(const prefill_args *a, const upf_model_config *cfg, int32_t **ids, int32_t **cu, int32_t *B) {
+  if (a->lengths) {
+    int32_t *lens = NULL, n = 0;
+    if (!parse_lengths(a->lengths, &lens, &n)) {
+      fprintf(stderr, "upf prefill: --lengths '%s': want positive token counts separated by commas (a length of 0 "
+                      "is not a request)\n", a->lengths);
+      free(lens);
+      return 0;
+    }
+    *cu = malloc((size_t)(n + 1) * sizeof **cu);
+    (*cu)[0] = 0;
+    for (int32_t r = 0; r < n; r++)
+      (*cu)[r + 1] = (*cu)[r] + lens[r];
+    free(lens);
+    *B = n;
+    *ids = malloc((size_t)(*cu)[n] * sizeof **ids);
+    upf_rng rng;
+    upf_rng_seed(&rng, (uint64_t)a->seed ^ 0x1d5ull);
+    for (int64_t t = 0; t < (*cu)[n]; t++)
+      (*ids)[t] = (int32_t)upf_rng_below(&rng, (uint64_t)cfg->vocab);
+    return 1;
+  }
+  upf_tensor t_ids, t_cu;
+  upf_status st = upf_npy_read(a->ids_path, &t_ids);
+  if (st != UPF_OK)
+    return upf_cli_error(st, "prefill: --token-ids"), 0;
+  if (t_ids.dtype != UPF_DTYPE_I32 || t_ids.ndim != 1 || t_ids.shape[0] < 1) {
+    fprintf(stderr, "upf prefill: --token-ids %s: want <i4 (T,) with T >= 1, got %s with %d dims\n", a->ids_path,
+            upf_dtype_name(t_ids.dtype), t_ids.ndim);
+    upf_tensor_free(&t_ids);
+    return 0;
+  }
+  const int64_t T = t_ids.shape[0];
+  *ids = t_ids.data;
+  if (!a->cu_path) {
+    *B = 1;
+    *cu = malloc(2 * sizeof **cu);
+    (*cu)[0] = 0, (*cu)[1] = (int32_t)T;
+    return 1;
+  }
+  st = upf_npy_read(a->cu_path, &t_cu);
+  if (st != UPF_OK)
+    return upf_cli_error(st, "prefill: --cu-seqlens"), 0;
+  if (t_cu.dtype != UPF_DTYPE_I32 || t_cu.ndim != 1 || t_cu.shape[0] < 2) {
+    fprintf(stderr, "upf prefill: --cu-seqlens %s: want <i4 (B+1,) with B >= 1\n", a->cu_path);
+    upf_tensor_free(&t_cu);
+    return 0;
+  }
+  *cu = t_cu.data;
+  *B = (int32_t)(t_cu.shape[0] - 1);
+  st = upf_cu_seqlens_check(*cu, *B, T);
+  if (st != UPF_OK)
+    return upf_cli_error(st, "prefill: --cu-seqlens"), 0;
+  return 1;
+}
+
+int upf_cli_prefill(int argc, char **argv) {
+  prefill_args a = {.mode = "dense", .select = "topp", .dtype = "bf16", .backend = NULL, .seed = 1, .iters = 1, .p = -1};
+  upf_arg args[] = {
+      {"--model", UPF_ARG_STRING, &a.model, 1},      {"--lengths", UPF_ARG_STRING, &a.lengths},
+      {"--token-ids", UPF_ARG_STRING, &a.ids_path},  {"--cu-seqlens", UPF_ARG_STRING, &a.cu_path},
+      {"--seed", UPF_ARG_INT, &a.seed, 0, 0, INT32_MAX},
+      {"--mode", UPF_ARG_STRING, &a.mode},           {"--select", UPF_ARG_STRING, &a.select},
+      {"--p", UPF_ARG_FLOAT, &a.p},                  {"--keep", UPF_ARG_FLOAT, &a.keep},
+      {"--dtype", UPF_ARG_STRING, &a.dtype},         {"--backend", UPF_ARG_STRING, &a.backend},
+      {"--layers", UPF_ARG_STRING, &a.layers},       {"--out-logits", UPF_ARG_STRING, &a.out_logits},
+      {"--dump-masks", UPF_ARG_STRING, &a.dump_dir}, {"--replay-masks", UPF_ARG_STRING, &a.replay_dir},
+      {"--json", UPF_ARG_STRING, &a.json},           {"--warmup", UPF_ARG_INT, &a.warmup, 0, 0, 1000},
+      {"--iters", UPF_ARG_INT, &a.iters, 0, 1, 1000},
+  };
+  upf_arg_parser p = {"upf prefill", upf_cli_prefill_usage, args, (int)(sizeof args / sizeof *args), NULL, 0, 0};
+  const upf_args_result pr = upf_args_parse(&p, argc, argv);
+  if (pr != UPF_ARGS_OK)
+    return upf_args_exit_code(pr);
+
+  const upf_model_config *cfg = upf_model_config_by_name(a.model);
+  if (!cfg)
+    return upf_cli_error(UPF_ERR_INVALID_ARG, "prefill: --model");
+  if (!a.lengths == !a.ids_path) {
+    fprintf(stderr, "upf prefill: give exactly one of --lengths and --token-ids\n");
+    return 2;
+  }
+  if (a.cu_path && !a.ids_path) {
+    fprintf(stderr, "upf prefill: --cu-seqlens goes with --token-ids\n");
+    return 2;
+  }
+  upf_prefill_options opt = {.select = cfg->select};
+  if (!strcmp(a.mode, "dense"))
+    opt.mode = UPF_PREFILL_DENSE;
+  else if (!strcmp(a.mode, "uniprefill"))
+    opt.mode = UPF_PREFILL_UNIPREFILL;
+  else {
+    fprintf(stderr, "upf prefill: --mode '%s': want dense or uniprefill\n", a.mode);
+    return 2;
+  }
+  const int topk = !strcmp(a.select, "topk");
+  if (!topk && strcmp(a.select, "topp")) {
+    fprintf(stderr, "upf prefill: --select '%s': want topp or topk\n", a.select);
+    return 2;
+  }
+  if (topk != upf_args_find(&p, "--keep")->seen) {
+    fprintf(stderr, "upf prefill: --select topk takes --keep R, and --keep needs --select topk\n");
+    return 2;
+  }
+  if (topk && !(a.keep > 0.0f && a.keep <= 1.0f)) {
+    fprintf(stderr, "upf prefill: --keep %g: want a keep ratio in (0, 1]\n", (double)a.keep);
+    return 2;
+  }
+  if (upf_args_find(&p, "--p")->seen && (topk || !(a.p > 0.0f && a.p <= 1.0f))) {
+    fprintf(stderr, "upf prefill: --p %g: want a top-p mass in (0, 1], with --select topp\n", (double)a.p);
+    return 2;
+  }
+  if (opt.mode == UPF_PREFILL_DENSE && (upf_args_find(&p, "--p")->seen || topk || a.dump_dir || a.replay_dir)) {
+    fprintf(stderr, "upf prefill: --p, --select, --keep, --dump-masks and --replay-masks need --mode uniprefill\n");
+    return 2;
+  }
+  if (a.p > 0)
+    opt.select.p = a.p;
+  if (topk)
+    opt.select.keep_ratio = a.keep;
+  a.p = opt.select.p;
+  upf_dtype dtype;
+  if (upf_dtype_parse(a.dtype, &dtype) != UPF_OK || (dtype != UPF_DTYPE_F32 && dtype != UPF_DTYPE_BF16)) {
+    fprintf(stderr, "upf prefill: --dtype '%s': want f32 or bf16\n", a.dtype);
+    return 2;
+  }
+  int32_t lb = 0, le = cfg->num_layers;
+  if (a.layers && !parse_range(a.layers, cfg->num_layers, &lb, &le)) {
+    fprintf(stderr, "upf prefill: --layers '%s': want A:B with 0 <= A < B <= %d\n", a.layers, cfg->num_layers);
+    return 2;
+  }
+  const char *dirs[2] = {a.dump_dir, a.replay_dir};
+  for (int i = 0; i < 2; i++)
+    if (dirs[i] && !is_dir(dirs[i])) {
+      fprintf(stderr, "upf prefill: %s %s: not a directory\n", i ? "--replay-masks" : "--dump-masks", dirs[i]);
+      return 2;
+    }
+  const upf_arg_path paths[] = {{"--token-ids", a.ids_path, 0}, {"--cu-seqlens", a.cu_path, 0},
+                                {"--out-logits", a.out_logits, 1}, {"--json", a.json, 1}};
+  if (!upf_args_check_paths("upf prefill", paths, 4))
+    return 2;
+  const upf_backend *be = a.backend ? upf_backend_by_name(a.backend) : upf_cli_default_backend();
+  if (!be)
+    return upf_cli_error(UPF_ERR_INVALID_ARG, "prefill: --backend");
+  upf_status st = be->probe();
+  if (st != UPF_OK)
+    return upf_cli_error(st, "prefill: --backend");
+
+  int32_t *ids = NULL, *cu = NULL, B = 0;
+  if (!build_batch(&a, cfg, &ids, &cu, &B)) {
+    free(ids), free(cu);
+    return 2;
+  }
+  /* the ids and the lengths are checked before the weights are built */
+  for (int64_t t = 0; t < cu[B]; t++)
+    if (ids[t] < 0 || ids[t] >= cfg->vocab) {
+      fprintf(stderr, "upf prefill: --token-ids %s: id %d at %lld is outside the vocabulary [0, %d) of %s\n",
+              a.ids_path, ids[t], (long long)t, cfg->vocab, cfg->name);
+      free(ids), free(cu);
+      return 2;
+    }
+  for (int32_t r = 0; r < B; r++)
+    if (cu[r + 1] == cu[r]) {
+      fprintf(stderr, "upf prefill: --cu-seqlens %s: request %d has no tokens\n", a.cu_path, r);
+      free(ids), free(cu);
+      return 2;
+    }
+
+  upf_model m;
+  if (lb > 0 || le < cfg->num_layers)
+    fprintf(stderr, "upf prefill: layers %d:%d of %s's %d (a partial model)\n", lb, le, cfg->name, cfg->num_layers);
+  st = upf_model_init_seeded(&m, cfg, be, dtype, (uint64_t)a.seed, lb, le);
+  if (st != UPF_OK) {
+    free(ids), free(cu);
+    return upf_cli_error(st, "prefill: building the model");
+  }
+  const upf_memory_plan plan = upf_model_memory_plan(&m, cu[B], B);
+  print_plan(stderr, &m, &plan, cu[B], B);
+
+  upf_tensor masks[UPF_MODEL_MAX_LAYERS];
+  const uint8_t *mask_ptrs[UPF_MODEL_MAX_LAYERS] = {0};
+  int64_t mask_lens[UPF_MODEL_MAX_LAYERS] = {0};
+  memset(masks, 0, sizeof masks);
+  int rc = 0;
+  if (a.replay_dir) {
+    if (!read_masks(a.replay_dir, &m, masks, mask_ptrs, mask_lens))
+      rc = 2;
+    opt.replay_masks = mask_ptrs, opt.replay_mask_len = mask_lens;
+  }
+  if (isatty(2))
+    opt.on_layer = progress, opt.user = &m;
+  upf_prefill_result res = {0};
+  double *totals = calloc((size_t)a.iters, sizeof *totals);
+  for (int it = 0; rc == 0 && it < a.warmup + a.iters; it++) {
+    upf_prefill_result_free(&res);
+    st = upf_model_prefill(&m, ids, cu, B, &opt, &res);
+    if (st != UPF_OK)
+      rc = upf_cli_error(st, a.replay_dir ? "prefill: --replay-masks" : "prefill");
+    else if (it >= a.warmup)
+      totals[it - a.warmup] = res.total_seconds;
+  }
+  if (rc == 0) {
+    printf("%s%s, %s, %s on %s: %d requests, %d tokens\n", cfg->name,
+           lb > 0 || le < cfg->num_layers ? " (partial model)" : "", a.mode, upf_dtype_name(dtype), be->name, B, cu[B]);
+    for (int k = 0; k < res.num_drops; k++)
+      printf("  drop layer %2d: %lld -> %lld tokens (%.1f%%), selection + compaction %.3f ms\n", res.drops[k].layer,
+             (long long)res.drops[k].tokens_in, (long long)res.drops[k].tokens_kept,
+             100.0 * (double)res.drops[k].tokens_kept / (double)res.drops[k].tokens_in, res.drops[k].select_seconds * 1e3);
+    double *sorted = malloc((size_t)a.iters * sizeof *sorted);
+    memcpy(sorted, totals, (size_t)a.iters * sizeof *sorted);
+    qsort(sorted, (size_t)a.iters, sizeof *sorted, cmp_double);
+    printf("  prefill %.3f ms (median of %d)\n", sorted[a.iters / 2] * 1e3, a.iters);
+    free(sorted);
+  }
+  if (rc == 0 && a.out_logits) {
+    upf_tensor t;
+    const int64_t shape[2] = {B, cfg->vocab};
+    upf_tensor_init(&t, res.logits, UPF_DTYPE_F32, 2, shape);
+    st = upf_npy_write(a.out_logits, &t);
+    if (st != UPF_OK)
+      rc = upf_cli_error(st, "prefill: --out-logits");
+  }
+  for (int k = 0; rc == 0 && a.dump_dir && k < res.num_drops; k++) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/layer%d.npy", a.dump_dir, res.drops[k].layer);
+    upf_tensor t;
+    const int64_t shape[1] = {res.drops[k].tokens_in};
+    upf_tensor_init(&t, res.drops[k].mask, UPF_DTYPE_U8, 1, shape);
+    st = upf_npy_write(path, &t);
+    if (st != UPF_OK)
+      rc = upf_cli_error(st, "prefill: --dump-masks");
+  }
+  if (rc == 0 && a.json) {
+    st = write_json(a.json, &a, &m, cu, B, &res, totals, a.iters, &plan, argc, argv);
+    if (st != UPF_OK)
+      rc = upf_cli_error(st, "prefill: --json");
+  }
+  upf_prefill_result_free(&res);
+  for (int k = 0; k < UPF_MODEL_MAX_LAYERS; k++)
+    upf_tensor_free(&masks[k]);
+  free(totals), free(ids), free(cu);
+  upf_model_free(&m);
+  return rc;
+}
