@@ -32,15 +32,9 @@ static upf_status no_cuda_fill(void *dst, int byte, size_t bytes) { return no_cu
 #undef UPF_OP
 
 static const upf_backend cuda_unavailable = {
-    .name = "cuda",
-    .probe = no_cuda,
-    .describe = no_cuda_describe,
-    .alloc = no_cuda_alloc,
-    .release = no_cuda_release,
-    .upload = no_cuda_copy,
-    .download = no_cuda_copy,
-    .fill = no_cuda_fill,
-    .synchronize = no_cuda,
+    .name = "cuda", .probe = no_cuda, .describe = no_cuda_describe, .synchronize = no_cuda,
+    .alloc = no_cuda_alloc, .release = no_cuda_release, .fill = no_cuda_fill,
+    .upload = no_cuda_copy, .download = no_cuda_copy,
 #define UPF_OP(id, name, summary, entry, params) .entry = no_cuda_##entry,
 #include "uniprefill/ops.def"
 #undef UPF_OP

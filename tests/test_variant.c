@@ -144,12 +144,18 @@ static void test_describe(void) {
     upf_variant_reset((upf_op)op);
 }
 
+static CU_TestInfo variant_tests[] = {
+    {"the variant table", test_table},
+    {"a good spec selects", test_spec_good},
+    {"a bad spec names its fault and selects nothing", test_spec_bad},
+    {"select > UPF_VARIANT > default; reset", test_env_and_precedence},
+    {"a bad UPF_VARIANT fails every read", test_env_bad},
+    {"describe names every op with variants", test_describe},
+    CU_TEST_INFO_NULL,
+};
+
 void upf_register_variant_tests(void) {
-  CU_pSuite suite = CU_add_suite("variants", variant_suite_init, variant_suite_clean);
-  CU_add_test(suite, "the variant table", test_table);
-  CU_add_test(suite, "a good spec selects", test_spec_good);
-  CU_add_test(suite, "a bad spec names its fault and selects nothing", test_spec_bad);
-  CU_add_test(suite, "select > UPF_VARIANT > default; reset", test_env_and_precedence);
-  CU_add_test(suite, "a bad UPF_VARIANT fails every read", test_env_bad);
-  CU_add_test(suite, "describe names every op with variants", test_describe);
+  CU_SuiteInfo suites[] = {{"variants", variant_suite_init, variant_suite_clean, NULL, NULL, variant_tests},
+                           CU_SUITE_INFO_NULL};
+  CU_register_suites(suites);
 }
