@@ -4,13 +4,13 @@
 #include <string.h>
 
 static const char *const op_names[UPF_OP_COUNT] = {
-#define UPF_OP(id, name, summary) [UPF_OP_##id] = name,
+#define UPF_OP(id, name, summary, ...) [UPF_OP_##id] = name,
 #include "uniprefill/ops.def"
 #undef UPF_OP
 };
 
 static const char *const op_summaries[UPF_OP_COUNT] = {
-#define UPF_OP(id, name, summary) [UPF_OP_##id] = summary,
+#define UPF_OP(id, name, summary, ...) [UPF_OP_##id] = summary,
 #include "uniprefill/ops.def"
 #undef UPF_OP
 };

@@ -88,7 +88,8 @@ static upf_status parse_item(const char *item, size_t len, const char *source, u
  * else leaves in *found the last item naming op want. */
 static upf_status walk_spec(const char *spec, const char *source, upf_op want, upf_variant *found) {
   *found = UPF_VARIANT_COUNT;
-  for (const char *p = spec; p && *p;) {
+  /* an item after every comma: "a=b," is malformed */
+  for (const char *p = spec; p && (*p || p != spec);) {
     const char *end = strchr(p, ',');
     const size_t len = end ? (size_t)(end - p) : strlen(p);
     upf_variant v;
@@ -136,7 +137,8 @@ void upf_variant_reset(upf_op op) {
 upf_status upf_variant_select_spec(const char *spec) {
   upf_variant unused;
   /* Check every item before selecting any, so a bad spec changes nothing. */
-  for (const char *p = spec; p && *p;) {
+  /* an item after every comma: "a=b," is malformed */
+  for (const char *p = spec; p && (*p || p != spec);) {
     const char *end = strchr(p, ',');
     UPF_TRY(parse_item(p, end ? (size_t)(end - p) : strlen(p), "--variant", &unused));
     p = end ? end + 1 : NULL;

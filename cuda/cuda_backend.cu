@@ -269,7 +269,8 @@ upf_status cuda_synchronize(void) {
 }
 
 /* Filled by field name, not position: several entries share a signature, so a positional table
- * could swap two of them without a compile error. */
+ * could swap two of them without a compile error. The op entries are upf_cuda_<entry> of ops.def,
+ * declared by the cuda/<op>.cuh headers above. */
 upf_backend make_cuda_table(void) {
   upf_backend b = {};
   b.name = "cuda";
@@ -281,33 +282,9 @@ upf_backend make_cuda_table(void) {
   b.download = cuda_download;
   b.fill = cuda_fill;
   b.synchronize = cuda_synchronize;
-  b.select_part_gemm = upf_cuda_select_part_gemm;
-  b.select_block_softmax = upf_cuda_select_block_softmax;
-  b.select_block_reduce = upf_cuda_select_block_reduce;
-  b.select_topp = upf_cuda_select_topp;
-  b.select_expand = upf_cuda_select_expand;
-  b.select_run = upf_cuda_select_run;
-  b.compact_rows = upf_cuda_compact_rows;
-  b.gemm = upf_cuda_gemm;
-  b.ffn_act_mul = upf_cuda_ffn_act_mul;
-  b.ffn_gated = upf_cuda_ffn_gated;
-  b.rmsnorm = upf_cuda_rmsnorm;
-  b.rmsnorm_add = upf_cuda_rmsnorm_add;
-  b.qk_norm = upf_cuda_qk_norm;
-  b.rope = upf_cuda_rope;
-  b.gated_output = upf_cuda_gated_output;
-  b.embed = upf_cuda_embed;
-  b.logits_last = upf_cuda_logits_last;
-  b.moe_route = upf_cuda_moe_route;
-  b.moe_permute = upf_cuda_moe_permute;
-  b.moe_ffn = upf_cuda_moe_ffn;
-  b.gdn_conv = upf_cuda_gdn_conv;
-  b.gdn_conv_step = upf_cuda_gdn_conv_step;
-  b.gdn_scan = upf_cuda_gdn_scan;
-  b.gdn_gated_norm = upf_cuda_gdn_gated_norm;
-  b.attn_prefill = upf_cuda_attn_prefill;
-  b.attn_paged = upf_cuda_attn_paged;
-  b.kv_cache_write = upf_cuda_kv_cache_write;
+#define UPF_OP(id, name, summary, entry, params) b.entry = upf_cuda_##entry;
+#include "uniprefill/ops.def"
+#undef UPF_OP
   return b;
 }
 

@@ -23,17 +23,19 @@
  *      fixed order, then an xor tree). Each expert's rows start at a multiple of 8 (16-byte aligned
  *      matrices for cuBLAS).
  *   5. Expert GEMM 1: h (rows, 2I) = xp . gate_up_e^T per expert; the dense FFN's act_mul_kernel:
- *      a (rows, I) = silu(h[:, :I]) * h[:, I:]; expert GEMM 2: y (rows, H) = a . down_e^T. Variants:
- *        GROUPED  cublasGemmGroupedBatchedEx, experts with equal counts form one group;
+ *      a (rows, I) = silu(h[:, :I]) * h[:, I:]; expert GEMM 2: y (rows, H) = a . down_e^T. Variants
+ *      (the moe.ffn lines of uniprefill/variants.def, upf_variant_current):
+ *        GROUPED  cublasGemmGroupedBatchedEx, experts with equal counts form one group (LOOP where
+ *                 cuBLAS refuses the grouped call);
  *        PADDED   cublasGemmStridedBatchedEx over E slabs of `cap` rows (the largest count rounded up
  *                 to 8); slab e holds expert e's rows first, the rest is never read;
  *        LOOP     one cublasGemmEx per expert that has tokens;
  *        BUCKETED experts sorted by count, cut into a few buckets (plan_buckets), one
  *                 cublasGemmBatchedEx a bucket over slabs of the bucket's largest count; the buckets
- *                 of a GEMM alternate between the backend stream and a second one (UPF_MOE_BUCKET_LANES,
- *                 see bucket_choices), so that a bucket's tail wave runs beside the next one's start;
- *        AUTO     BUCKETED: the fastest on the H200 at 8K and 32K (1.81 / 5.92 ms against PADDED's
- *                 1.87 / 6.41 and GROUPED's 2.89 / 10.6, perf/NOTES.md). A CUTLASS 4.2 grouped GEMM
+ *                 of a GEMM alternate between the backend stream and a second one, so that a bucket's
+ *                 tail wave runs beside the next one's start;
+ *      BUCKETED is the default: the fastest on the H200 at 8K and 32K (PADDED and GROUPED slower,
+ *                 perf/NOTES.md). A CUTLASS 4.2 grouped GEMM
  *                 (one persistent launch a GEMM, weights as M) measured slower than BUCKETED in every
  *                 tile configuration (tag h200-moe-cutlass-98374c5, perf/NOTES.md).
  *   6. Shared expert: two cublasGemmEx over all T tokens with the same SwiGLU kernel between, on a
@@ -74,7 +76,7 @@
 #include "cuda/cuda_check.cuh"
 #include "cuda/ffn.cuh"
 #include "cuda/moe.cuh"
-#include "uniprefill/env.h"
+#include "uniprefill/variant.h"
 
 /* Evaluates a cuBLAS call; on failure records the message and returns UPF_ERR_CUDA. */
 #define MOE_CUBLAS_TRY(call)                                                                        \
@@ -523,8 +525,8 @@ __global__ void moe_combine_kernel(const float *__restrict__ gate,         // (T
 }
 
 /* ---------------------------------------------------------------------------------------------- */
-/* Host state: two grow-only device buffers (routing/sort scratch, and the expert activations), the
- * variant choice and the phase events.                                                            */
+/* Host state: grow-only device buffers (routing/sort scratch, the expert activations, the shared
+ * expert's), the side streams and the host image of the plan.                                     */
 
 struct dev_buffer {
   void *ptr = nullptr;
@@ -541,12 +543,8 @@ struct aux_stream {
 
 struct moe_state {
   dev_buffer route, act, shared;
-  upf_cuda_moe_gemm_variant variant = UPF_CUDA_MOE_GEMM_AUTO;
-  upf_cuda_moe_gemm_variant last = UPF_CUDA_MOE_GEMM_AUTO;
-  bool profile = false, profiled = false, events_ready = false;
-  cudaEvent_t ev[UPF_CUDA_MOE_PHASES + 1] = {};
   aux_stream side; /* the shared expert's */
-  aux_stream lane; /* BUCKETED's odd buckets (UPF_MOE_BUCKET_LANES=2) */
+  aux_stream lane; /* BUCKETED's odd buckets */
   std::vector<unsigned char> blob; /* host image of the per-call plan uploaded to the device */
 };
 
@@ -657,11 +655,6 @@ upf_status linear(cublasHandle_t h, int64_t rows, int64_t cols, int64_t k, const
   return UPF_OK;
 }
 
-void mark(int phase) {
-  if (ms.profile && ms.events_ready)
-    (void)cudaEventRecord(ms.ev[phase], upf_cuda_stream());
-}
-
 upf_status check_limits(const upf_moe_config *cfg) {
   if (cfg->num_experts > MOE_MAX_EXPERTS || cfg->top_k > MOE_MAX_TOPK)
     return upf_fail(UPF_ERR_UNSUPPORTED, "moe (cuda): E=%d, K=%d beyond this implementation's E <= %d, K <= %d",
@@ -731,36 +724,18 @@ upf_status launch_sort(const upf_moe_config *cfg, int64_t n, const int32_t *topk
 /* ---- the expert GEMMs ---- */
 
 /* The plan of one call's expert GEMMs, built on the host from the counts. */
+/* The expert-GEMM variants of moe.ffn (variants.def), as the plan uses them. */
+enum gemm_variant { GEMM_BUCKETED, GEMM_GROUPED, GEMM_PADDED, GEMM_LOOP };
+
 struct gemm_plan {
-  upf_cuda_moe_gemm_variant variant;
+  gemm_variant variant;
   int64_t rows; /* rows of the permuted layout */
   int32_t cap;  /* PADDED slab rows */
   std::vector<int32_t> count, offset, row_base; /* (E), (E+1), (E) */
   std::vector<int32_t> order;                   /* experts with tokens, by (count, index) */
   std::vector<int> group_n, group_size;         /* GROUPED: per group of equal counts */
   std::vector<int> bucket_start, bucket_size, bucket_cap; /* BUCKETED: ranges of `order`, slab rows */
-  int bucket_lanes = 1;                                   /* BUCKETED: streams the buckets alternate over */
 };
-
-/* UPF_MOE_BUCKETS and UPF_MOE_BUCKET_LANES (read once per process; any other value is an error naming
- * the variable), for measurements: the number of BUCKETED buckets (unset = auto, plan_buckets' cost
- * model; a number = that many, at most the experts with tokens), and the streams the buckets run on:
- * unset or 2 = each GEMM's even buckets on the backend stream and its odd ones on ms.lane (its own
- * cuBLAS handle), joined before the SwiGLU, so that a bucket's tail wave runs beside the next one's
- * start; 1 = every bucket on the backend stream. Measured on the H200 (perf/NOTES.md), two lanes take
- * 4-5% off the layer at 8K and 0.5-1% at 32K. */
-const char *const BUCKET_COUNTS[] = {"auto", "1", "2", "3", "4", "5", "6", "7", "8"};
-const char *const BUCKET_LANES[] = {"2", "1"};
-
-upf_status bucket_choices(int *buckets, int *lanes) {
-  static int count_cache = -1, lane_cache = -1;
-  int c = 0, l = 0;
-  UPF_TRY(upf_env_choice_once("UPF_MOE_BUCKETS", BUCKET_COUNTS, 9, 0, &count_cache, &c));
-  UPF_TRY(upf_env_choice_once("UPF_MOE_BUCKET_LANES", BUCKET_LANES, 2, 0, &lane_cache, &l));
-  *buckets = c; /* 0 = auto */
-  *lanes = l == 0 ? 2 : 1;
-  return UPF_OK;
-}
 
 /* BUCKETED: the experts with tokens, in ascending count order, cut into B buckets of equal expert
  * counts (B = 1..MAX_BUCKETS, the one with the fewest slab rows plus BUCKET_COST_ROWS a bucket: a
@@ -768,14 +743,14 @@ upf_status bucket_choices(int *buckets, int *lanes) {
 constexpr int MAX_BUCKETS = 8;
 constexpr int64_t BUCKET_COST_ROWS = 1024;
 
-void plan_buckets(gemm_plan &p, int forced_buckets) {
+void plan_buckets(gemm_plan &p) {
   const int m = (int)p.order.size();
   p.bucket_start.clear(), p.bucket_size.clear(), p.bucket_cap.clear();
   if (m == 0)
     return;
   int best_b = 1;
   int64_t best_cost = INT64_MAX;
-  for (int b = 1; b <= std::min(MAX_BUCKETS, m) && forced_buckets == 0; b++) {
+  for (int b = 1; b <= std::min(MAX_BUCKETS, m); b++) {
     int64_t cost = b * BUCKET_COST_ROWS;
     for (int i = 0; i < b; i++) {
       const int lo = (int)((int64_t)m * i / b), hi = (int)((int64_t)m * (i + 1) / b);
@@ -784,8 +759,6 @@ void plan_buckets(gemm_plan &p, int forced_buckets) {
     if (cost < best_cost)
       best_cost = cost, best_b = b;
   }
-  if (forced_buckets > 0)
-    best_b = std::min(forced_buckets, m);
   for (int i = 0; i < best_b; i++) {
     const int lo = (int)((int64_t)m * i / best_b), hi = (int)((int64_t)m * (i + 1) / best_b);
     p.bucket_start.push_back(lo);
@@ -794,7 +767,7 @@ void plan_buckets(gemm_plan &p, int forced_buckets) {
   }
 }
 
-void plan_gemms(const upf_moe_config *cfg, int64_t T, const uint32_t *counts, int forced_buckets, gemm_plan &p) {
+void plan_gemms(const upf_moe_config *cfg, int64_t T, const uint32_t *counts, gemm_variant v, gemm_plan &p) {
   const int E = cfg->num_experts;
   const int64_t n = T * cfg->top_k;
   p.count.assign(E, 0);
@@ -813,19 +786,16 @@ void plan_gemms(const upf_moe_config *cfg, int64_t T, const uint32_t *counts, in
   }
   p.cap = (int32_t)align_up((size_t)max_count, 8);
   double padded_rows = (double)E * p.cap;
-  upf_cuda_moe_gemm_variant v = ms.variant;
-  if (v == UPF_CUDA_MOE_GEMM_AUTO) /* measured on the H200 (perf/NOTES.md): BUCKETED is the fastest at 8K and 32K */
-    v = UPF_CUDA_MOE_GEMM_BUCKETED;
-  if (v == UPF_CUDA_MOE_GEMM_PADDED && padded_rows > (double)(INT_MAX / 2))
-    v = UPF_CUDA_MOE_GEMM_GROUPED;
+  if (v == GEMM_PADDED && padded_rows > (double)(INT_MAX / 2))
+    v = GEMM_GROUPED;
   p.variant = v;
   std::stable_sort(p.order.begin(), p.order.end(), [&](int a, int b) { return p.count[a] < p.count[b]; });
-  if (v == UPF_CUDA_MOE_GEMM_PADDED) {
+  if (v == GEMM_PADDED) {
     p.rows = (int64_t)E * p.cap;
     for (int e = 0; e < E; e++)
       p.row_base[e] = e * p.cap;
-  } else if (v == UPF_CUDA_MOE_GEMM_BUCKETED) {
-    plan_buckets(p, forced_buckets);
+  } else if (v == GEMM_BUCKETED) {
+    plan_buckets(p);
     int64_t at = 0;
     for (size_t b = 0; b < p.bucket_start.size(); b++)
       for (int i = p.bucket_start[b]; i < p.bucket_start[b] + p.bucket_size[b]; i++) {
@@ -907,28 +877,30 @@ template <typename T> upf_status bucket_gemm(cublasHandle_t h, const gemm_plan &
 
 template <typename T>
 upf_status run_expert_gemm(cublasHandle_t h, const gemm_plan &p, const expert_gemm &g, int num_experts,
-                           upf_cuda_moe_gemm_variant *ran) {
+                           gemm_variant *ran) {
   const cudaDataType_t dt = cuda_type<T>();
   const float one = 1.0f, zero = 0.0f;
   const size_t es = sizeof(T);
   if (g.cols > INT_MAX || g.k > INT_MAX || p.rows > INT_MAX)
     return upf_fail(UPF_ERR_UNSUPPORTED, "moe (cuda): expert GEMM extents beyond int32");
   const int cols = (int)g.cols, k = (int)g.k;
-  if (p.variant == UPF_CUDA_MOE_GEMM_PADDED) {
+  if (p.variant == GEMM_PADDED) {
     MOE_CUBLAS_TRY(cublasGemmStridedBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, cols, p.cap, k, &one, g.W, dt, k,
                                               (long long)cols * k, g.in, dt, k, (long long)p.cap * k, &zero, g.out,
                                               dt, cols, (long long)p.cap * cols, num_experts, CUBLAS_COMPUTE_32F,
                                               CUBLAS_GEMM_DEFAULT));
-    *ran = UPF_CUDA_MOE_GEMM_PADDED;
+    *ran = GEMM_PADDED;
     return UPF_OK;
   }
-  if (p.variant == UPF_CUDA_MOE_GEMM_BUCKETED && (p.bucket_lanes == 1 || p.bucket_start.size() < 2)) {
+  if (p.variant == GEMM_BUCKETED && p.bucket_start.size() < 2) {
     for (size_t b = 0; b < p.bucket_start.size(); b++)
       UPF_TRY(bucket_gemm<T>(h, p, g, b));
-    *ran = UPF_CUDA_MOE_GEMM_BUCKETED;
+    *ran = GEMM_BUCKETED;
     return UPF_OK;
   }
-  if (p.variant == UPF_CUDA_MOE_GEMM_BUCKETED) { /* two lanes: even buckets here, odd ones on ms.lane */
+  /* Two lanes: even buckets here, odd ones on ms.lane (its own cuBLAS handle), joined before what
+   * follows, so that a bucket's tail wave runs beside the next one's start; one lane measured slower. */
+  if (p.variant == GEMM_BUCKETED) {
     UPF_TRY(aux_ready(ms.lane));
     UPF_TRY(aux_fork(ms.lane));
     upf_status st = UPF_OK;
@@ -938,10 +910,10 @@ upf_status run_expert_gemm(cublasHandle_t h, const gemm_plan &p, const expert_ge
     UPF_CUDA_TRY(cudaEventRecord(ms.lane.join, ms.lane.stream));
     UPF_CUDA_TRY(cudaStreamWaitEvent(upf_cuda_stream(), ms.lane.join, 0));
     UPF_TRY(st);
-    *ran = UPF_CUDA_MOE_GEMM_BUCKETED;
+    *ran = GEMM_BUCKETED;
     return UPF_OK;
   }
-  if (p.variant == UPF_CUDA_MOE_GEMM_GROUPED && !p.group_n.empty()) {
+  if (p.variant == GEMM_GROUPED && !p.group_n.empty()) {
     const int G = (int)p.group_n.size();
     std::vector<cublasOperation_t> ta(G, CUBLAS_OP_T), tb(G, CUBLAS_OP_N);
     std::vector<int> m(G, cols), kk(G, k), lda(G, k), ldb(G, k), ldc(G, cols);
@@ -952,7 +924,7 @@ upf_status run_expert_gemm(cublasHandle_t h, const gemm_plan &p, const expert_ge
         g.dev_ptrs + E_used, dt, ldb.data(), beta.data(), const_cast<void *const *>(g.dev_ptrs + 2 * E_used), dt,
         ldc.data(), G, p.group_size.data(), CUBLAS_COMPUTE_32F);
     if (st == CUBLAS_STATUS_SUCCESS) {
-      *ran = UPF_CUDA_MOE_GEMM_GROUPED;
+      *ran = GEMM_GROUPED;
       return UPF_OK;
     }
     if (st != CUBLAS_STATUS_NOT_SUPPORTED && st != CUBLAS_STATUS_INVALID_VALUE)
@@ -968,7 +940,7 @@ upf_status run_expert_gemm(cublasHandle_t h, const gemm_plan &p, const expert_ge
     MOE_CUBLAS_TRY(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, cols, p.count[e], k, &one, W, dt, k, in, dt, k, &zero,
                                 out, dt, cols, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
-  *ran = UPF_CUDA_MOE_GEMM_LOOP;
+  *ran = GEMM_LOOP;
   return UPF_OK;
 }
 
@@ -1113,6 +1085,12 @@ struct ffn_route_layout {
 template <typename T>
 upf_status ffn_run(const upf_moe_config *cfg, const upf_tensor *x, const upf_moe_weights *w, const upf_tensor *out,
                    upf_moe_routing *routing) {
+  upf_variant chosen;
+  UPF_TRY(upf_variant_current(UPF_OP_MOE_FFN, &chosen));
+  const gemm_variant variant = chosen == UPF_VARIANT_MOE_FFN_GROUPED ? GEMM_GROUPED
+                               : chosen == UPF_VARIANT_MOE_FFN_PADDED ? GEMM_PADDED
+                               : chosen == UPF_VARIANT_MOE_FFN_LOOP   ? GEMM_LOOP
+                                                                      : GEMM_BUCKETED;
   cudaStream_t s = upf_cuda_stream();
   cublas_guard cg;
   UPF_TRY(cg.acquire());
@@ -1120,12 +1098,6 @@ upf_status ffn_run(const upf_moe_config *cfg, const upf_tensor *x, const upf_moe
   const int E = cfg->num_experts, K = cfg->top_k;
   const int64_t n = T_ * K;
   const size_t es = sizeof(T);
-  if (!ms.events_ready && ms.profile) {
-    for (int i = 0; i <= UPF_CUDA_MOE_PHASES; i++)
-      UPF_CUDA_TRY(cudaEventCreate(&ms.ev[i]));
-    ms.events_ready = true;
-  }
-  ms.profiled = false;
 
   /* Routing and sort scratch; the plan region holds row_base (E) and 6 pointer arrays (E each). */
   upf_moe_routing rt = routing ? *routing : upf_moe_routing{nullptr, nullptr, nullptr};
@@ -1161,13 +1133,11 @@ upf_status ffn_run(const upf_moe_config *cfg, const upf_tensor *x, const upf_moe
   int32_t *row_base = ptr_at<int32_t>(rb, L.plan);
   const void **ptrs = ptr_at<const void *>(rb, L.plan + align_up((size_t)E * sizeof(int32_t), 256));
 
-  mark(0);
   T *hs = Is > 0 ? ptr_at<T>(ms.shared, o_hs) : nullptr, *as = Is > 0 ? ptr_at<T>(ms.shared, o_as) : nullptr;
   T *ys = Is > 0 ? ptr_at<T>(ms.shared, o_ys) : nullptr;
   float *token_gate = Is > 0 ? ptr_at<float>(ms.shared, o_gate) : nullptr; /* sigmoid(x . shared_gate) a token */
   UPF_CUDA_TRY(cudaMemsetAsync(info, 0xFF, INFO_HEAD * sizeof(uint32_t), s));
   UPF_TRY(launch_route<T>(cg.h, cfg, x, w, logits, topk_index, topk_weight, info));
-  mark(1);
   UPF_TRY(launch_sort(cfg, n, topk_index, info + INFO_HEAD, offsets, sorted_pair, slot_of_pair, info,
                       ptr_at<uint32_t>(rb, L.tile_count)));
   /* The shared expert forks here, after the routing: it fills the GPU while the host reads the
@@ -1185,11 +1155,8 @@ upf_status ffn_run(const upf_moe_config *cfg, const upf_tensor *x, const upf_moe
     return nonfinite_error(host_info[0]);
   if (host_info[1] != MOE_NONE) /* cannot happen: the indices come from the top-K kernel */
     return upf_fail(UPF_ERR_CUDA, "moe.ffn (cuda): internal error, pair %u routed outside [0, E)", host_info[1]);
-  int forced_buckets = 0, lanes = 1;
-  UPF_TRY(bucket_choices(&forced_buckets, &lanes));
   gemm_plan plan;
-  plan_gemms(cfg, T_, host_info.data() + INFO_HEAD, forced_buckets, plan);
-  plan.bucket_lanes = lanes;
+  plan_gemms(cfg, T_, host_info.data() + INFO_HEAD, variant, plan);
   if (plan.rows > INT_MAX)
     return upf_fail(UPF_ERR_UNSUPPORTED, "moe.ffn (cuda): %lld permuted rows exceed the int32 row index",
                     (long long)plan.rows);
@@ -1226,27 +1193,19 @@ upf_status ffn_run(const upf_moe_config *cfg, const upf_tensor *x, const upf_moe
                             Is > 0 ? static_cast<const T *>(w->shared_gate) : nullptr, token_gate, row_of_pair,
                             row_of_sorted, xp};
   UPF_TRY(launch_gather<T>(x, K, gio));
-  mark(2);
-  upf_cuda_moe_gemm_variant ran = plan.variant;
+  gemm_variant ran = plan.variant;
   expert_gemm g1 = {w->gate_up, xp, hg, 2 * I, H, ptrs};
   expert_gemm g2 = {w->down, act, y, H, I, ptrs + 3 * used};
   UPF_TRY(run_expert_gemm<T>(cg.h, plan, g1, E, &ran));
-  if (ran == UPF_CUDA_MOE_GEMM_LOOP)
-    plan.variant = UPF_CUDA_MOE_GEMM_LOOP; /* GROUPED unsupported here: the second GEMM loops too */
-  mark(3);
+  if (ran == GEMM_LOOP)
+    plan.variant = GEMM_LOOP; /* GROUPED unsupported here: the second GEMM loops too */
   UPF_TRY(launch_swiglu<T>(hg, row_of_sorted, n, (int)I, act, s));
-  mark(4);
   UPF_TRY(run_expert_gemm<T>(cg.h, plan, g2, E, &ran));
-  mark(5);
   if (Is > 0) {
     joined.armed = false;
     UPF_CUDA_TRY(cudaStreamWaitEvent(s, ms.side.join, 0));
   }
-  mark(6);
   UPF_TRY(launch_combine<T>(T_, token_gate, y, ys, row_of_pair, topk_weight, (int)H, K, out));
-  mark(7);
-  ms.last = ran;
-  ms.profiled = ms.profile && ms.events_ready;
   return UPF_OK;
 }
 
@@ -1318,41 +1277,4 @@ extern "C" upf_status upf_cuda_moe_ffn(const upf_moe_config *cfg, const upf_tens
   if (x->dtype == UPF_DTYPE_BF16)
     return ffn_run<bf16>(cfg, x, w, out, routing);
   return ffn_run<float>(cfg, x, w, out, routing);
-}
-
-extern "C" void upf_cuda_moe_set_gemm_variant(upf_cuda_moe_gemm_variant variant) {
-  ms.variant = (unsigned)variant < UPF_CUDA_MOE_GEMM_COUNT ? variant : UPF_CUDA_MOE_GEMM_AUTO;
-}
-
-extern "C" const char *upf_cuda_moe_gemm_variant_name(upf_cuda_moe_gemm_variant variant) {
-  static const char *const names[UPF_CUDA_MOE_GEMM_COUNT] = {"auto", "grouped", "padded", "loop", "bucketed"};
-  return (unsigned)variant < UPF_CUDA_MOE_GEMM_COUNT ? names[variant] : "invalid";
-}
-
-extern "C" upf_cuda_moe_gemm_variant upf_cuda_moe_last_gemm_variant(void) { return ms.last; }
-
-extern "C" void upf_cuda_moe_profile(int enable) { ms.profile = enable != 0; }
-
-extern "C" int upf_cuda_moe_profile_read(float phase_ms[UPF_CUDA_MOE_PHASES]) {
-  if (!ms.profiled)
-    return 0;
-  if (cudaEventSynchronize(ms.ev[UPF_CUDA_MOE_PHASES]) != cudaSuccess)
-    return 0;
-  for (int i = 0; i < UPF_CUDA_MOE_PHASES; i++)
-    if (cudaEventElapsedTime(&phase_ms[i], ms.ev[i], ms.ev[i + 1]) != cudaSuccess)
-      return 0;
-  return 1;
-}
-
-extern "C" const char *upf_cuda_moe_phase_name(int phase) {
-  static const char *const names[UPF_CUDA_MOE_PHASES] = {"route", "sort_gather", "gemm_gate_up", "swiglu",
-                                                         "gemm_down",  "shared_wait", "combine"};
-  return phase >= 0 && phase < UPF_CUDA_MOE_PHASES ? names[phase] : "invalid";
-}
-
-extern "C" upf_status upf_cuda_moe_dense_gemm(int64_t M, int64_t N, int64_t K, const void *A, const void *B, void *C) {
-  UPF_TRY(upf_cuda_init());
-  cublas_guard cg;
-  UPF_TRY(cg.acquire());
-  return linear(cg.h, M, N, K, B, A, K, C, N, CUDA_R_16BF, CUDA_R_16BF);
 }

@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <limits.h>
 #include <new>
 #include <vector>
 
@@ -200,3 +201,20 @@ upf_status upf_cuda_copy_bandwidth(size_t bytes, int reps, double *bytes_per_sec
 }
 
 } /* extern "C" */
+
+extern "C" upf_status upf_cuda_gemm_bf16_nt(int64_t M, int64_t N, int64_t K, const void *A, const void *B, void *C) {
+  UPF_TRY(upf_cuda_init());
+  if (M > INT_MAX || N > INT_MAX || K > INT_MAX)
+    return upf_fail(UPF_ERR_UNSUPPORTED, "gemm ceiling: extent beyond int32 (%lld x %lld x %lld)", (long long)M,
+                    (long long)N, (long long)K);
+  cublasHandle_t h = upf_cuda_cublas();
+  if (!h)
+    return UPF_ERR_CUDA; /* upf_cuda_cublas recorded why */
+  const float one = 1.0f, zero = 0.0f;
+  const cublasStatus_t st = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)N, (int)M, (int)K, &one, B, CUDA_R_16BF,
+                                         (int)K, A, CUDA_R_16BF, (int)K, &zero, C, CUDA_R_16BF, (int)N,
+                                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  if (st != CUBLAS_STATUS_SUCCESS)
+    return upf_fail(UPF_ERR_CUDA, "gemm ceiling: cublasGemmEx failed: %s (%d)", cublasGetStatusString(st), (int)st);
+  return UPF_OK;
+}

@@ -43,6 +43,11 @@ upf_status upf_cuda_copy_async(void *dst, const void *src, size_t bytes);
  * second of the median copy: 2 * bytes / median seconds. */
 upf_status upf_cuda_copy_bandwidth(size_t bytes, int reps, double *bytes_per_second);
 
+/* A compute ceiling: C (M, N) = A (M, K) . B (N, K)^T, bf16 in and out, fp32 accumulation, one
+ * cublasGemmEx (TN) on the backend's stream and cuBLAS handle (no wait). bench_moe's dense
+ * equivalent of the MoE layer, its weights in the layer's (out, in) layout. */
+upf_status upf_cuda_gemm_bf16_nt(int64_t M, int64_t N, int64_t K, const void *A, const void *B, void *C);
+
 #ifdef __cplusplus
 }
 #endif

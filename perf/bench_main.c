@@ -1,6 +1,8 @@
 /* bench_upf: runs every registered benchmark under Google Benchmark (all --benchmark_* flags apply),
- * stamps the results with device, commit and command line, and ends with a one-line-per-benchmark
- * summary. Exits 1 if a benchmark failed; a benchmark skipped for want of a device is not a failure. */
+ * stamps the results with device, commit, the kernel variants in effect and command line, and ends
+ * with a one-line-per-benchmark summary. `--variant op=name[,op=name...]` (or `--variant=...`, any
+ * number of times) selects kernel variants before the run (uniprefill/variant.h). Exits 1 if a
+ * benchmark failed, 2 on a bad argument; a benchmark skipped for want of a device is not a failure. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,6 +10,7 @@
 
 #include "perf/bench.h"
 #include "uniprefill/backend.h"
+#include "uniprefill/variant.h"
 
 /* First line a shell command prints, without the newline; "" when it prints nothing or fails. */
 static void command_output(const char *cmd, char *buf, size_t cap) {
@@ -64,7 +67,31 @@ static char *command_line(int argc, char **argv) {
   return out;
 }
 
-static void add_context(int argc, char **argv) {
+/* Selects the variants that --variant arguments name and removes those arguments from argv (Google
+ * Benchmark rejects flags it does not know). */
+static upf_status take_variant_args(int *argc, char **argv) {
+  int kept = 1;
+  for (int i = 1; i < *argc; i++) {
+    const char *spec = NULL;
+    if (!strcmp(argv[i], "--variant")) {
+      if (i + 1 >= *argc)
+        return upf_fail(UPF_ERR_INVALID_ARG, "--variant needs a value: op=name[,op=name...] (see upf ops)");
+      spec = argv[++i];
+    } else if (!strncmp(argv[i], "--variant=", 10)) {
+      spec = argv[i] + 10;
+    } else {
+      argv[kept++] = argv[i];
+      continue;
+    }
+    UPF_TRY(upf_variant_select_spec(spec));
+  }
+  *argc = kept;
+  argv[kept] = NULL;
+  return UPF_OK;
+}
+
+/* full_argc, full_argv: the command line as given (the repro command keeps its --variant). */
+static upf_status add_context(int full_argc, char **full_argv) {
   char buf[1024];
   const upf_backend *cuda = upf_backend_cuda();
   if (cuda->probe() == UPF_OK)
@@ -80,9 +107,14 @@ static void add_context(int argc, char **argv) {
 #endif
   commit_id(buf, sizeof buf);
   upf_bench_add_context("commit", buf);
-  char *cmd = command_line(argc, argv);
-  upf_bench_add_context("command", cmd ? cmd : argv[0]);
+  /* Which kernel of every op with variants ran: "attn.prefill=wgmma2-nopp,moe.ffn=bucketed". A case
+   * that times a variant by name says so in its name and label. */
+  UPF_TRY(upf_variant_describe(buf, sizeof buf));
+  upf_bench_add_context("variants", buf);
+  char *cmd = command_line(full_argc, full_argv);
+  upf_bench_add_context("command", cmd ? cmd : full_argv[0]);
   free(cmd);
+  return UPF_OK;
 }
 
 static const char *format_time(double s, char *buf, size_t cap) {
@@ -128,12 +160,25 @@ static void print_summary(const upf_bench_result *results, int count) {
 }
 
 int main(int argc, char **argv) {
-  add_context(argc, argv);
+  char **args = malloc((size_t)(argc + 1) * sizeof *args);
+  if (!args) {
+    fprintf(stderr, "bench_upf: out of memory\n");
+    return 2;
+  }
+  memcpy(args, argv, (size_t)argc * sizeof *args);
+  int nargs = argc;
+  if (take_variant_args(&nargs, args) != UPF_OK || add_context(argc, argv) != UPF_OK) {
+    fprintf(stderr, "bench_upf: %s\n", upf_last_error());
+    free(args);
+    return 2;
+  }
+  argc = nargs, argv = args;
   upf_register_all_benchmarks();
   upf_bench_result *results = NULL;
   int count = 0;
   if (upf_bench_run(argc, argv, &results, &count) != UPF_OK) {
     fprintf(stderr, "bench_upf: %s\n", upf_last_error());
+    free(args);
     return 2;
   }
   print_summary(results, count);
@@ -141,5 +186,6 @@ int main(int argc, char **argv) {
   for (int i = 0; i < count; i++)
     failed += results[i].error && !results[i].no_device;
   upf_bench_results_free(results, count);
+  free(args);
   return failed ? 1 : 0;
 }

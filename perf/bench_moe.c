@@ -1,6 +1,6 @@
 /* Benchmarks of the Qwen3-Next MoE layer (backend->moe_ffn; H=2048, E=512, K=10, I=Is=512): CUDA in
- * bf16 at T = 8K and 32K for each expert-GEMM variant, every variant verified against the CPU
- * reference before it is timed; "moe.dense_equiv", one cuBLAS bf16 GEMM (T, H) x (H, N) with N the
+ * bf16 at T = 8K and 32K with the moe.ffn variant in effect (bench_upf --variant) and with each
+ * expert-GEMM variant by name, every variant verified against the CPU reference before it is timed; "moe.dense_equiv", one cuBLAS bf16 GEMM (T, H) x (H, N) with N the
  * layer's FLOPs / (2 T H) rounded up to 64, timed alone; and the CPU reference on a small layer.
  * Each layer case also times that dense GEMM itself in its steady state (upf_bench_steady_median) just
  * before the layer's loop, and compares: "vs_dense" = the layer's time (the repetition's mean, the
@@ -21,8 +21,9 @@
 #include "verify/moe_checks.h"
 #include "verify/moe_inputs.h"
 
+#include "uniprefill/variant.h"
+
 #ifdef UPF_HAVE_CUDA
-#include "cuda/moe.cuh"
 #include "cuda/perf_support.cuh"
 #endif
 
@@ -39,22 +40,22 @@ typedef struct {
   const char *name;
   int on_cuda;
   int dense;   /* the dense-GEMM ceiling rather than the layer */
-  int variant; /* upf_cuda_moe_gemm_variant */
+  const char *variant; /* the moe.ffn variant it times (variants.def); NULL: the one in effect */
   int64_t T;
 } moe_bench_case;
 
 static moe_bench_case cases[] = {
-    {"moe.dense_equiv/cuda/bf16", 1, 1, 0, 8192},
-    {"moe.dense_equiv/cuda/bf16", 1, 1, 0, 32768},
-    {"moe.ffn/cuda/bf16", 1, 0, 0, 8192},
-    {"moe.ffn/cuda/bf16", 1, 0, 0, 32768},
-    {"moe.ffn/cuda/bf16/grouped", 1, 0, 1, 8192},
-    {"moe.ffn/cuda/bf16/grouped", 1, 0, 1, 32768},
-    {"moe.ffn/cuda/bf16/padded", 1, 0, 2, 8192},
-    {"moe.ffn/cuda/bf16/padded", 1, 0, 2, 32768},
-    {"moe.ffn/cuda/bf16/bucketed", 1, 0, 4, 8192},
-    {"moe.ffn/cuda/bf16/bucketed", 1, 0, 4, 32768},
-    {"moe.ffn/cpu/bf16/small", 0, 0, 0, 256},
+    {"moe.dense_equiv/cuda/bf16", 1, 1, NULL, 8192},
+    {"moe.dense_equiv/cuda/bf16", 1, 1, NULL, 32768},
+    {"moe.ffn/cuda/bf16", 1, 0, NULL, 8192},
+    {"moe.ffn/cuda/bf16", 1, 0, NULL, 32768},
+    {"moe.ffn/cuda/bf16/grouped", 1, 0, "grouped", 8192},
+    {"moe.ffn/cuda/bf16/grouped", 1, 0, "grouped", 32768},
+    {"moe.ffn/cuda/bf16/padded", 1, 0, "padded", 8192},
+    {"moe.ffn/cuda/bf16/padded", 1, 0, "padded", 32768},
+    {"moe.ffn/cuda/bf16/bucketed", 1, 0, "bucketed", 8192},
+    {"moe.ffn/cuda/bf16/bucketed", 1, 0, "bucketed", 32768},
+    {"moe.ffn/cpu/bf16/small", 0, 0, NULL, 256},
 };
 #define NUM_CASES ((int)(sizeof cases / sizeof cases[0]))
 
@@ -101,8 +102,8 @@ static struct {
   upf_moe_device_problem dev_experts, dev_data;
   void *dense_c;          /* (MOE_MAX_T, dense_n) bf16 */
   int64_t dense_n;
-  int verified[UPF_CUDA_MOE_GEMM_COUNT]; /* per variant: 0 not yet, 1 passed, -1 failed */
-  char verify_message[UPF_CUDA_MOE_GEMM_COUNT][512];
+  int verified[UPF_VARIANT_COUNT]; /* per moe.ffn variant: 0 not yet, 1 passed, -1 failed */
+  char verify_message[UPF_VARIANT_COUNT][512];
 } q;
 
 static void qwen_release(void *ctx) {
@@ -155,9 +156,10 @@ static upf_tensor x_view(int64_t T) {
   return x;
 }
 
-/* Verify before timing: MOE_VERIFY_T tokens through moe_ffn with `variant` against the CPU
- * reference: routing under the marginal rule, outputs of agreeing tokens within the bf16 tolerances. */
-static int verify_variant(int variant, char *why, size_t cap) {
+/* Verify before timing: MOE_VERIFY_T tokens through moe_ffn with `variant` (the one in effect) against
+ * the CPU reference: routing under the marginal rule, outputs of agreeing tokens within the bf16
+ * tolerances. */
+static int verify_variant(upf_variant variant, char *why, size_t cap) {
   if (q.verified[variant]) {
     snprintf(why, cap, "%s", q.verify_message[variant]);
     return q.verified[variant] == 1;
@@ -191,9 +193,7 @@ static int verify_variant(int variant, char *why, size_t cap) {
     upf_tensor out, x = x_view(T);
     upf_tensor_init(&out, d_out, UPF_DTYPE_BF16, 2, shape);
     upf_moe_routing rt = {d_index, NULL, NULL};
-    upf_cuda_moe_set_gemm_variant((upf_cuda_moe_gemm_variant)variant);
     st = be->moe_ffn(&q.cfg, &x, &q.dev_data.w, &out, &rt);
-    upf_cuda_moe_set_gemm_variant(UPF_CUDA_MOE_GEMM_AUTO);
   }
   if (st == UPF_OK)
     st = be->download(raw, d_out, (size_t)(T * H) * 2);
@@ -233,8 +233,7 @@ static int verify_variant(int variant, char *why, size_t cap) {
 /* The dense GEMM of the layer's FLOPs (x times the first dense_n rows of the experts' gate_up, random
  * bf16, not zeros), enqueued on the backend stream. */
 static upf_status dense_gemm(int64_t T) {
-  return upf_cuda_moe_dense_gemm(T, q.dense_n, q.cfg.hidden, q.dev_data.x.data, q.dev_experts.w.gate_up,
-                                 q.dense_c);
+  return upf_cuda_gemm_bf16_nt(T, q.dense_n, q.cfg.hidden, q.dev_data.x.data, q.dev_experts.w.gate_up, q.dense_c);
 }
 
 /* One layer call on the backend stream: out = moe_ffn(x). */
@@ -279,6 +278,8 @@ static void bench_dense_cuda(upf_bench_state *st, moe_bench_case *c) {
   upf_bench_set_counter(st, "N", (double)q.dense_n, UPF_BENCH_COUNTER_VALUE);
 }
 
+static void bench_layer_cuda(upf_bench_state *st, const moe_bench_case *c, upf_variant variant);
+
 static void bench_moe_cuda(upf_bench_state *st, void *ctx) {
   moe_bench_case *c = ctx;
   const upf_backend *be = upf_backend_cuda();
@@ -294,8 +295,28 @@ static void bench_moe_cuda(upf_bench_state *st, void *ctx) {
     bench_dense_cuda(st, c);
     return;
   }
+  /* The case's variant for its runs, then the one in effect before (a --variant choice, UPF_VARIANT
+   * or the default) again. */
+  upf_variant before, variant;
+  if (upf_variant_current(UPF_OP_MOE_FFN, &before) != UPF_OK) {
+    upf_bench_skip_with_error(st, "%s", upf_last_error());
+    return;
+  }
+  variant = c->variant ? upf_variant_by_name(UPF_OP_MOE_FFN, c->variant) : before;
+  if (variant == UPF_VARIANT_COUNT) {
+    upf_bench_skip_with_error(st, "moe.ffn has no variant '%s'", c->variant);
+    return;
+  }
+  upf_variant_select(variant);
+  bench_layer_cuda(st, c, variant);
+  upf_variant_select(before);
+}
+
+/* The layer with `variant` in effect: verified, then timed against the equal-FLOP dense GEMM. */
+static void bench_layer_cuda(upf_bench_state *st, const moe_bench_case *c, upf_variant variant) {
+  const upf_backend *be = upf_backend_cuda();
   char why[512];
-  if (!verify_variant(c->variant, why, sizeof why)) {
+  if (!verify_variant(variant, why, sizeof why)) {
     upf_bench_skip_with_error(st, "not timed, verification against the CPU reference failed: %s", why);
     return;
   }
@@ -308,7 +329,6 @@ static void bench_moe_cuda(upf_bench_state *st, void *ctx) {
   int64_t shape[2] = {T, H};
   layer_call lc = {be, x_view(T), {0}};
   upf_tensor_init(&lc.out, d_out, UPF_DTYPE_BF16, 2, shape);
-  upf_cuda_moe_set_gemm_variant((upf_cuda_moe_gemm_variant)c->variant);
   /* The equal-FLOP dense GEMM in its own steady state, just before the layer's loop in its own: the
    * issue's comparison. */
   double dense_s = 0.0;
@@ -322,19 +342,6 @@ static void bench_moe_cuda(upf_bench_state *st, void *ctx) {
   double inter_layer_s = 0.0, inter_dense_s = 0.0;
   if (s == UPF_OK)
     s = interleaved_times(timer, &lc, T, &inter_layer_s, &inter_dense_s);
-  /* One profiled call for the phase split (not part of the timing). */
-  float phase[UPF_CUDA_MOE_PHASES];
-  int have_phases = 0;
-  if (s == UPF_OK) {
-    upf_cuda_moe_profile(1);
-    s = run_layer(&lc);
-    if (s == UPF_OK)
-      s = be->synchronize();
-    have_phases = s == UPF_OK && upf_cuda_moe_profile_read(phase);
-    upf_cuda_moe_profile(0);
-  }
-  upf_cuda_moe_gemm_variant ran = upf_cuda_moe_last_gemm_variant();
-  upf_cuda_moe_set_gemm_variant(UPF_CUDA_MOE_GEMM_AUTO);
   upf_cuda_timer_destroy(timer);
   be->release(d_out);
   if (s != UPF_OK) {
@@ -364,14 +371,8 @@ static void bench_moe_cuda(upf_bench_state *st, void *ctx) {
     upf_bench_set_counter(st, "traffic_share", traffic / layer_s / copy_bw, UPF_BENCH_COUNTER_VALUE);
     upf_bench_set_counter(st, "floor_vs_dense", traffic / copy_bw / dense_s, UPF_BENCH_COUNTER_VALUE);
   }
-  if (have_phases)
-    for (int i = 0; i < UPF_CUDA_MOE_PHASES; i++) {
-      char name[48];
-      snprintf(name, sizeof name, "ms_%s", upf_cuda_moe_phase_name(i));
-      upf_bench_set_counter(st, name, phase[i], UPF_BENCH_COUNTER_VALUE);
-    }
   char label[64];
-  snprintf(label, sizeof label, "gemm=%s", upf_cuda_moe_gemm_variant_name(ran));
+  snprintf(label, sizeof label, "gemm=%s", upf_variant_name(variant));
   upf_bench_set_label(st, label);
 }
 #endif /* UPF_HAVE_CUDA */

@@ -19,7 +19,7 @@ double ref_act(upf_act act, double x) {
   return x / (1.0 + exp(-x));
 }
 
-upf_status cpu_gated_act(const upf_tensor *gate_up, upf_act act, const upf_tensor *h) {
+upf_status cpu_ffn_act_mul(const upf_tensor *gate_up, upf_act act, const upf_tensor *h) {
   UPF_TRY(upf_gated_act_check(gate_up, act, h));
   int64_t T = h->shape[0], I_ = h->shape[1];
   for (int64_t t = 0; t < T; t++) {

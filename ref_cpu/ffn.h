@@ -17,7 +17,7 @@ extern "C" {
 double ref_act(upf_act act, double x);
 
 /* Backend entries (host pointers): see backend.h. */
-upf_status cpu_gated_act(const upf_tensor *gate_up, upf_act act, const upf_tensor *h);
+upf_status cpu_ffn_act_mul(const upf_tensor *gate_up, upf_act act, const upf_tensor *h);
 upf_status cpu_ffn_gated(const upf_tensor *x, const upf_tensor *w_gate_up, const upf_tensor *w_down, upf_act act,
                          const upf_tensor *y);
 

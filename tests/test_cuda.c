@@ -27,7 +27,7 @@ static void verify_op(upf_op op) {
   CU_ASSERT(ctx.passed > 0);
 }
 
-#define UPF_OP(id, name, summary) \
+#define UPF_OP(id, name, summary, ...) \
   static void test_cuda_verify_##id(void) { verify_op(UPF_OP_##id); }
 #include "uniprefill/ops.def"
 #undef UPF_OP
@@ -35,7 +35,7 @@ static void verify_op(upf_op op) {
 void upf_register_cuda_tests(void) {
   CU_pSuite suite = CU_add_suite("cuda backend", NULL, NULL);
   upf_test_add_gpu(suite, "cuda golden cases", test_cuda_goldens);
-#define UPF_OP(id, name, summary) upf_test_add_gpu(suite, "cuda verify " name, test_cuda_verify_##id);
+#define UPF_OP(id, name, summary, ...) upf_test_add_gpu(suite, "cuda verify " name, test_cuda_verify_##id);
 #include "uniprefill/ops.def"
 #undef UPF_OP
 }

@@ -18,7 +18,7 @@
 #include "tests/test_util.h"
 #include "uniprefill/bf16.h"
 #include "uniprefill/model_config.h"
-#include "verify/dense_checks.h"
+#include "verify/harness.h"
 #include "verify/verify.h"
 
 /* A host tensor over a caller's array. */
@@ -87,14 +87,14 @@ static void test_activations_by_hand(void) {
   float gu[8] = {1, -1, 2, 3, 0, 2, 5, 7}, h[4];
   const int64_t s24[2] = {2, 4}, s22[2] = {2, 2};
   upf_tensor tgu = view_of(gu, UPF_DTYPE_F32, 2, s24), th = view_of(h, UPF_DTYPE_F32, 2, s22);
-  CU_ASSERT_EQUAL_FATAL(cpu_gated_act(&tgu, UPF_ACT_SILU, &th), UPF_OK);
+  CU_ASSERT_EQUAL_FATAL(cpu_ffn_act_mul(&tgu, UPF_ACT_SILU, &th), UPF_OK);
   CU_ASSERT_DOUBLE_EQUAL(h[0], 2.0 / (1.0 + exp(-1.0)), 1e-6);
   CU_ASSERT_DOUBLE_EQUAL(h[1], -3.0 / (1.0 + exp(1.0)), 1e-6);
   CU_ASSERT_DOUBLE_EQUAL(h[2], 0.0, 0.0);
   CU_ASSERT_DOUBLE_EQUAL(h[3], 14.0 / (1.0 + exp(-2.0)), 1e-5);
-  CU_ASSERT_EQUAL(cpu_gated_act(&tgu, UPF_ACT_COUNT, &th), UPF_ERR_INVALID_ARG);
+  CU_ASSERT_EQUAL(cpu_ffn_act_mul(&tgu, UPF_ACT_COUNT, &th), UPF_ERR_INVALID_ARG);
   upf_tensor odd = view_of(gu, UPF_DTYPE_F32, 2, (int64_t[2]){1, 7});
-  CU_ASSERT_EQUAL(cpu_gated_act(&odd, UPF_ACT_SILU, &th), UPF_ERR_SHAPE);
+  CU_ASSERT_EQUAL(cpu_ffn_act_mul(&odd, UPF_ACT_SILU, &th), UPF_ERR_SHAPE);
 }
 
 static void test_ffn_by_hand(void) {

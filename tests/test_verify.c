@@ -3,6 +3,8 @@
  * verify run (golden cases, invariants, stage chain against the double pipeline). */
 #include <CUnit/CUnit.h>
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "tests/test_util.h"
@@ -79,10 +81,48 @@ static void test_cpu_verify_run(void) {
   CU_ASSERT(ctx.passed > 20);
 }
 
+/* On a backend under test, an op with variants runs once per variant, each line naming it, and the
+ * selection is put back afterwards; with variant_in_effect_only, once, unnamed. */
+static void test_verify_iterates_variants(void) {
+  const upf_op op = UPF_OP_MOE_FFN;
+  const int n = upf_variant_count(op);
+  CU_ASSERT_FATAL(n >= 2);
+  char *text = NULL;
+  size_t len = 0;
+  FILE *log = open_memstream(&text, &len);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(log);
+  upf_verify_ctx ctx = {.backend = upf_test_cpu_twin(), .log = log, .quick = 1};
+  upf_variant_select(upf_variant_of(op, 1));
+  upf_verify_run(&ctx, upf_op_name(op));
+  fclose(log);
+  CU_ASSERT_EQUAL(ctx.failed, 0);
+  CU_ASSERT_PTR_NULL(ctx.kernel_variant);
+  const int per_variant = ctx.passed / n;
+  CU_ASSERT(per_variant > 5 && ctx.passed == per_variant * n);
+  for (int i = 0; i < n; i++) {
+    char want[64];
+    snprintf(want, sizeof want, " %s/", upf_variant_name(upf_variant_of(op, i)));
+    int lines = 0;
+    for (const char *at = text; (at = strstr(at, want)) != NULL; at++)
+      lines++;
+    CU_ASSERT_EQUAL(lines, per_variant);
+  }
+  free(text);
+  upf_variant current;
+  CU_ASSERT_EQUAL(upf_variant_current(op, &current), UPF_OK);
+  CU_ASSERT_EQUAL(current, upf_variant_of(op, 0)); /* reset after the run */
+
+  upf_verify_ctx once = {.backend = upf_test_cpu_twin(), .log = NULL, .quick = 1, .variant_in_effect_only = 1};
+  upf_verify_run(&once, upf_op_name(op));
+  CU_ASSERT_EQUAL(once.failed, 0);
+  CU_ASSERT_EQUAL(once.passed, per_variant);
+}
+
 void upf_register_verify_tests(void) {
   CU_pSuite suite = CU_add_suite("verify harness", NULL, NULL);
   CU_add_test(suite, "compare catches NaN, Inf and budget overruns", test_compare_catches_errors);
   CU_add_test(suite, "guard bytes catch an overrun", test_guard_bytes_catch_overrun);
   CU_add_test(suite, "decision compare applies the marginal rule", test_decision_compare_marginal_rule);
   CU_add_test(suite, "cpu reference passes verify (quick)", test_cpu_verify_run);
+  CU_add_test(suite, "verify runs each variant of an op, named", test_verify_iterates_variants);
 }

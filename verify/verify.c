@@ -4,38 +4,20 @@
 #include <string.h>
 
 static const upf_verify_fn verify_fns[UPF_OP_COUNT] = {
-    [UPF_OP_SELECT_PART_GEMM] = upf_verify_select_part_gemm,
-    [UPF_OP_SELECT_BLOCK_SOFTMAX] = upf_verify_select_block_softmax,
-    [UPF_OP_SELECT_BLOCK_REDUCE] = upf_verify_select_block_reduce,
-    [UPF_OP_SELECT_TOPP] = upf_verify_select_topp,
-    [UPF_OP_SELECT_EXPAND] = upf_verify_select_expand,
-    [UPF_OP_SELECT_PIPELINE] = upf_verify_select_pipeline,
-    [UPF_OP_COMPACT_ROWS] = upf_verify_compact_rows,
-    [UPF_OP_GEMM] = upf_verify_gemm,
-    [UPF_OP_FFN_ACT_MUL] = upf_verify_ffn_act_mul,
-    [UPF_OP_FFN_GATED] = upf_verify_ffn_gated,
-    [UPF_OP_RMSNORM] = upf_verify_rmsnorm,
-    [UPF_OP_RMSNORM_ADD] = upf_verify_rmsnorm_add,
-    [UPF_OP_QK_NORM] = upf_verify_qk_norm,
-    [UPF_OP_ROPE] = upf_verify_rope,
-    [UPF_OP_GATED_OUTPUT] = upf_verify_gated_output,
-    [UPF_OP_EMBED] = upf_verify_embed,
-    [UPF_OP_LOGITS_LAST] = upf_verify_logits_last,
-    [UPF_OP_MOE_ROUTE] = upf_verify_moe_route,
-    [UPF_OP_MOE_PERMUTE] = upf_verify_moe_permute,
-    [UPF_OP_MOE_FFN] = upf_verify_moe_ffn,
-    [UPF_OP_GDN_CONV] = upf_verify_gdn_conv,
-    [UPF_OP_GDN_CONV_STEP] = upf_verify_gdn_conv_step,
-    [UPF_OP_GDN_SCAN] = upf_verify_gdn_scan,
-    [UPF_OP_GDN_GATED_NORM] = upf_verify_gdn_gated_norm,
-    [UPF_OP_ATTN_PREFILL] = upf_verify_attn_prefill,
-    [UPF_OP_ATTN_PAGED] = upf_verify_attn_paged,
-    [UPF_OP_KV_CACHE_WRITE] = upf_verify_kv_cache_write,
+#define UPF_OP(id, name, summary, entry, params) [UPF_OP_##id] = upf_verify_##entry,
+#include "uniprefill/ops.def"
+#undef UPF_OP
 };
 
 upf_verify_fn upf_verify_fn_for(upf_op op) { return (unsigned)op < UPF_OP_COUNT ? verify_fns[op] : NULL; }
 
 void upf_verify_record(upf_verify_ctx *ctx, const upf_check *check) {
+  upf_check named;
+  if (ctx->kernel_variant) {
+    named = *check;
+    snprintf(named.variant, sizeof named.variant, "%.16s/%.46s", ctx->kernel_variant, check->variant);
+    check = &named;
+  }
   if (check->passed)
     ctx->passed++;
   else
@@ -78,19 +60,21 @@ void upf_verify_expect_status(upf_verify_ctx *ctx, const char *op, const char *w
 int upf_verify_run(upf_verify_ctx *ctx, const char *filter) {
   int all = !filter || !strcmp(filter, "all");
   for (int op = 0; op < UPF_OP_COUNT; op++) {
-    const char *name = upf_op_name((upf_op)op);
-    if (!all && strncmp(name, filter, strlen(filter)) != 0)
+    if (!all && strncmp(upf_op_name((upf_op)op), filter, strlen(filter)) != 0)
       continue;
-    if (!verify_fns[op]) {
-      /* An op without verify cases is a defect, not a pass. */
-      upf_check missing = {.passed = 0};
-      snprintf(missing.op, sizeof missing.op, "%s", name);
-      snprintf(missing.variant, sizeof missing.variant, "registry");
-      snprintf(missing.detail, sizeof missing.detail, "no verify entry registered for this op");
-      upf_verify_record(ctx, &missing);
+    const int variants = ctx->variant_in_effect_only || upf_verify_on_reference(ctx) ? 0 : upf_variant_count((upf_op)op);
+    if (variants == 0) {
+      verify_fns[op](ctx);
       continue;
     }
-    verify_fns[op](ctx);
+    for (int i = 0; i < variants; i++) {
+      const upf_variant v = upf_variant_of((upf_op)op, i);
+      upf_variant_select(v);
+      ctx->kernel_variant = upf_variant_name(v);
+      verify_fns[op](ctx);
+      ctx->kernel_variant = NULL;
+      upf_variant_reset((upf_op)op);
+    }
   }
   return ctx->failed;
 }

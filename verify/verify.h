@@ -10,6 +10,7 @@
 
 #include "uniprefill/backend.h"
 #include "uniprefill/ops.h"
+#include "uniprefill/variant.h"
 #include "verify/compare.h"
 
 #ifdef __cplusplus
@@ -20,6 +21,12 @@ typedef struct {
   const upf_backend *backend; /* under test */
   FILE *log;                  /* one line per check */
   int quick;                  /* smaller shape set (valgrind, CI) */
+  /* 0: upf_verify_run runs an op's checks once per kernel variant (uniprefill/variant.h) on a backend
+   * under test; 1: once, with the variant in effect (upf_variant_select, UPF_VARIANT or the default). */
+  int variant_in_effect_only;
+  /* Set by upf_verify_run while it iterates an op's variants: the variant whose checks run, named at
+   * the head of each line's variant column ("fa2/causal ..."). NULL otherwise. */
+  const char *kernel_variant;
   int passed, failed;
 } upf_verify_ctx;
 
@@ -48,42 +55,17 @@ typedef void (*upf_verify_fn)(upf_verify_ctx *ctx);
 /* The registry, indexed by op (see verify/verify.c). */
 upf_verify_fn upf_verify_fn_for(upf_op op);
 
-/* Runs the ops whose name starts with `filter` ("select", "all" or NULL for every op). Returns the
- * number of failed checks. */
+/* Runs the ops whose name starts with `filter` ("select", "all" or NULL for every op). On a backend
+ * under test, an op with kernel variants runs once per variant (selected before, reset after) unless
+ * ctx->variant_in_effect_only; on the reference there is one kernel. Returns the number of failed
+ * checks. */
 int upf_verify_run(upf_verify_ctx *ctx, const char *filter);
 
-/* Op entries (verify/verify_select.c). */
-void upf_verify_select_part_gemm(upf_verify_ctx *ctx);
-void upf_verify_select_block_softmax(upf_verify_ctx *ctx);
-void upf_verify_select_block_reduce(upf_verify_ctx *ctx);
-void upf_verify_select_topp(upf_verify_ctx *ctx);
-void upf_verify_select_expand(upf_verify_ctx *ctx);
-void upf_verify_select_pipeline(upf_verify_ctx *ctx);
-void upf_verify_compact_rows(upf_verify_ctx *ctx);
-/* Op entries of the dense sub-layers (verify/verify_dense.c). */
-void upf_verify_gemm(upf_verify_ctx *ctx);
-void upf_verify_ffn_act_mul(upf_verify_ctx *ctx);
-void upf_verify_ffn_gated(upf_verify_ctx *ctx);
-void upf_verify_rmsnorm(upf_verify_ctx *ctx);
-void upf_verify_rmsnorm_add(upf_verify_ctx *ctx);
-void upf_verify_qk_norm(upf_verify_ctx *ctx);
-void upf_verify_rope(upf_verify_ctx *ctx);
-void upf_verify_gated_output(upf_verify_ctx *ctx);
-void upf_verify_embed(upf_verify_ctx *ctx);
-void upf_verify_logits_last(upf_verify_ctx *ctx);
-/* Op entries of the MoE FFN (verify/verify_moe.c). */
-void upf_verify_moe_route(upf_verify_ctx *ctx);
-void upf_verify_moe_permute(upf_verify_ctx *ctx);
-void upf_verify_moe_ffn(upf_verify_ctx *ctx);
-/* Op entries of the Gated DeltaNet (verify/verify_gdn.c). */
-void upf_verify_gdn_conv(upf_verify_ctx *ctx);
-void upf_verify_gdn_conv_step(upf_verify_ctx *ctx);
-void upf_verify_gdn_scan(upf_verify_ctx *ctx);
-void upf_verify_gdn_gated_norm(upf_verify_ctx *ctx);
-/* Op entries of the attention layers (verify/verify_attn.c). */
-void upf_verify_attn_prefill(upf_verify_ctx *ctx);
-void upf_verify_attn_paged(upf_verify_ctx *ctx);
-void upf_verify_kv_cache_write(upf_verify_ctx *ctx);
+/* Op entries: upf_verify_<entry> for each op of ops.def (entry: its backend-table entry), in the
+ * verify_<family>.c files. */
+#define UPF_OP(id, name, summary, entry, params) void upf_verify_##entry(upf_verify_ctx *ctx);
+#include "uniprefill/ops.def"
+#undef UPF_OP
 
 #ifdef __cplusplus
 }

@@ -11,7 +11,7 @@
 
 #include "ref_cpu/attn.h"
 #include "uniprefill/bf16.h"
-#include "verify/dense_checks.h"
+#include "verify/harness.h"
 #include "verify/verify.h"
 
 enum { AC_QUICK = 1 }; /* in the quick set (valgrind, CI, the GPU test suite) */

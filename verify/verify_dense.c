@@ -5,7 +5,7 @@
  * against gather/norm/GEMM). For a backend under test: seeded cases over ragged token counts
  * (1, 17, 577, 4096, 32K), f32 and bf16, model shapes (Llama-3.1-8B, Gemma-3-12B, Qwen3-Next) and
  * odd ones, strided views into fused buffers, positions with gaps, compared with the CPU reference
- * through the dense harness (verify/dense_checks.h). */
+ * through the dense harness (verify/harness.h). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,7 +18,7 @@
 #include "ref_cpu/rope.h"
 #include "uniprefill/bf16.h"
 #include "uniprefill/model_config.h"
-#include "verify/dense_checks.h"
+#include "verify/harness.h"
 #include "verify/verify.h"
 
 enum { DC_QUICK = 1 }; /* in the quick set (valgrind, CI, the GPU test suite) */
@@ -756,7 +756,7 @@ static void ffn_chain_invariant(upf_verify_ctx *ctx, upf_dtype dt) {
   if (st == UPF_OK)
     st = cpu_gemm(&x, &wgu, &gu);
   if (st == UPF_OK)
-    st = cpu_gated_act(&gu, UPF_ACT_SILU, &h);
+    st = cpu_ffn_act_mul(&gu, UPF_ACT_SILU, &h);
   if (st == UPF_OK)
     st = cpu_gemm(&h, &wd, &y2);
   if (st == UPF_OK) {

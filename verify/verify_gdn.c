@@ -15,7 +15,7 @@
 #include "ref_cpu/gdn.h"
 #include "uniprefill/bf16.h"
 #include "uniprefill/model_config.h"
-#include "verify/dense_checks.h"
+#include "verify/harness.h"
 #include "verify/verify.h"
 
 enum { GC_QUICK = 1 }; /* in the quick set (valgrind, CI, the GPU test suite) */

@@ -652,7 +652,7 @@ static void pipeline_errors(upf_verify_ctx *ctx) {
   case_release(ctx->backend, &cr);
 }
 
-void upf_verify_select_pipeline(upf_verify_ctx *ctx) {
+void upf_verify_select_run(upf_verify_ctx *ctx) {
   const char *op = upf_op_name(UPF_OP_SELECT_PIPELINE);
   static const upf_golden goldens[] = {UPF_GOLDEN_PIPELINE};
   run_goldens(ctx, op, goldens, 1);

@@ -7,7 +7,7 @@ extern "C" {
 #endif
 
 typedef enum {
-#define UPF_OP(id, name, summary) UPF_OP_##id,
+#define UPF_OP(id, name, summary, ...) UPF_OP_##id,
 #include "uniprefill/ops.def"
 #undef UPF_OP
   UPF_OP_COUNT

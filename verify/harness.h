@@ -1,12 +1,12 @@
-/* Verification support of the dense ops (GEMM, FFN, norms, RoPE, gated output, embedding, logits):
- * the long-reduction rule of SPEC section 7, and a harness that runs one op on the CPU reference and
- * on a backend under test from the same seeded inputs and compares them. Inputs and outputs live in
+/* The verify harness every op family uses: the long-reduction rule of SPEC section 7, and a runner
+ * that runs one op on the CPU reference and on a backend under test from the same seeded inputs and
+ * compares them. Inputs and outputs live in
  * "parent" buffers that the op sees through views (a q view inside a fused qkv buffer, a gate inside
  * a q_proj output), so the harness also checks that every parent element outside the compared
  * regions comes back bit-for-bit untouched, besides NaN/Inf, NMSE, the scaled max error and the
  * guard bytes after every buffer. */
-#ifndef UNIPREFILL_VERIFY_DENSE_CHECKS_H
-#define UNIPREFILL_VERIFY_DENSE_CHECKS_H
+#ifndef UNIPREFILL_VERIFY_HARNESS_H
+#define UNIPREFILL_VERIFY_HARNESS_H
 
 #include <stdint.h>
 
