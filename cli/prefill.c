@@ -19,10 +19,6 @@ const char upf_cli_models_usage[] =
     "usage: upf models\n"
     "  Lists every built-in model: its layer pattern (attention kind, FFN kind) and drop layers.\n";
 
-static const char *mixer_name(upf_mixer_kind k) {
-  return k == UPF_MIXER_FULL ? "full" : k == UPF_MIXER_SLIDING ? "sliding" : "gdn";
-}
-
 int upf_cli_models(int argc, char **argv) {
   upf_arg_parser p = {"upf models", upf_cli_models_usage, NULL, 0, NULL, 0, 0};
   const upf_args_result r = upf_args_parse(&p, argc, argv);
