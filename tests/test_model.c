@@ -139,6 +139,126 @@ static void test_batch_invariance(void) {
     }
 }
 
+/* Top-k keep ratio R: in each scored request, ceil(R * blocks) blocks are kept, plus the sink and the
+ * last L tokens; the blocks seen kept outside those are whole, and number between K minus the blocks
+ * that lie wholly inside sink and last L, and K. */
+static void test_keep_ratio(void) {
+  const upf_model_config *cfg = upf_model_config_by_name("llama-tiny");
+  const float ratios[] = {0.5f, 0.3f, 0.2f};
+  for (int ri = 0; ri < 3; ri++) {
+    upf_prefill_options o = options(cfg, UPF_PREFILL_UNIPREFILL);
+    o.select.keep_ratio = ratios[ri];
+    upf_prefill_result res;
+    if (!run(cfg, UPF_DTYPE_F32, lengths, 4, &o, &res))
+      continue;
+    int32_t n_req[4] = {lengths[0], lengths[1], lengths[2], lengths[3]};
+    const int32_t G = o.select.block, sink = o.select.sink, L = o.select.last_q;
+    for (int k = 0; k < res.num_drops; k++) {
+      const upf_drop_record *d = &res.drops[k];
+      int64_t start = 0;
+      for (int r = 0; r < 4; r++) {
+        const int64_t n = n_req[r];
+        if (upf_select_is_scored(n, &o.select)) {
+          const int64_t nb = (n + G - 1) / G, K = (int64_t)ceil((double)ratios[ri] * (double)nb);
+          int64_t seen = 0, hidden_blocks = 0, union_count = 0;
+          for (int64_t c = 0; c < nb; c++) {
+            int outside = 0, any_outside_kept = 0, all_kept = 1;
+            for (int64_t j = c * G; j < (c + 1) * G && j < n; j++) {
+              const int special = j < sink || j >= n - L;
+              outside |= !special;
+              any_outside_kept |= !special && d->mask[start + j];
+              all_kept &= d->mask[start + j];
+            }
+            hidden_blocks += !outside;
+            if (any_outside_kept) {
+              seen++;
+              CU_ASSERT(all_kept);
+            }
+          }
+          for (int64_t j = 0; j < n; j++)
+            union_count += d->mask[start + j];
+          CU_ASSERT(seen <= K && seen >= K - hidden_blocks);
+          CU_ASSERT_EQUAL(union_count, d->kept_per_req[r]);
+        } else {
+          CU_ASSERT_EQUAL(d->kept_per_req[r], n);
+        }
+        start += n;
+        n_req[r] = d->kept_per_req[r];
+      }
+    }
+    upf_prefill_result_free(&res);
+  }
+}
+
+/* The drop step on a replayed mask: positions and origins follow their tokens, cu_seqlens is rebuilt,
+ * and a mask that drops a request's last token, or a token of a short request, is refused. */
+static void test_drop_step_positions(void) {
+  const upf_model_config *cfg = upf_model_config_by_name("llama-tiny");
+  upf_model m = {.cfg = cfg, .be = upf_backend_cpu(), .dtype = UPF_DTYPE_F32};
+  enum { T = 60 };
+  const int32_t cu[3] = {0, 50, 60}; /* one scored request (50 > sink + L = 32), one short */
+  static float residual[T * 128], hidden[T * 128], out[T * 128], spare[T * 128];
+  int32_t pos[T], origin[T], spare_i32[T], kept_index[T], cu_dev[3], cu_host[3];
+  uint8_t mask[T];
+  for (int t = 0; t < T; t++) {
+    pos[t] = t < 50 ? t : t - 50, origin[t] = t;
+    for (int h = 0; h < 128; h++)
+      residual[t * 128 + h] = (float)t, hidden[t * 128 + h] = (float)(-t);
+    mask[t] = t < 50 ? (t % 3 != 1 || t == 49) : 1;
+  }
+  memcpy(cu_dev, cu, sizeof cu), memcpy(cu_host, cu, sizeof cu);
+  upf_tokens tok = {T, T, 2, residual, hidden, pos, origin, cu_dev, cu_host};
+  upf_layer_scratch s = {.out = out, .spare = spare, .spare_i32 = spare_i32, .kept_index = kept_index};
+  upf_drop_record rec = {0};
+  CU_ASSERT_EQUAL_FATAL(upf_layer_drop(&m, &cfg->select, NULL, mask, T, &tok, &s, &rec), UPF_OK);
+  int64_t kept = 0;
+  for (int t = 0; t < T; t++)
+    if (mask[t]) {
+      CU_ASSERT_EQUAL(tok.positions[kept], t < 50 ? t : t - 50);
+      CU_ASSERT_EQUAL(tok.origin[kept], t);
+      CU_ASSERT_EQUAL(((float *)tok.residual)[kept * 128 + 5], (float)t);
+      CU_ASSERT_EQUAL(((float *)tok.hidden)[kept * 128 + 127], (float)(-t));
+      kept++;
+    }
+  CU_ASSERT_EQUAL(tok.num_tokens, kept);
+  CU_ASSERT_EQUAL(rec.tokens_kept, kept);
+  CU_ASSERT_EQUAL(tok.cu_seqlens_host[1], kept - 10);
+  CU_ASSERT_EQUAL(tok.cu_seqlens_host[2], kept);
+  CU_ASSERT_EQUAL(tok.cu_seqlens[2], kept);
+  CU_ASSERT_EQUAL(rec.kept_per_req[1], 10);
+  free(rec.mask), free(rec.kept_per_req);
+  /* refused: the last token of request 0 (now at kept - 11), then a token of the short request */
+  uint8_t bad[T];
+  memset(bad, 1, sizeof bad);
+  bad[tok.cu_seqlens_host[1] - 1] = 0;
+  CU_ASSERT_EQUAL(upf_layer_drop(&m, &cfg->select, NULL, bad, tok.num_tokens, &tok, &s, &rec), UPF_ERR_INVALID_ARG);
+  CU_ASSERT_PTR_NOT_NULL(strstr(upf_last_error(), "last token"));
+  memset(bad, 1, sizeof bad);
+  bad[tok.num_tokens - 3] = 0;
+  CU_ASSERT_EQUAL(upf_layer_drop(&m, &cfg->select, NULL, bad, tok.num_tokens, &tok, &s, &rec), UPF_ERR_INVALID_ARG);
+  CU_ASSERT_PTR_NOT_NULL(strstr(upf_last_error(), "not scored"));
+  CU_ASSERT_EQUAL(upf_layer_drop(&m, &cfg->select, NULL, bad, tok.num_tokens + 1, &tok, &s, &rec), UPF_ERR_SHAPE);
+}
+
+/* The model check of verify (upf verify model) on a backend: the CPU twin in CI, CUDA on a GPU. */
+static void model_verify_on(const upf_backend *be) {
+  upf_verify_ctx ctx = {.backend = be, .log = NULL, .quick = 1};
+  upf_verify_model(&ctx);
+  if (ctx.failed) {
+    ctx.log = stdout, ctx.passed = ctx.failed = 0;
+    printf("\n");
+    upf_verify_model(&ctx);
+  }
+  CU_ASSERT_EQUAL(ctx.failed, 0);
+  CU_ASSERT(ctx.passed >= 18); /* 3 configs x 2 dtypes x (dense, replay, select) */
+}
+static void test_model_verify_twin(void) {
+  if (upf_test_quick()) /* seconds natively, too long under Valgrind; the other model tests cover the path */
+    return;
+  model_verify_on(upf_test_cpu_twin());
+}
+static void test_model_verify_cuda(void) { model_verify_on(upf_backend_cuda()); }
+
 static void test_bad_input(void) {
   const upf_model_config *cfg = upf_model_config_by_name("llama-tiny");
   CU_ASSERT_PTR_NULL(upf_model_config_by_name("llama-huge"));
@@ -156,5 +276,9 @@ void upf_register_model_tests(void) {
   CU_add_test(suite, "uniprefill at p=1 equals dense bit for bit", test_p1_equals_dense);
   CU_add_test(suite, "drops: kept counts, chained drops, replay", test_drops_and_replay);
   CU_add_test(suite, "batch invariance", test_batch_invariance);
+  CU_add_test(suite, "top-k keep ratio", test_keep_ratio);
+  CU_add_test(suite, "drop step: positions, cu_seqlens, refused masks", test_drop_step_positions);
   CU_add_test(suite, "bad input", test_bad_input);
+  CU_add_test(suite, "model verify on the CPU twin", test_model_verify_twin);
+  upf_test_add_gpu(suite, "model verify on CUDA", test_model_verify_cuda);
 }

@@ -3,11 +3,34 @@
 
 #include <string.h>
 
+#include "verify/verify_model.h"
+
 static const upf_verify_fn verify_fns[UPF_OP_COUNT] = {
 #define UPF_OP(id, name, summary, entry, params) [UPF_OP_##id] = upf_verify_##entry,
 #include "uniprefill/ops.def"
 #undef UPF_OP
 };
+
+/* End-to-end checks built from many ops, run after the ops (only against a backend under test: the
+ * CPU reference's models are checked by the CUnit model suites). */
+static const struct {
+  const char *name;
+  upf_verify_fn fn;
+} verify_whole[] = {{"model.prefill", upf_verify_model}};
+
+static int filter_matches(const char *name, const char *filter) {
+  return !filter || !strcmp(filter, "all") || !strncmp(name, filter, strlen(filter));
+}
+
+int upf_verify_filter_known(const char *filter) {
+  for (int op = 0; op < UPF_OP_COUNT; op++)
+    if (filter_matches(upf_op_name((upf_op)op), filter))
+      return 1;
+  for (size_t i = 0; i < sizeof verify_whole / sizeof *verify_whole; i++)
+    if (filter_matches(verify_whole[i].name, filter))
+      return 1;
+  return 0;
+}
 
 upf_verify_fn upf_verify_fn_for(upf_op op) { return (unsigned)op < UPF_OP_COUNT ? verify_fns[op] : NULL; }
 
@@ -58,9 +81,8 @@ void upf_verify_expect_status(upf_verify_ctx *ctx, const char *op, const char *w
 }
 
 int upf_verify_run(upf_verify_ctx *ctx, const char *filter) {
-  int all = !filter || !strcmp(filter, "all");
   for (int op = 0; op < UPF_OP_COUNT; op++) {
-    if (!all && strncmp(upf_op_name((upf_op)op), filter, strlen(filter)) != 0)
+    if (!filter_matches(upf_op_name((upf_op)op), filter))
       continue;
     const int variants = ctx->variant_in_effect_only || upf_verify_on_reference(ctx) ? 0 : upf_variant_count((upf_op)op);
     if (variants == 0) {
@@ -76,5 +98,8 @@ int upf_verify_run(upf_verify_ctx *ctx, const char *filter) {
       upf_variant_reset((upf_op)op);
     }
   }
+  for (size_t i = 0; i < sizeof verify_whole / sizeof *verify_whole; i++)
+    if (filter_matches(verify_whole[i].name, filter) && !upf_verify_on_reference(ctx))
+      verify_whole[i].fn(ctx);
   return ctx->failed;
 }

@@ -55,7 +55,11 @@ typedef void (*upf_verify_fn)(upf_verify_ctx *ctx);
 /* The registry, indexed by op (see verify/verify.c). */
 upf_verify_fn upf_verify_fn_for(upf_op op);
 
-/* Runs the ops whose name starts with `filter` ("select", "all" or NULL for every op). On a backend
+/* Whether `filter` ("all", an op or check name, or a prefix of one) names anything to verify. */
+int upf_verify_filter_known(const char *filter);
+
+/* Runs the ops (then the end-to-end checks, model.prefill) whose name starts with `filter` ("select",
+ * "model", "all" or NULL for all). On a backend
  * under test, an op with kernel variants runs once per variant (selected before, reset after) unless
  * ctx->variant_in_effect_only; on the reference there is one kernel. Returns the number of failed
  * checks. */
