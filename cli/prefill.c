@@ -59,14 +59,60 @@ const char upf_cli_prefill_usage[] =
     "  model's), or --select topk --keep R: the ceil(R * blocks) best blocks of each request.\n"
     "  --dump-masks writes DIR/layer<l>.npy (|u1, one entry per token entering drop layer l, compacted\n"
     "  order); --replay-masks uses such masks instead of selecting. --layers A:B runs layers [A, B) only\n"
-    "  (a partial model: every output says so). --warmup/--iters repeat the run; times are medians.\n";
+    "  (a partial model: every output says so). --warmup/--iters repeat the run; times are medians.\n"
+    "  --ideal (uniprefill): also runs dense prefills at the token counts after each drop and reports\n"
+    "  the dense TTFT and the ideal: the sum of the dense per-layer times (attention block at the count\n"
+    "  entering the layer, FFN block at the count leaving its drop) at the kept counts.\n";
 
 typedef struct {
   const char *model, *lengths, *ids_path, *cu_path, *mode, *select, *dtype, *backend, *layers;
   const char *out_logits, *dump_dir, *replay_dir, *json;
-  int32_t seed, warmup, iters;
+  int32_t seed, warmup, iters, ideal;
   float p, keep;
 } prefill_args;
+
+/* What --ideal measured: the dense prefill of the same batch, and the sum over layers of the dense
+ * per-block times at the token counts the UniPrefill run had there. */
+typedef struct {
+  int measured;
+  double dense_s, ideal_s, select_s;
+} ideal_times;
+
+/* Dense prefills at each stage's per-request lengths (stage s: after s drops), one warm run each. */
+static upf_status measure_ideal(const upf_model *m, const int32_t *cu, int32_t B, const upf_prefill_result *uni,
+                                ideal_times *out) {
+  const int stages = uni->num_drops + 1;
+  upf_prefill_result *st_res = calloc((size_t)stages, sizeof *st_res);
+  int32_t *lens = malloc((size_t)B * sizeof *lens), *cu_s = malloc((size_t)(B + 1) * sizeof *cu_s);
+  int32_t *ids = malloc((size_t)(cu[B] > 0 ? cu[B] : 1) * sizeof *ids);
+  upf_status st = st_res && lens && cu_s && ids ? UPF_OK : upf_fail(UPF_ERR_NOMEM, "ideal: host arrays");
+  const upf_prefill_options dense = {.mode = UPF_PREFILL_DENSE, .select = m->cfg->select};
+  for (int s = 0; s < stages && st == UPF_OK; s++) {
+    cu_s[0] = 0;
+    for (int32_t r = 0; r < B; r++)
+      cu_s[r + 1] = cu_s[r] + (s == 0 ? cu[r + 1] - cu[r] : uni->drops[s - 1].kept_per_req[r]);
+    for (int32_t t = 0; t < cu_s[B]; t++)
+      ids[t] = (int32_t)(((uint32_t)t * 2654435761u) % (uint32_t)m->cfg->vocab);
+    st = upf_model_prefill(m, ids, cu_s, B, &dense, &st_res[s]);
+  }
+  if (st == UPF_OK) {
+    int before = 0, upto = 0; /* drops before layer l, and up to and including it */
+    double ideal = st_res[0].total_seconds;
+    for (int32_t l = m->layer_begin; l < m->layer_end; l++) {
+      while (upto < uni->num_drops && uni->drops[upto].layer <= l)
+        upto++;
+      ideal += st_res[before].mixer_seconds[l] + st_res[upto].ffn_seconds[l] - st_res[0].layer_seconds[l];
+      before = upto;
+    }
+    out->measured = 1, out->dense_s = st_res[0].total_seconds, out->ideal_s = ideal, out->select_s = 0;
+    for (int k = 0; k < uni->num_drops; k++)
+      out->select_s += uni->drops[k].select_seconds;
+  }
+  for (int s = 0; st_res && s < stages; s++)
+    upf_prefill_result_free(&st_res[s]);
+  free(st_res), free(lens), free(cu_s), free(ids);
+  return st;
+}
 
 /* "A:B" into [a, b); 0 on a malformed range. */
 static int parse_range(const char *s, int32_t n, int32_t *a, int32_t *b) {
@@ -132,7 +178,7 @@ static void print_plan(FILE *f, const upf_model *m, const upf_memory_plan *p, in
  * times, the memory plan, the commit and the command). */
 static upf_status write_json(const char *path, const prefill_args *a, const upf_model *m, const int32_t *cu, int32_t B,
                              const upf_prefill_result *res, const double *totals, int iters,
-                             const upf_memory_plan *plan, int argc, char **argv) {
+                             const upf_memory_plan *plan, const ideal_times *ideal, int argc, char **argv) {
   char tmp[4096];
   snprintf(tmp, sizeof tmp, "%s.tmp-%d", path, (int)getpid());
   FILE *f = fopen(tmp, "w");
@@ -174,6 +220,9 @@ static upf_status write_json(const char *path, const prefill_args *a, const upf_
   qsort((void *)totals, (size_t)iters, sizeof *totals, cmp_double);
   fprintf(f, "],\n  \"ttft_ms\": {\"median\": %.4f, \"min\": %.4f, \"max\": %.4f, \"iters\": %d},\n",
           totals[iters / 2] * 1e3, totals[0] * 1e3, totals[iters - 1] * 1e3, iters);
+  if (ideal->measured)
+    fprintf(f, "  \"dense_ms\": %.4f,\n  \"ideal_ms\": %.4f,\n  \"select_total_ms\": %.4f,\n  \"select_share\": %.5f,\n",
+            ideal->dense_s * 1e3, ideal->ideal_s * 1e3, ideal->select_s * 1e3, ideal->select_s / totals[iters / 2]);
   fprintf(f, "  \"memory_gib\": {\"weights\": %.4f, \"activations\": %.4f, \"selection\": %.4f, \"kv_dense\": %.4f},\n",
           plan->weights / (1 << 30), plan->activations / (1 << 30), plan->selection / (1 << 30),
           plan->kv_dense / (1 << 30));
@@ -288,7 +337,7 @@ int upf_cli_prefill(int argc, char **argv) {
       {"--layers", UPF_ARG_STRING, &a.layers},       {"--out-logits", UPF_ARG_STRING, &a.out_logits},
       {"--dump-masks", UPF_ARG_STRING, &a.dump_dir}, {"--replay-masks", UPF_ARG_STRING, &a.replay_dir},
       {"--json", UPF_ARG_STRING, &a.json},           {"--warmup", UPF_ARG_INT, &a.warmup, 0, 0, 1000},
-      {"--iters", UPF_ARG_INT, &a.iters, 0, 1, 1000},
+      {"--iters", UPF_ARG_INT, &a.iters, 0, 1, 1000},   {"--ideal", UPF_ARG_SWITCH, &a.ideal},
   };
   upf_arg_parser p = {"upf prefill", upf_cli_prefill_usage, args, (int)(sizeof args / sizeof *args), NULL, 0, 0};
   const upf_args_result pr = upf_args_parse(&p, argc, argv);
@@ -332,8 +381,10 @@ int upf_cli_prefill(int argc, char **argv) {
     fprintf(stderr, "upf prefill: --p %g: want a top-p mass in (0, 1], with --select topp\n", (double)a.p);
     return 2;
   }
-  if (opt.mode == UPF_PREFILL_DENSE && (upf_args_find(&p, "--p")->seen || topk || a.dump_dir || a.replay_dir)) {
-    fprintf(stderr, "upf prefill: --p, --select, --keep, --dump-masks and --replay-masks need --mode uniprefill\n");
+  if (opt.mode == UPF_PREFILL_DENSE &&
+      (upf_args_find(&p, "--p")->seen || topk || a.dump_dir || a.replay_dir || a.ideal)) {
+    fprintf(stderr, "upf prefill: --p, --select, --keep, --dump-masks, --replay-masks and --ideal need --mode "
+                    "uniprefill\n");
     return 2;
   }
   if (a.p > 0)
@@ -412,6 +463,7 @@ int upf_cli_prefill(int argc, char **argv) {
   if (isatty(2))
     opt.on_layer = progress, opt.user = &m;
   upf_prefill_result res = {0};
+  ideal_times ideal = {0};
   double *totals = calloc((size_t)a.iters, sizeof *totals);
   for (int it = 0; rc == 0 && it < a.warmup + a.iters; it++) {
     upf_prefill_result_free(&res);
@@ -432,6 +484,16 @@ int upf_cli_prefill(int argc, char **argv) {
     memcpy(sorted, totals, (size_t)a.iters * sizeof *sorted);
     qsort(sorted, (size_t)a.iters, sizeof *sorted, cmp_double);
     printf("  prefill %.3f ms (median of %d)\n", sorted[a.iters / 2] * 1e3, a.iters);
+    if (a.ideal) {
+      st = measure_ideal(&m, cu, B, &res, &ideal);
+      if (st != UPF_OK)
+        rc = upf_cli_error(st, "prefill: --ideal");
+      else
+        printf("  dense %.3f ms; ideal at the kept counts %.3f ms; UniPrefill = %.2fx faster than dense, %.3f of the "
+               "ideal; selection + compaction %.3f ms = %.2f%% of its TTFT\n",
+               ideal.dense_s * 1e3, ideal.ideal_s * 1e3, ideal.dense_s / sorted[a.iters / 2],
+               sorted[a.iters / 2] / ideal.ideal_s, ideal.select_s * 1e3, 100.0 * ideal.select_s / sorted[a.iters / 2]);
+    }
     free(sorted);
   }
   if (rc == 0 && a.out_logits) {
@@ -453,7 +515,7 @@ int upf_cli_prefill(int argc, char **argv) {
       rc = upf_cli_error(st, "prefill: --dump-masks");
   }
   if (rc == 0 && a.json) {
-    st = write_json(a.json, &a, &m, cu, B, &res, totals, a.iters, &plan, argc, argv);
+    st = write_json(a.json, &a, &m, cu, B, &res, totals, a.iters, &plan, &ideal, argc, argv);
     if (st != UPF_OK)
       rc = upf_cli_error(st, "prefill: --json");
   }

@@ -162,6 +162,8 @@ static upf_status run_layers(const upf_model *m, const upf_prefill_options *opt,
       UPF_TRY(upf_layer_gdn(m, l, tok, &b->s));
     else
       UPF_TRY(upf_layer_attention(m, l, tok, &b->s, &qk));
+    UPF_TRY(be->synchronize());
+    res->mixer_seconds[l] = now_seconds() - t0;
     while (drop_index < c->num_drop_layers && c->drop_layers[drop_index] < l)
       drop_index++;
     if (dropping && drop_index < c->num_drop_layers && c->drop_layers[drop_index] == l) {
@@ -176,8 +178,10 @@ static upf_status run_layers(const upf_model *m, const upf_prefill_options *opt,
       rec->select_seconds = now_seconds() - s0;
       res->num_drops++;
     }
+    const double f0 = now_seconds();
     UPF_TRY(upf_layer_ffn(m, l, tok, &b->s));
     UPF_TRY(be->synchronize());
+    res->ffn_seconds[l] = now_seconds() - f0;
     res->layer_seconds[l] = now_seconds() - t0;
     if (opt->on_layer)
       opt->on_layer(opt->user, l, res->layer_seconds[l], res->layer_tokens[l]);
@@ -202,10 +206,12 @@ upf_status upf_model_prefill(const upf_model *m, const int32_t *ids, const int32
     return upf_fail(UPF_ERR_NOMEM, "prefill: logits (%d x %d)", num_reqs, m->cfg->vocab);
   run_buffers b;
   memset(&b, 0, sizeof b);
-  const double t0 = now_seconds();
   upf_status st = alloc_buffers(m, cu_seqlens[num_reqs], num_reqs, &b);
   if (st == UPF_OK)
     st = upload_batch(m->be, ids, cu_seqlens, num_reqs, &b);
+  if (st == UPF_OK)
+    st = m->be->synchronize();
+  const double t0 = now_seconds();
   if (st == UPF_OK)
     st = run_layers(m, opt, &b, res);
   if (st == UPF_OK)

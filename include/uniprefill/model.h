@@ -169,8 +169,10 @@ typedef struct {
   int32_t num_drops;
   upf_drop_record drops[UPF_MODEL_MAX_LAYERS];
   double layer_seconds[UPF_MODEL_MAX_LAYERS]; /* per layer of [begin, end), indexed by layer */
+  double mixer_seconds[UPF_MODEL_MAX_LAYERS]; /* of which the pre-norm and the attention / GDN block */
+  double ffn_seconds[UPF_MODEL_MAX_LAYERS];   /* of which the FFN / MoE block (after any drop) */
   int64_t layer_tokens[UPF_MODEL_MAX_LAYERS]; /* tokens each layer processed */
-  double total_seconds;
+  double total_seconds;       /* embedding to logits, on the host clock after the device finished */
 } upf_prefill_result;
 
 /* Device memory a prefill of `total_tokens` (the step's packed tokens) over `num_reqs` requests needs
