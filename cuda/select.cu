@@ -2024,26 +2024,33 @@ extern "C" upf_status upf_cuda_select_run(const upf_select_inputs *in, const upf
   return UPF_OK;
 }
 
-/* Start of every stage-alone entry: the device, the layout checks and the host plan. */
-static upf_status stage_begin(const upf_select_inputs *in, const upf_select_params *params, sel_plan &p,
-                              cudaStream_t *stream) {
-  UPF_TRY(upf_cuda_init());
-  UPF_TRY(check_layout(in, params));
-  *stream = upf_cuda_stream();
-  plan_build(in, params, p);
-  return UPF_OK;
-}
+/* The frame of the stage-alone entries that read only the layout: begin (the device, the layout checks,
+ * the host plan, and the plan blob as the workspace's first piece), the entry's own pieces by wc.take,
+ * then map (the workspace, with the plan uploaded into it). */
+struct stage_call {
+  sel_plan p;
+  cudaStream_t stream = nullptr;
+  ws_carver wc;
+  uint8_t *base = nullptr;
+  sel_dev_plan dp = {};
 
-/* Takes the carved workspace (the carver's first take must be the plan blob, at offset 0) and
- * uploads the plan into it. */
-static upf_status stage_workspace(const sel_plan &p, const ws_carver &wc, uint8_t **base, sel_dev_plan *dp) {
-  void *ws;
-  UPF_TRY(upf_cuda_workspace(wc.at, &ws));
-  *base = (uint8_t *)ws;
-  UPF_TRY(upload_plan(p, *base));
-  *dp = plan_device(p, *base);
-  return UPF_OK;
-}
+  upf_status begin(const upf_select_inputs *in, const upf_select_params *params) {
+    UPF_TRY(upf_cuda_init());
+    UPF_TRY(check_layout(in, params));
+    stream = upf_cuda_stream();
+    plan_build(in, params, p);
+    wc.take(p.blob_bytes);
+    return UPF_OK;
+  }
+  upf_status map() {
+    void *ws;
+    UPF_TRY(upf_cuda_workspace(wc.at, &ws));
+    base = (uint8_t *)ws;
+    UPF_TRY(upload_plan(p, base));
+    dp = plan_device(p, base);
+    return UPF_OK;
+  }
+};
 
 extern "C" upf_status upf_cuda_select_part_gemm(const upf_select_inputs *in, const upf_select_params *params,
                                                 float *scores) {
@@ -2077,90 +2084,66 @@ extern "C" upf_status upf_cuda_select_part_gemm(const upf_select_inputs *in, con
 
 extern "C" upf_status upf_cuda_select_block_softmax(const upf_select_inputs *in, const upf_select_params *params,
                                                     const float *scores, float *token_mass) {
-  sel_plan p;
-  cudaStream_t stream;
-  UPF_TRY(stage_begin(in, params, p, &stream));
+  stage_call c;
+  UPF_TRY(c.begin(in, params));
+  const sel_plan &p = c.p;
   if (p.T == 0)
     return UPF_OK;
-  ws_carver wc;
-  wc.take(p.blob_bytes);
-  size_t o_m = wc.take(sizeof(float) * (size_t)p.S * (size_t)p.Rn);
-  size_t o_l = wc.take(sizeof(float) * (size_t)p.S * (size_t)p.Rn);
-  uint8_t *base;
-  sel_dev_plan dp;
-  UPF_TRY(stage_workspace(p, wc, &base, &dp));
-  float *row_m = (float *)(base + o_m), *row_l = (float *)(base + o_l);
-  int64_t rows = (int64_t)p.S * p.Rn;
+  const int64_t rows = (int64_t)p.S * p.Rn;
+  const size_t o_m = c.wc.take(sizeof(float) * (size_t)rows), o_l = c.wc.take(sizeof(float) * (size_t)rows);
+  UPF_TRY(c.map());
+  float *row_m = (float *)(c.base + o_m), *row_l = (float *)(c.base + o_l);
   if (rows > 0) {
     if (rows > INT32_MAX)
       return upf_fail(UPF_ERR_UNSUPPORTED, "select.block_softmax (cuda): %lld score rows exceed one grid",
                       (long long)rows);
-    sel_softmax_rows_kernel<<<(unsigned)rows, 256, 0, stream>>>(dp.reqs, p.Rn, scores, row_m, row_l);
+    sel_softmax_rows_kernel<<<(unsigned)rows, 256, 0, c.stream>>>(c.dp.reqs, p.Rn, scores, row_m, row_l);
     UPF_CUDA_LAUNCH_TRY("sel_softmax_rows_kernel");
   }
-  sel_token_mass_kernel<<<grid_for(p.T, 256), 256, 0, stream>>>(in->cu_seqlens, p.B, p.T, dp, p.Rn, scores, row_m,
-                                                                 row_l, token_mass);
+  sel_token_mass_kernel<<<grid_for(p.T, 256), 256, 0, c.stream>>>(in->cu_seqlens, p.B, p.T, c.dp, p.Rn, scores, row_m,
+                                                                   row_l, token_mass);
   UPF_CUDA_LAUNCH_TRY("sel_token_mass_kernel");
   return UPF_OK;
 }
 
 extern "C" upf_status upf_cuda_select_block_reduce(const upf_select_inputs *in, const upf_select_params *params,
                                                    const float *token_mass, float *block_score) {
-  sel_plan p;
-  cudaStream_t stream;
-  UPF_TRY(stage_begin(in, params, p, &stream));
-  if (p.num_blocks == 0)
+  stage_call c;
+  UPF_TRY(c.begin(in, params));
+  if (c.p.num_blocks == 0)
     return UPF_OK;
-  ws_carver wc;
-  wc.take(p.blob_bytes);
-  uint8_t *base;
-  sel_dev_plan dp;
-  UPF_TRY(stage_workspace(p, wc, &base, &dp));
-  sel_block_reduce_kernel<<<grid_for(p.num_blocks, 256), 256, 0, stream>>>(dp, p.B, p.num_blocks, p.G, token_mass,
-                                                                           block_score);
+  UPF_TRY(c.map());
+  sel_block_reduce_kernel<<<grid_for(c.p.num_blocks, 256), 256, 0, c.stream>>>(c.dp, c.p.B, c.p.num_blocks, c.p.G,
+                                                                               token_mass, block_score);
   UPF_CUDA_LAUNCH_TRY("sel_block_reduce_kernel");
   return UPF_OK;
 }
 
 extern "C" upf_status upf_cuda_select_topp(const upf_select_inputs *in, const upf_select_params *params,
                                            const float *block_score, uint8_t *block_mask) {
-  sel_plan p;
-  cudaStream_t stream;
-  UPF_TRY(stage_begin(in, params, p, &stream));
-  if (p.num_blocks == 0)
+  stage_call c;
+  UPF_TRY(c.begin(in, params));
+  if (c.p.num_blocks == 0)
     return UPF_OK;
-  ws_carver wc;
-  wc.take(p.blob_bytes);
-  size_t o_res = wc.take(sizeof(sel_result));
-  size_t o_tp = wc.take(topp_ws_bytes(p));
-  uint8_t *base;
-  sel_dev_plan dp;
-  UPF_TRY(stage_workspace(p, wc, &base, &dp));
-  sel_result *d_res = (sel_result *)(base + o_res);
-  UPF_CUDA_TRY(cudaMemsetAsync(d_res, 0xFF, sizeof(sel_result), stream));
-  UPF_TRY(run_topp(p, dp, params, block_score, block_mask, &d_res->bad_score, base + o_tp, stream));
-  sel_result res;
+  const size_t o_res = c.wc.take(sizeof(sel_result)), o_tp = c.wc.take(topp_ws_bytes(c.p));
+  UPF_TRY(c.map());
+  sel_result *d_res = (sel_result *)(c.base + o_res), res;
+  UPF_CUDA_TRY(cudaMemsetAsync(d_res, 0xFF, sizeof(sel_result), c.stream));
+  UPF_TRY(run_topp(c.p, c.dp, params, block_score, block_mask, &d_res->bad_score, c.base + o_tp, c.stream));
   UPF_TRY(upf_cuda_download_small(&res, d_res, sizeof res));
   if (res.bad_score != ~0ull)
-    return report_bad_score(p, block_score, res.bad_score, "select.topp");
+    return report_bad_score(c.p, block_score, res.bad_score, "select.topp");
   return UPF_OK;
 }
 
 extern "C" upf_status upf_cuda_select_expand(const upf_select_inputs *in, const upf_select_params *params,
                                              const uint8_t *block_mask, upf_select_outputs *out) {
-  sel_plan p;
-  cudaStream_t stream;
-  UPF_TRY(stage_begin(in, params, p, &stream));
-  ws_carver wc;
-  wc.take(p.blob_bytes);
-  size_t o_res = wc.take(sizeof(sel_result));
-  size_t o_ex = wc.take(expand_ws_bytes(p));
-  uint8_t *base;
-  sel_dev_plan dp;
-  UPF_TRY(stage_workspace(p, wc, &base, &dp));
-  sel_result *d_res = (sel_result *)(base + o_res);
-  UPF_TRY(run_expand(in, p, dp, params, block_mask, out, base + o_ex, &d_res->kept_total, stream));
-  sel_result res;
+  stage_call c;
+  UPF_TRY(c.begin(in, params));
+  const size_t o_res = c.wc.take(sizeof(sel_result)), o_ex = c.wc.take(expand_ws_bytes(c.p));
+  UPF_TRY(c.map());
+  sel_result *d_res = (sel_result *)(c.base + o_res), res;
+  UPF_TRY(run_expand(in, c.p, c.dp, params, block_mask, out, c.base + o_ex, &d_res->kept_total, c.stream));
   UPF_TRY(upf_cuda_download_small(&res, d_res, sizeof res));
   out->kept_total = res.kept_total;
   return UPF_OK;
