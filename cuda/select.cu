@@ -1374,7 +1374,17 @@ __global__ void sel_topp_keys_kernel(sel_dev_plan plan, int B, int64_t num_block
   keys[c] = make_key(a, rq.r, rq.blk0, (int)(c - rq.blk0));
 }
 
-/* Segmented variant, step 3: one CTA per scored request walks its sorted keys chunk by chunk. */
+/* This thread's TP_ITEMS keys of the chunk at rank0 of a request's nb sorted keys k (0 past the end). */
+__device__ __forceinline__ void load_sorted_keys(unsigned long long (&keys)[TP_ITEMS], const unsigned long long *k,
+                                                 int64_t rank0, int64_t nb) {
+#pragma unroll
+  for (int i = 0; i < TP_ITEMS; i++) {
+    int64_t rank = rank0 + threadIdx.x * TP_ITEMS + i;
+    keys[i] = rank < nb ? k[rank] : 0ull;
+  }
+}
+
+/* Segmented form, step 3: one CTA per scored request walks its sorted keys chunk by chunk. */
 __global__ void __launch_bounds__(TP_THREADS) sel_topp_decide_kernel(const sel_req *__restrict__ reqs, topp_args a,
                                                                      const unsigned long long *__restrict__ sorted) {
   __shared__ tp_temp tmp;
@@ -1385,11 +1395,7 @@ __global__ void __launch_bounds__(TP_THREADS) sel_topp_decide_kernel(const sel_r
   unsigned long long keys[TP_ITEMS];
   float total = 0.f;
   for (int64_t rank0 = 0; rank0 < nb; rank0 += TP_CHUNK) {
-#pragma unroll
-    for (int i = 0; i < TP_ITEMS; i++) {
-      int64_t rank = rank0 + threadIdx.x * TP_ITEMS + i;
-      keys[i] = rank < nb ? k[rank] : 0ull;
-    }
+    load_sorted_keys(keys, k, rank0, nb);
     float sum = chunk_sum(tmp, keys, rank0, nb, a.ib);
     total = total + sum; /* meaningful in thread 0 only */
   }
@@ -1399,11 +1405,7 @@ __global__ void __launch_bounds__(TP_THREADS) sel_topp_decide_kernel(const sel_r
   total = s_total;
   float carry = 0.f;
   for (int64_t rank0 = 0; rank0 < nb; rank0 += TP_CHUNK) {
-#pragma unroll
-    for (int i = 0; i < TP_ITEMS; i++) {
-      int64_t rank = rank0 + threadIdx.x * TP_ITEMS + i;
-      keys[i] = rank < nb ? k[rank] : 0ull;
-    }
+    load_sorted_keys(keys, k, rank0, nb);
     chunk_decide(tmp, a, keys, rank0, nb, rq.blk0, total, carry);
   }
 }
