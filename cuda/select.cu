@@ -331,7 +331,7 @@ struct MmaBf16 {
   static constexpr int MT = MT_;       /* m16 tiles per warp */
   static constexpr int NW = NW_;       /* warps per CTA */
   static constexpr bool PIPE = PIPE_;  /* half-tile software pipeline (G >= 64 only) */
-  static constexpr int MINB = (NW == 4 || (MT == 1 && D <= 128)) ? 2 : 1; /* CTAs per SM to fit */
+  static constexpr int MINB = 1; /* CTAs per SM in the launch bounds: one, all its registers for the tile */
   static constexpr int THREADS = NW * 32;
   static constexpr int RPC = NW * 16 * MT;
   static constexpr int KBUF = 2;
@@ -1360,7 +1360,7 @@ __global__ void __launch_bounds__(TP_THREADS) sel_topp_fused_kernel(const sel_re
   chunk_decide(tmp, a, keys, 0, nb, rq.blk0, total, carry);
 }
 
-/* Segmented variant, step 1: keys of every block of every scored request. */
+/* Segmented form, step 1: keys of every block of every scored request. */
 __global__ void sel_topp_keys_kernel(sel_dev_plan plan, int B, int64_t num_blocks, topp_args a,
                                      unsigned long long *__restrict__ keys) { // (num_blocks)
   int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
