@@ -1,6 +1,7 @@
 /* CUDA Gated DeltaNet ops. The scan has two forms: the recurrent kernel here (decode rows, f32 inputs,
  * any head size; the form every other variant is checked against on the device) and the chunked
- * tensor-core form in cuda/gdn_chunked.cu (the prefill fast path; upf_cuda_gdn_scan picks, gdn.cuh).
+ * tensor-core form in cuda/gdn_chunked.cu (the prefill fast path; upf_cuda_gdn_scan picks, gdn.cuh, and
+ * the gdn.scan variant "recurrent" of variants.def keeps every row on the recurrent kernel).
  *
  *   conv_kernel:       one thread per (token, channel), channels fastest (coalesced); the request of a
  *                      token by binary search over cu_seqlens; inputs before a request's first token
@@ -26,6 +27,7 @@
 #include "cuda/cuda_check.cuh"
 #include "cuda/gdn.cuh"
 #include "cuda/dense_vec.inc"
+#include "uniprefill/variant.h"
 
 namespace {
 
@@ -242,11 +244,7 @@ template <typename T> __global__ void gated_norm_kernel(const gnorm_args a) {
   }
 }
 
-upf_gdn_scan_path scan_path = UPF_GDN_SCAN_AUTO;
-
 } // namespace
-
-extern "C" void upf_cuda_gdn_scan_set_path(upf_gdn_scan_path path) { scan_path = path; }
 
 extern "C" upf_status upf_cuda_gdn_conv(const upf_gdn_batch *batch, const upf_tensor *x, const upf_tensor *w,
                                         const upf_tensor *state_in, const upf_tensor *state_out, const upf_tensor *y) {
@@ -320,16 +318,15 @@ extern "C" upf_status upf_cuda_gdn_scan(const upf_gdn_batch *batch, const upf_gd
                     (long long)Hv);
   if (batch->num_reqs == 0)
     return UPF_OK;
-  if (scan_path != UPF_GDN_SCAN_RECURRENT) {
-    const bool fits = upf_cuda_gdn_scan_chunked_fits(in) != 0;
-    if (scan_path == UPF_GDN_SCAN_CHUNKED && !fits)
-      return upf_fail(UPF_ERR_UNSUPPORTED, "gdn.scan (cuda): the chunked form needs bf16 inputs and Dk = Dv = 128");
+  upf_variant form;
+  UPF_TRY(upf_variant_current(UPF_OP_GDN_SCAN, &form));
+  if (form != UPF_VARIANT_GDN_SCAN_RECURRENT && upf_cuda_gdn_scan_chunked_fits(in)) {
     int32_t longest = 0;
     for (int32_t r = 0; r < batch->num_reqs; r++) {
       const int32_t n = batch->cu_seqlens_host[r + 1] - batch->cu_seqlens_host[r];
       longest = n > longest ? n : longest;
     }
-    if (fits && (scan_path == UPF_GDN_SCAN_CHUNKED || longest >= UPF_GDN_CHUNKED_MIN_TOKENS))
+    if (longest >= UPF_GDN_CHUNKED_MIN_TOKENS)
       return upf_cuda_gdn_scan_chunked(batch, in, o, state_out);
   }
   scan_args a = {};

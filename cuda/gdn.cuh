@@ -18,13 +18,11 @@ upf_status upf_cuda_gdn_conv_step(const upf_tensor *x, const upf_tensor *w, cons
                                   const upf_tensor *y);
 upf_status upf_cuda_gdn_scan(const upf_gdn_batch *batch, const upf_gdn_scan_inputs *in, const upf_tensor *o,
                              const upf_tensor *state_out);
-/* The scan's two CUDA forms. AUTO (the default) takes the chunked tensor-core form (cuda/gdn_chunked.cu)
+/* The scan's two CUDA forms. upf_cuda_gdn_scan takes the chunked tensor-core form (cuda/gdn_chunked.cu)
  * when it fits (bf16 inputs, Dk = Dv = 128) and some request has at least UPF_GDN_CHUNKED_MIN_TOKENS
- * tokens, else the recurrent kernel (decode rows, f32 inputs, other head sizes). The benchmarks force
- * one form to time both; forcing CHUNKED where it does not fit returns UPF_ERR_UNSUPPORTED. */
+ * tokens, else the recurrent kernel (decode rows, f32 inputs, other head sizes); under the gdn.scan
+ * variant "recurrent" (uniprefill/variant.h) it takes the recurrent kernel for every batch. */
 #define UPF_GDN_CHUNKED_MIN_TOKENS 64
-typedef enum { UPF_GDN_SCAN_AUTO = 0, UPF_GDN_SCAN_RECURRENT, UPF_GDN_SCAN_CHUNKED } upf_gdn_scan_path;
-void upf_cuda_gdn_scan_set_path(upf_gdn_scan_path path);
 int upf_cuda_gdn_scan_chunked_fits(const upf_gdn_scan_inputs *in);
 /* The chunked form alone (shapes already checked by upf_gdn_scan_check; fits must hold). */
 upf_status upf_cuda_gdn_scan_chunked(const upf_gdn_batch *batch, const upf_gdn_scan_inputs *in, const upf_tensor *o,

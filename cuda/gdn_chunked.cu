@@ -9,40 +9,26 @@
  *   V' = U - W S;  O = diag(exp(G)) Q S + P V';  S <- exp(G_last) S + K^T diag(exp(G_last - G)) V'.
  * Every exponent is <= 0: nothing overflows, and an exp that underflows to 0 is the true value.
  *
- * Two launches:
- *   chunk_prep_kernel   one CTA (4 warps) per (chunk, value head), all independent: gates, cumsum, L2
- *                       norms (xor-tree sums), K K^T and Q K^T by mma.sync (bf16 in, fp32 accumulate),
- *                       T in fp32 by 16 x 16 blocks (each diagonal block by forward substitution in one
- *                       warp, then the block rows in turn; every sum in index order), W and U by mma
- *                       with T rounded to bf16. Writes W, U, P (bf16), G (fp32)
+ * Three launches, FLA's split (O computed apart from the serial state pass, over stored states):
+ *   chunk_prep_kernel   one CTA (8 warps, two an SM) per (chunk, value head), all independent: gates,
+ *                       cumsum, L2 norms (xor-tree sums), K K^T and Q K^T by mma.sync (bf16 in, fp32
+ *                       accumulate), T in fp32 by 16 x 16 blocks (each diagonal block by forward
+ *                       substitution in one warp, then the block rows in turn; every sum in index
+ *                       order), W and U by mma with T rounded to bf16. Writes W, U, P (bf16), G (fp32)
  *                       and, once per key head, the normalised q (scaled) and k^T (bf16) to the workspace.
- *   chunk_state_kernel  one CTA (8 warps) per (request, value head, block of BV = 32 value columns): the
- *                       state block (128 x 32 fp32) lives in the accumulators of the warps (warp w owns
- *                       rows 16w..16w+15); warps 0-3 compute V' = U - W S while warps 4-7 compute Q S;
- *                       per chunk it is rounded to bf16 into shared memory as the B
- *                       operand of W S and Q S, V' goes to shared memory as bf16 for P V' and the state
- *                       update. The next chunk's W, Q, K^T, P, U, G stream in by cp.async (double buffer)
- *                       while this one computes. 4 x 32 CTAs per request at 32 value heads fill the
- *                       132 SMs with a single long request.
- * Defaults since the H200 runs of d22cd40 (full verify of gdn.scan 40/40, quick verify of gdn 72/72 with
- * check lines identical to the v1 + fused kernels', memcheck and racecheck clean; 32K 2.95 ms against
- * 3.48 ms): chunk_prep_v2_kernel and the split state pass. Switches (read once) keep the others for A/B:
- *   UPF_GDN_PREP=v2      (default) chunk_prep_v2_kernel (8 warps, cp.async tiles, unrolled inverse, 89 KB
- *                        of shared memory): the same workspace bit for bit as v1, scheduled for latency.
- *   UPF_GDN_PREP=v1      chunk_prep_kernel, the first prep kernel above.
- *   UPF_GDN_PREP=v3      chunk_prep_v3_kernel (16 warps per chunk and PAIR of value heads of one key head:
- *                        the q/k loads, norms, K K^T and Q K^T once per pair, then each half of the CTA
- *                        runs v2's inverse and W, U for its head; 185.5 KB, one CTA an SM): the same
- *                        workspace bit for bit; measured 4% slower than v2. Hv / Hk odd falls back to v2.
- *   UPF_GDN_STATE=split  (default) FLA's split: the state pass leaves O out (all 8 warps on V', half the
- *                        W S chain a warp) and stores each chunk's S^T and V'^T (bf16, the operands it rounds
- *                        anyway); chunk_out_kernel then computes O over (chunk, value head), fully parallel,
- *                        with the same sums in the same order (the same bits). The state pass is
- *                        chunk_state_split_kernel (three stages, two barriers a chunk, ldmatrix/stmatrix).
- *   UPF_GDN_STATE=split1 the same split with the first split state pass, chunk_state_kernel<TO, 8, true>
- *                        (the same bits; kept for A/B timing).
- *   UPF_GDN_STATE=fused  the state pass above with O inside.
- *   UPF_GDN_STATE_WARPS=4  the first, 4-warp state pass.
+ *   chunk_state_kernel  one CTA (8 warps) per (request, value head, block of BV = 32 value columns), the
+ *                       chunks in order: the state block (128 x 32 fp32) lives in the accumulators (warp
+ *                       w owns rows 16w..16w+15); per chunk all 8 warps compute V' = U - W S (a 16 x 16
+ *                       block each) and S <- exp(G_last) S + K^T diag(..) V', and the chunk's S^T and V'^T
+ *                       (bf16, the operands it rounds anyway) go to the workspace. The next two chunks'
+ *                       W, K^T, U, G stream in by cp.async (three stages). 4 x 32 CTAs per request at 32
+ *                       value heads fill the 132 SMs with a single long request.
+ *   chunk_out_kernel    one CTA (8 warps) per (chunk, value head), all independent: O = diag(exp(G)) Q S
+ *                       + P V' from the stored S^T and V'^T.
+ * Why this form: the state pass is the serial chain of the scan, so everything that need not be in it
+ * (Q S, P V', the O stores) moves to the parallel out kernel, and the prep is scheduled for latency
+ * (all loads in flight at once, two CTAs an SM); the forms measured slower are in perf/NOTES.md
+ * ("Retired GDN and selection variants").
  * Precision: bf16 operands, fp32 accumulation and fp32 state (FLA's chunk_gated_delta_rule makes the same
  * choices); the long-reduction rule of SPEC 7 applies (see verify/verify_gdn.c). No atomics and every sum
  * in a fixed order: the same inputs give the same bits on every run. */
@@ -56,7 +42,6 @@
 #include "cuda/cuda_check.cuh"
 #include "cuda/gdn.cuh"
 #include "cuda/mma_sync.cuh"
-#include "uniprefill/env.h"
 
 namespace {
 
@@ -66,13 +51,11 @@ using upf_mma::warp_mma;
 
 constexpr int CH = 64;       /* tokens per chunk */
 constexpr int D = 128;       /* Dk = Dv */
-constexpr int THREADS = 128; /* 4 warps */
 constexpr int LDA = D + 8;   /* bf16 row stride of 128-wide tiles (272 bytes: 4 mod 32 words) */
 constexpr int LDB = CH + 8;  /* bf16 row stride of 64-wide tiles (144 bytes) */
 constexpr int LDF = CH + 8;  /* fp32 row stride of the 64 x 64 matrices */
 constexpr int BV = 32;       /* value columns of one state CTA */
 
-__device__ __forceinline__ float ld(const float *p) { return *p; }
 __device__ __forceinline__ float ld(const bf16 *p) { return __bfloat162float(*p); }
 __device__ __forceinline__ void st(float *p, float v) { *p = v; }
 __device__ __forceinline__ void st(bf16 *p, float v) { *p = __float2bfloat16_rn(v); }
@@ -85,8 +68,8 @@ struct chunk_ws {
   float *gcum;               /* (n_chunks, Hv, CH) */
   bf16 *qn;                  /* (n_chunks, Hk, CH, D) normalised q times scale */
   bf16 *kt;                  /* (n_chunks, Hk, D, CH) normalised k, transposed */
-  bf16 *st;                  /* split state pass only: (n_chunks, Hv, D, D) S^T before the chunk, bf16 */
-  bf16 *vpt;                 /* split state pass only: (n_chunks, Hv, D, CH) V'^T, bf16 */
+  bf16 *st;                  /* (n_chunks, Hv, D, D) S^T before the chunk, bf16 */
+  bf16 *vpt;                 /* (n_chunks, Hv, D, CH) V'^T, bf16 */
 };
 
 struct prep_args {
@@ -95,13 +78,11 @@ struct prep_args {
   const float *a_log, *dt_bias;
   int hk, hv;
   float scale;
-  int rows16; /* prep v2: bit 0, 1, 2 set where q, k, v rows may be copied in 16-byte pieces */
+  int rows16; /* bit 0, 1, 2 set where q, k, v rows may be copied in 16-byte pieces */
   chunk_ws ws;
 };
 
 constexpr int TB = 16; /* block size of the triangular inverse */
-constexpr size_t PREP_SMEM = (size_t)(2 * CH * LDA + 2 * D * LDB) * sizeof(bf16) +
-                             (size_t)(2 * CH * LDF + 3 * CH + (CH / TB - 1) * TB * TB) * sizeof(float);
 
 /* A 16 x 8NT block of (T times B) to global bf16: rows `xrows` of T (fp32 shared, rounded to bf16 as it is
  * loaded, stride LDF) times B given as Bt (8NT rows of `bt`, CH contiguous, stride LDB); the calling warp
@@ -120,22 +101,20 @@ template <int NT> __device__ __forceinline__ void product_t_times(const float *x
 }
 
 /* Gate g = -exp(A_log) softplus(a + dt_bias) and beta = sigmoid(b) of token t, value head h. */
-template <typename T>
 __device__ __forceinline__ void gate_beta(const prep_args &a, int h, int64_t t, float &gv, float &beta) {
-  const float x = ld((const T *)a.a + t * a.a_s0 + h) + a.dt_bias[h];
+  const float x = ld((const bf16 *)a.a + t * a.a_s0 + h) + a.dt_bias[h];
   const float sp = x > 20.0f ? x : log1pf(expf(x)); /* softplus, torch's threshold */
   gv = -expf(a.a_log[h]) * sp;
-  beta = 1.0f / (1.0f + expf(-ld((const T *)a.b + t * a.b_s0 + h)));
+  beta = 1.0f / (1.0f + expf(-ld((const bf16 *)a.b + t * a.b_s0 + h)));
 }
 
 /* Threads 0..CH-1: the gate and beta of chunk row tid into gs, bs (rows past the request's end: 0, 0). */
-template <typename T>
 __device__ __forceinline__ void gates_to_smem(const prep_args &a, int h, int64_t tok0, int len, float *gs, float *bs) {
   const int tid = threadIdx.x;
   if (tid < CH) {
     float gv = 0.0f, beta = 0.0f;
     if (tid < len)
-      gate_beta<T>(a, h, tok0 + tid, gv, beta);
+      gate_beta(a, h, tok0 + tid, gv, beta);
     gs[tid] = gv, bs[tid] = beta;
   }
 }
@@ -207,150 +186,30 @@ template <int NTHREADS> __device__ __forceinline__ void copy_q_rows(const bf16 *
   }
 }
 
-template <typename T> __global__ void __launch_bounds__(THREADS) chunk_prep_kernel(const __grid_constant__ prep_args a) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  bf16 *Kn = reinterpret_cast<bf16 *>(smem); /* [CH][LDA] normalised k */
-  bf16 *Qn = Kn + CH * LDA;                  /* [CH][LDA] normalised q * scale */
-  bf16 *KbT = Qn + CH * LDA;                 /* [D][LDB] (beta exp(G) k)^T */
-  bf16 *VbT = KbT + D * LDB;                 /* [D][LDB] (beta v)^T */
-  float *Am = reinterpret_cast<float *>(VbT + D * LDB); /* [CH][LDF] A (strictly lower) */
-  float *Xm = Am + CH * LDF;                             /* [CH][LDF] T = (I + A)^-1 */
-  float *gs = Xm + CH * LDF, *Gs = gs + CH, *bs = Gs + CH;
-  float *Ys = bs + CH; /* [(CH/TB - 1) TB TB] partial sums of one block row of T */
-  const int n = blockIdx.x, h = blockIdx.y, ratio = a.hv / a.hk, kh = h / ratio;
-  const int2 chunk = a.ws.chunks[n];
-  const int64_t tok0 = chunk.x;
-  const int len = chunk.y;
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-  const int64_t ch_h = (int64_t)n * a.hv + h, ch_k = (int64_t)n * a.hk + kh;
-
-  gates_to_smem<T>(a, h, tok0, len, gs, bs);
-  __syncthreads();
-  if (tid < CH) { /* every thread sums its own prefix left to right: the serial cumsum's bits */
-    float G = 0.0f;
-    for (int j = 0; j <= tid; j++)
-      G += gs[j];
-    Gs[tid] = G;
-    a.ws.gcum[ch_h * CH + tid] = G;
-  }
-  __syncthreads();
-
-  /* Rows: warp w takes rows w, w+4, ..., four at a time (all their loads in flight before the first
-   * use); lane holds dims lane + 32 e. */
-  for (int j0 = warp; j0 < CH; j0 += 16) {
-    float qx[4][4], kx[4][4], vx[4][4];
-#pragma unroll
-    for (int rr = 0; rr < 4; rr++) {
-      const int j = j0 + 4 * rr;
-      const bool valid = j < len;
-      const int64_t t = tok0 + j;
-      const T *qp = (const T *)a.q + t * a.q_s0 + (int64_t)kh * a.q_s1;
-      const T *kp = (const T *)a.k + t * a.k_s0 + (int64_t)kh * a.k_s1;
-      const T *vp = (const T *)a.v + t * a.v_s0 + (int64_t)h * a.v_s1;
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        const int d = lane + 32 * e;
-        qx[rr][e] = valid ? ld(qp + d) : 0.0f;
-        kx[rr][e] = valid ? ld(kp + d) : 0.0f;
-        vx[rr][e] = valid ? ld(vp + d) : 0.0f;
-      }
-    }
-#pragma unroll
-    for (int rr = 0; rr < 4; rr++) {
-      const int j = j0 + 4 * rr;
-      float rq, rk;
-      row_norm_scales(qx[rr], kx[rr], a.scale, rq, rk);
-      const float wb = bs[j] * expf(Gs[j]), vb = bs[j];
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        const int d = lane + 32 * e;
-        const float kn = kx[rr][e] * rk;
-        Kn[j * LDA + d] = __float2bfloat16_rn(kn);
-        Qn[j * LDA + d] = __float2bfloat16_rn(qx[rr][e] * rq);
-        KbT[d * LDB + j] = __float2bfloat16_rn(wb * kn);
-        VbT[d * LDB + j] = __float2bfloat16_rn(vb * vx[rr][e]);
-      }
-    }
-  }
-  __syncthreads();
-
-  if (h % ratio == 0) { /* the first value head of a key head writes the shared q and k^T */
-    bf16 *ko = a.ws.kt + ch_k * D * CH;
-    copy_q_rows<THREADS>(Qn, a.ws.qn + ch_k * CH * D);
-    for (int e = tid; e < D * CH; e += THREADS) {
-      const int d = e / CH, j = e % CH;
-      ko[d * CH + j] = Kn[j * LDA + d];
-    }
-  }
-
-  { /* A (fp32, shared) and P (bf16, global) from K K^T and Q K^T; warp w owns rows 16w..16w+15. */
-    float kk[8][4] = {}, qk[8][4] = {};
-    warp_mma<8, D>(kk, Kn + 16 * warp * LDA, LDA, Kn, LDA);
-    warp_mma<8, D>(qk, Qn + 16 * warp * LDA, LDA, Kn, LDA);
-    store_a_p<8>(kk, qk, 16 * warp, 0, Gs, bs, Am, a.ws.p + ch_h * CH * CH);
-  }
-  __syncthreads();
-
-  /* T = (I + A)^-1 in TB x TB blocks, every sum in index order:
-   *  1. warp w inverts diagonal block w (lane c < TB solves column c: x_i = -sum_{j<i} A_ij x_j);
-   *  2. block rows I = 1, 2, 3 in turn: Y_IJ = sum_{K=J}^{I-1} A_IK T_KJ for every J < I, then
-   *     T_IJ = -T_II Y_IJ (from (I + A) T = I restricted to block row I). */
-  for (int e = tid; e < CH * CH; e += THREADS)
-    Xm[(e / CH) * LDF + e % CH] = 0.0f;
-  __syncthreads();
-  if (lane < TB)
-    invert_diagonal_column(Am, Xm, TB * warp, lane);
-  __syncthreads();
-#pragma unroll 1
-  for (int I = 1; I < CH / TB; I++) {
-    for (int e = tid; e < I * TB * TB; e += THREADS) {
-      const int J = e / (TB * TB), r = (e / TB) % TB, c = e % TB;
-      const float *ar = Am + (TB * I + r) * LDF;
-      float y = 0.0f;
-      for (int k = TB * J; k < TB * I; k++)
-        y += ar[k] * Xm[k * LDF + TB * J + c];
-      Ys[e] = y;
-    }
-    __syncthreads();
-    for (int e = tid; e < I * TB * TB; e += THREADS) {
-      const int J = e / (TB * TB), r = (e / TB) % TB, c = e % TB;
-      const float *tr = Xm + (TB * I + r) * LDF + TB * I; /* row r of T_II */
-      float t = 0.0f;
-      for (int k = 0; k <= r; k++)
-        t += tr[k] * Ys[J * TB * TB + k * TB + c];
-      Xm[(TB * I + r) * LDF + TB * J + c] = -t;
-    }
-    __syncthreads();
-  }
-
-  /* W = T (beta exp(G) K) and U = T (beta V), T rounded to bf16 as it is loaded. */
-  product_t_times<16>(Xm + 16 * warp * LDF, KbT, a.ws.w + ch_h * CH * D + 16 * warp * D);
-  product_t_times<16>(Xm + 16 * warp * LDF, VbT, a.ws.u + ch_h * CH * D + 16 * warp * D);
-}
-
-/* Prep v2 (UPF_GDN_PREP=v2): the same workspace, bit for bit (every sum and rounding as in
- * chunk_prep_kernel, only the work is spread and scheduled differently), from 8 warps:
+/* The prep kernel, 8 warps. Scheduled for latency (every sum and rounding is fixed by the math above;
+ * only the spreading of the work is a choice):
  *   - the raw q, k, v tiles arrive by cp.async, all 12 pieces of a thread in flight at once and while
- *     the gates and the cumsum run (v1: four rounds of 2-byte loads, each a full memory latency);
- *   - the cumsum reads the 64 gates unrolled (v1: a 64-trip loop with a shared load a trip);
+ *     the gates and the cumsum run;
+ *   - the cumsum reads the 64 gates unrolled;
  *   - the block rows of the inverse run with compile-time bounds (unrolled, loads off the FMA chain);
- *   - each warp takes a 16-row x half-width block of K K^T, Q K^T, W and U (v1: 16 rows, full width);
+ *   - each warp takes a 16-row x half-width block of K K^T, Q K^T, W and U;
  *   - the transposed tiles are written two rows at a time (32-bit stores), k^T to the workspace
  *     through a conflict-free (8 dims x 4 row pairs) lane map;
- *   - shared memory 88.8 KB (v1 110 KB) by reusing regions whose lifetimes do not overlap:
+ *   - shared memory 88.8 KB, so that two CTAs share an SM, by reusing regions whose lifetimes do not
+ *     overlap:
  *       R0 = [Kn | Qn] (2 CH LDA bf16), then T (CH LDF fp32) and the block-row sums Ys after K K^T, Q K^T;
  *       R1 = [KbT | VbT] (2 D LDB bf16);  R2 = raw v (CH LDA bf16), then A (CH LDF fp32) after the norms.
- * Two CTAs (16 warps) an SM. A tensor whose rows are not 16-byte aligned (verify's padded q/k views) is
- * read by 2-byte loads into the same pieces instead (a.rows16). */
-constexpr int PREP2_THREADS = 256;
-constexpr size_t PREP2_R0 = (size_t)2 * CH * LDA * sizeof(bf16);
-constexpr size_t PREP2_R1 = (size_t)2 * D * LDB * sizeof(bf16);
-constexpr size_t PREP2_R2 = (size_t)CH * LDF * sizeof(float);
-constexpr size_t PREP2_SMEM = PREP2_R0 + PREP2_R1 + PREP2_R2 + 3 * CH * sizeof(float);
-static_assert((size_t)(CH * LDF + (CH / TB - 1) * TB * TB) * sizeof(float) <= PREP2_R0, "T and Ys fit in R0");
-static_assert((size_t)CH * LDA * sizeof(bf16) <= PREP2_R2, "raw v fits in R2");
-static_assert(PREP2_R0 % 16 == 0 && PREP2_R1 % 16 == 0 && PREP2_R2 % 16 == 0, "16-byte aligned regions");
-static_assert(PREP2_THREADS == TB * TB && CH / 16 * 2 == PREP2_THREADS / 32, "block-row and warp maps");
+ * A tensor whose rows are not 16-byte aligned (verify's padded q/k views) is read by 2-byte loads into
+ * the same pieces instead (a.rows16). */
+constexpr int PREP_THREADS = 256;
+constexpr size_t PREP_R0 = (size_t)2 * CH * LDA * sizeof(bf16);
+constexpr size_t PREP_R1 = (size_t)2 * D * LDB * sizeof(bf16);
+constexpr size_t PREP_R2 = (size_t)CH * LDF * sizeof(float);
+constexpr size_t PREP_SMEM = PREP_R0 + PREP_R1 + PREP_R2 + 3 * CH * sizeof(float);
+static_assert((size_t)(CH * LDF + (CH / TB - 1) * TB * TB) * sizeof(float) <= PREP_R0, "T and Ys fit in R0");
+static_assert((size_t)CH * LDA * sizeof(bf16) <= PREP_R2, "raw v fits in R2");
+static_assert(PREP_R0 % 16 == 0 && PREP_R1 % 16 == 0 && PREP_R2 % 16 == 0, "16-byte aligned regions");
+static_assert(PREP_THREADS == TB * TB && CH / 16 * 2 == PREP_THREADS / 32, "block-row and warp maps");
 
 /* 8 bf16 from global to a 16-byte aligned shared piece: by cp.async where the source is 16-byte aligned,
  * else by 2-byte loads. */
@@ -367,17 +226,17 @@ __device__ __forceinline__ void load_piece(bf16 *dst, const bf16 *src, bool alig
   }
 }
 
-__global__ void __launch_bounds__(PREP2_THREADS, 2) chunk_prep_v2_kernel(const __grid_constant__ prep_args a) {
+__global__ void __launch_bounds__(PREP_THREADS, 2) chunk_prep_kernel(const __grid_constant__ prep_args a) {
   extern __shared__ __align__(16) unsigned char smem[];
   bf16 *Kn = reinterpret_cast<bf16 *>(smem); /* [CH][LDA] raw, then normalised k */
   bf16 *Qn = Kn + CH * LDA;                  /* [CH][LDA] raw, then normalised q * scale */
   float *Xm = reinterpret_cast<float *>(smem); /* [CH][LDF] T, over Kn and Qn once they are read */
   float *Ys = Xm + CH * LDF;                   /* [(CH/TB - 1) TB TB] partial sums of one block row of T */
-  bf16 *KbT = reinterpret_cast<bf16 *>(smem + PREP2_R0); /* [D][LDB] (beta exp(G) k)^T */
+  bf16 *KbT = reinterpret_cast<bf16 *>(smem + PREP_R0); /* [D][LDB] (beta exp(G) k)^T */
   bf16 *VbT = KbT + D * LDB;                               /* [D][LDB] (beta v)^T */
-  bf16 *Vr = reinterpret_cast<bf16 *>(smem + PREP2_R0 + PREP2_R1); /* [CH][LDA] raw v */
-  float *Am = reinterpret_cast<float *>(smem + PREP2_R0 + PREP2_R1); /* [CH][LDF] A, over Vr */
-  float *gs = reinterpret_cast<float *>(smem + PREP2_R0 + PREP2_R1 + PREP2_R2), *Gs = gs + CH, *bs = Gs + CH;
+  bf16 *Vr = reinterpret_cast<bf16 *>(smem + PREP_R0 + PREP_R1); /* [CH][LDA] raw v */
+  float *Am = reinterpret_cast<float *>(smem + PREP_R0 + PREP_R1); /* [CH][LDF] A, over Vr */
+  float *gs = reinterpret_cast<float *>(smem + PREP_R0 + PREP_R1 + PREP_R2), *Gs = gs + CH, *bs = Gs + CH;
   const int n = blockIdx.x, h = blockIdx.y, ratio = a.hv / a.hk, kh = h / ratio;
   const int2 chunk = a.ws.chunks[n];
   const int64_t tok0 = chunk.x;
@@ -386,8 +245,8 @@ __global__ void __launch_bounds__(PREP2_THREADS, 2) chunk_prep_v2_kernel(const _
   const int mt = warp & 3, nh = warp >> 2; /* this warp's 16-row block and column half in the products */
   const int64_t ch_h = (int64_t)n * a.hv + h, ch_k = (int64_t)n * a.hk + kh;
 
-  /* Raw rows in flight first; rows past the request's end are zeros (v1 loads 0 for them). */
-  for (int e = tid; e < CH * D / 8; e += PREP2_THREADS) {
+  /* Raw rows in flight first; rows past the request's end are zeros. */
+  for (int e = tid; e < CH * D / 8; e += PREP_THREADS) {
     const int j = e / (D / 8), c = (e % (D / 8)) * 8;
     if (j < len) {
       const int64_t t = tok0 + j;
@@ -403,7 +262,7 @@ __global__ void __launch_bounds__(PREP2_THREADS, 2) chunk_prep_v2_kernel(const _
   }
   upf_mma::cp_async_commit();
 
-  gates_to_smem<bf16>(a, h, tok0, len, gs, bs);
+  gates_to_smem(a, h, tok0, len, gs, bs);
   __syncthreads();
   if (tid < CH) { /* the serial cumsum's bits: the prefix left to right, the trips past tid predicated off */
     float G = 0.0f;
@@ -421,7 +280,7 @@ __global__ void __launch_bounds__(PREP2_THREADS, 2) chunk_prep_v2_kernel(const _
    * lane + 32 e. The transposed words of (beta exp(G) k)^T and (beta v)^T wait in registers until all 4
    * pairs are done, then lane l stores pair (k + l / 8) mod 4 in round k: word (d, j / 2) sits on bank
    * (36 d + j / 2) mod 32 = 4 (l mod 8) + 4 w + m, so each store hits 32 banks (one pair for the whole
-   * warp, as v1 stores, hits 8: a 4-way conflict). Same values as v1 (each row's sums unchanged). */
+   * warp at a time would hit 8: a 4-way conflict). */
   uint32_t kbw[4][4], vbw[4][4]; /* [pair m][e]: rows (j, j + 1) of dim lane + 32 e, packed */
 #pragma unroll
   for (int m = 0; m < 4; m++) {
@@ -470,10 +329,10 @@ __global__ void __launch_bounds__(PREP2_THREADS, 2) chunk_prep_v2_kernel(const _
   __syncthreads();
 
   if (h % ratio == 0) { /* the first value head of a key head writes the shared q and k^T */
-    copy_q_rows<PREP2_THREADS>(Qn, a.ws.qn + ch_k * CH * D);
+    copy_q_rows<PREP_THREADS>(Qn, a.ws.qn + ch_k * CH * D);
     bf16 *ko = a.ws.kt + ch_k * D * CH;
     /* a warp covers 8 dims x 4 row pairs: the shared reads hit 16 banks, 2 lanes a word */
-    for (int e = tid; e < D * CH / 2; e += PREP2_THREADS) {
+    for (int e = tid; e < D * CH / 2; e += PREP_THREADS) {
       const int blk = e >> 5, l = e & 31;
       const int d = (blk & 15) * 8 + (l & 7), j = 2 * ((blk >> 4) * 4 + (l >> 3));
       *reinterpret_cast<__nv_bfloat162 *>(ko + d * CH + j) = __halves2bfloat162(Kn[j * LDA + d], Kn[(j + 1) * LDA + d]);
@@ -488,9 +347,9 @@ __global__ void __launch_bounds__(PREP2_THREADS, 2) chunk_prep_v2_kernel(const _
   }
   __syncthreads(); /* A complete; Kn and Qn free for T */
 
-  /* T = (I + A)^-1 as in v1: the blocks above the diagonal zeroed while warps 0-3 invert the diagonal
+  /* T = (I + A)^-1: the blocks above the diagonal zeroed while warps 0-3 invert the diagonal
    * blocks, then block rows I = 1, 2, 3 (thread = (row r, column c) of each 16 x 16 block). */
-  for (int e = tid; e < CH * CH; e += PREP2_THREADS) {
+  for (int e = tid; e < CH * CH; e += PREP_THREADS) {
     const int i = e / CH, j = e % CH;
     if (j / TB > i / TB)
       Xm[i * LDF + j] = 0.0f;
@@ -498,8 +357,8 @@ __global__ void __launch_bounds__(PREP2_THREADS, 2) chunk_prep_v2_kernel(const _
   if (warp < CH / TB && lane < TB)
     invert_diagonal_column(Am, Xm, TB * warp, lane);
   __syncthreads();
-  /* Each A (and T_II) element is loaded once for every block J it multiplies (v1 reloads it per J);
-   * every sum still runs over k in index order, so the same bits. */
+  /* Each A (and T_II) element is loaded once for all the blocks J it multiplies; every sum runs over k
+   * in index order. */
   const int r = tid / TB, c = tid % TB;
 #pragma unroll
   for (int I = 1; I < CH / TB; I++) {
@@ -538,259 +397,6 @@ __global__ void __launch_bounds__(PREP2_THREADS, 2) chunk_prep_v2_kernel(const _
   product_t_times<8>(Xm + 16 * mt * LDF, VbT + 64 * nh * LDB, a.ws.u + wu0);
 }
 
-/* Prep v3 (UPF_GDN_PREP=v3): one CTA of 16 warps per (chunk, pair of value heads of one key head), so
- * that what the two value heads share is done once (v1 and v2 do it per value head): the q and k tiles'
- * loads, their L2 norms and roundings, K K^T and Q K^T (only beta and the decay G differ between the two
- * heads, and they enter after the products, elementwise). The same workspace bit for bit: every sum and
- * rounding as in chunk_prep_kernel, and the mma order per output block as in v2 (an accumulator block's
- * value depends only on its own k loop, not on which warp runs it). Phases:
- *   - q, k, v(h0), v(h0+1) by cp.async (v2's load_piece) while 128 threads run both heads' gates and cumsums;
- *   - norms: warp w takes the row pairs (j, j+1), j = 2w, 2w + 32; each lane rounds q and k in place and
- *     writes (beta exp(G) k)^T and (beta v)^T of both heads from the same fp32 k (v2's expressions);
- *   - K K^T on warps 0-7 and Q K^T on warps 8-15, warp (mt, nh) = (w mod 4, (w / 4) mod 2) owning rows
- *     16mt.., columns 32nh.. (v2's map); each writes A (or P) of both heads from its one accumulator block;
- *   - then half hh = w / 8 takes value head h0 + hh alone, exactly v2's inverse and W, U with its 256
- *     threads, synchronised by named barrier 1 + hh (the halves never wait for each other).
- * Shared memory 185.5 KB (one CTA an SM, 16 warps as v2's two CTAs): [Kn | Qn] and per head
- * [KbT | VbT | raw v, then A | T | Ys | g, G, beta]. Needs Hv / Hk even (Qwen3-Next: 2); launch falls back
- * to v2 otherwise. */
-constexpr int PREP3_THREADS = 512;
-constexpr size_t PREP3_TBF = (size_t)D * LDB * sizeof(bf16); /* one transposed (D x CH) bf16 tile */
-constexpr size_t PREP3_F = (size_t)CH * LDF * sizeof(float);  /* one CH x CH fp32 matrix */
-constexpr size_t PREP3_HEAD = 2 * PREP3_TBF + 2 * PREP3_F + (size_t)((CH / TB - 1) * TB * TB + 3 * CH) * sizeof(float);
-constexpr size_t PREP3_SMEM = PREP2_R0 + 2 * PREP3_HEAD;
-static_assert((size_t)CH * LDA * sizeof(bf16) <= PREP3_F, "raw v fits under A");
-static_assert(PREP3_TBF % 16 == 0 && PREP3_F % 16 == 0 && PREP3_HEAD % 16 == 0, "16-byte aligned regions");
-static_assert(PREP3_THREADS == 2 * PREP2_THREADS, "one v2 CTA's threads per value head");
-
-struct prep3_head {
-  bf16 *kbt, *vbt; /* [D][LDB] (beta exp(G) k)^T, (beta v)^T */
-  bf16 *vr;        /* [CH][LDA] raw v, until the norms */
-  float *am;       /* [CH][LDF] A, over vr */
-  float *xm, *ys;  /* [CH][LDF] T; [(CH/TB - 1) TB TB] block-row partial sums */
-  float *gs, *Gs, *bs; /* [CH] gates, their cumsum, beta */
-};
-
-__device__ __forceinline__ prep3_head prep3_regions(unsigned char *smem, int x) {
-  unsigned char *b = smem + PREP2_R0 + (size_t)x * PREP3_HEAD;
-  prep3_head r;
-  r.kbt = reinterpret_cast<bf16 *>(b);
-  r.vbt = r.kbt + D * LDB;
-  r.vr = reinterpret_cast<bf16 *>(b + 2 * PREP3_TBF);
-  r.am = reinterpret_cast<float *>(b + 2 * PREP3_TBF);
-  r.xm = reinterpret_cast<float *>(b + 2 * PREP3_TBF + PREP3_F);
-  r.ys = r.xm + CH * LDF;
-  r.gs = r.ys + (CH / TB - 1) * TB * TB, r.Gs = r.gs + CH, r.bs = r.Gs + CH;
-  return r;
-}
-
-/* One half of store_a_p (the same expressions, so the same bits): A (IS_A, fp32 shared, strictly lower,
- * row i scaled by beta_i) from a K K^T block, or P (bf16 global, lower) from a Q K^T block. */
-template <int NT, bool IS_A>
-__device__ __forceinline__ void store_a_or_p(const float (&x)[NT][4], int i0, int j1, const float *Gs, const float *bs,
-                                             float *Am, bf16 *po) {
-  const int lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
-#pragma unroll
-  for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-    for (int half = 0; half < 2; half++) {
-      const int i = i0 + g + 8 * half, j0 = j1 + 8 * nt + 2 * t4;
-      float y[2];
-#pragma unroll
-      for (int c = 0; c < 2; c++) {
-        const int j = j0 + c;
-        const float dec = expf(fminf(Gs[i] - Gs[j], 0.0f)); /* used only for j <= i, where it is <= 0 */
-        if (IS_A)
-          y[c] = j < i ? bs[i] * x[nt][2 * half + c] * dec : 0.0f;
-        else
-          y[c] = j <= i ? x[nt][2 * half + c] * dec : 0.0f;
-      }
-      if (IS_A)
-        Am[i * LDF + j0] = y[0], Am[i * LDF + j0 + 1] = y[1];
-      else
-        *reinterpret_cast<uint32_t *>(po + i * CH + j0) = pack_bf16(y[0], y[1]);
-    }
-}
-
-/* Barrier of the 256 threads (8 warps) of half hh (warp-uniform): ids 1 and 2 as immediates, so that
- * ptxas counts 3 barriers (a register id reserves all 16); id 0 stays __syncthreads'. */
-__device__ __forceinline__ void half_sync(int hh) {
-  if (hh == 0)
-    asm volatile("bar.sync 1, 256;\n" ::: "memory");
-  else
-    asm volatile("bar.sync 2, 256;\n" ::: "memory");
-}
-
-__global__ void __launch_bounds__(PREP3_THREADS, 1) chunk_prep_v3_kernel(const __grid_constant__ prep_args a) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  bf16 *Kn = reinterpret_cast<bf16 *>(smem); /* [CH][LDA] raw, then normalised k */
-  bf16 *Qn = Kn + CH * LDA;                  /* [CH][LDA] raw, then normalised q * scale */
-  const int n = blockIdx.x, h0 = 2 * blockIdx.y, ratio = a.hv / a.hk, kh = h0 / ratio;
-  const int2 chunk = a.ws.chunks[n];
-  const int64_t tok0 = chunk.x;
-  const int len = chunk.y;
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int hh = warp >> 3, htid = tid & 255, wh = warp & 7, mt = wh & 3, nh = wh >> 2;
-  const prep3_head R = prep3_regions(smem, hh); /* the value head h0 + hh of this thread's half */
-  const int64_t ch_k = (int64_t)n * a.hk + kh;
-
-  /* Raw rows in flight first; rows past the request's end are zeros (v1 loads 0 for them). */
-  for (int e = tid; e < CH * D / 8; e += PREP3_THREADS) {
-    const int j = e / (D / 8), c = (e % (D / 8)) * 8;
-    if (j < len) {
-      const int64_t t = tok0 + j;
-      load_piece(Qn + j * LDA + c, (const bf16 *)a.q + t * a.q_s0 + (int64_t)kh * a.q_s1 + c, a.rows16 & 1);
-      load_piece(Kn + j * LDA + c, (const bf16 *)a.k + t * a.k_s0 + (int64_t)kh * a.k_s1 + c, a.rows16 & 2);
-#pragma unroll
-      for (int x = 0; x < 2; x++)
-        load_piece(prep3_regions(smem, x).vr + j * LDA + c,
-                   (const bf16 *)a.v + t * a.v_s0 + (int64_t)(h0 + x) * a.v_s1 + c, a.rows16 & 4);
-    } else {
-      const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-      *reinterpret_cast<uint4 *>(Qn + j * LDA + c) = zero;
-      *reinterpret_cast<uint4 *>(Kn + j * LDA + c) = zero;
-#pragma unroll
-      for (int x = 0; x < 2; x++)
-        *reinterpret_cast<uint4 *>(prep3_regions(smem, x).vr + j * LDA + c) = zero;
-    }
-  }
-  upf_mma::cp_async_commit();
-
-  /* The blocks of T above the diagonal are zeros; T has its own region, so this half may write them now. */
-  for (int e = htid; e < CH * CH; e += PREP3_THREADS / 2) {
-    const int i = e / CH, j = e % CH;
-    if (j / TB > i / TB)
-      R.xm[i * LDF + j] = 0.0f;
-  }
-
-  if (tid < 2 * CH) { /* thread x CH + j: gate and beta of token j, value head h0 + x */
-    const int x = tid / CH, j = tid % CH;
-    const prep3_head Rx = prep3_regions(smem, x);
-    float gv = 0.0f, beta = 0.0f;
-    if (j < len)
-      gate_beta<bf16>(a, h0 + x, tok0 + j, gv, beta);
-    Rx.gs[j] = gv, Rx.bs[j] = beta;
-  }
-  __syncthreads();
-  if (tid < 2 * CH) { /* the serial cumsum's bits: the prefix left to right, the trips past j predicated off */
-    const int x = tid / CH, j = tid % CH;
-    const prep3_head Rx = prep3_regions(smem, x);
-    float G = 0.0f;
-#pragma unroll
-    for (int i = 0; i < CH; i++)
-      if (i <= j)
-        G += Rx.gs[i];
-    Rx.Gs[j] = G;
-    a.ws.gcum[((int64_t)n * a.hv + h0 + x) * CH + j] = G;
-  }
-  upf_mma::cp_async_wait<0>();
-  __syncthreads(); /* raw tiles and both heads' G visible to every warp */
-
-  /* Norms in place: warp w takes the row pairs (j, j + 1), j = 2w + 32m; lane holds dims lane + 32 e. Each
-   * lane reads and rewrites only its own elements of rows j, j + 1. */
-#pragma unroll 1
-  for (int j = 2 * warp; j < CH; j += 32) {
-    float qx[2][4], kn[2][4];
-#pragma unroll
-    for (int rr = 0; rr < 2; rr++)
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        const int o = (j + rr) * LDA + lane + 32 * e;
-        qx[rr][e] = __bfloat162float(Qn[o]), kn[rr][e] = __bfloat162float(Kn[o]);
-      }
-#pragma unroll
-    for (int rr = 0; rr < 2; rr++) {
-      float rq, rk;
-      row_norm_scales(qx[rr], kn[rr], a.scale, rq, rk);
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        const int o = (j + rr) * LDA + lane + 32 * e;
-        kn[rr][e] *= rk; /* v2's kn = kx rk */
-        Kn[o] = __float2bfloat16_rn(kn[rr][e]);
-        Qn[o] = __float2bfloat16_rn(qx[rr][e] * rq);
-      }
-    }
-#pragma unroll
-    for (int x = 0; x < 2; x++) {
-      const prep3_head Rx = prep3_regions(smem, x);
-      float wb[2], vb[2];
-#pragma unroll
-      for (int rr = 0; rr < 2; rr++)
-        wb[rr] = Rx.bs[j + rr] * expf(Rx.Gs[j + rr]), vb[rr] = Rx.bs[j + rr];
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        const int d = lane + 32 * e;
-        const float v0 = __bfloat162float(Rx.vr[j * LDA + d]), v1 = __bfloat162float(Rx.vr[(j + 1) * LDA + d]);
-        *reinterpret_cast<uint32_t *>(Rx.kbt + d * LDB + j) = pack_bf16(wb[0] * kn[0][e], wb[1] * kn[1][e]);
-        *reinterpret_cast<uint32_t *>(Rx.vbt + d * LDB + j) = pack_bf16(vb[0] * v0, vb[1] * v1);
-      }
-    }
-  }
-  __syncthreads();
-
-  if (h0 % ratio == 0) { /* the pair holding the first value head of a key head writes the shared q and k^T */
-    copy_q_rows<PREP3_THREADS>(Qn, a.ws.qn + ch_k * CH * D);
-    bf16 *ko = a.ws.kt + ch_k * D * CH;
-    /* v2's map: a warp covers 8 dims x 4 row pairs */
-    for (int e = tid; e < D * CH / 2; e += PREP3_THREADS) {
-      const int blk = e >> 5, l = e & 31;
-      const int d = (blk & 15) * 8 + (l & 7), j = 2 * ((blk >> 4) * 4 + (l >> 3));
-      *reinterpret_cast<__nv_bfloat162 *>(ko + d * CH + j) = __halves2bfloat162(Kn[j * LDA + d], Kn[(j + 1) * LDA + d]);
-    }
-  }
-
-  { /* warps 0-7: K K^T -> A of both heads (over their raw v); warps 8-15: Q K^T -> P of both heads. */
-    float acc[4][4] = {};
-    warp_mma<4, D>(acc, (hh == 0 ? Kn : Qn) + 16 * mt * LDA, LDA, Kn + 32 * nh * LDA, LDA);
-#pragma unroll
-    for (int x = 0; x < 2; x++) {
-      const prep3_head Rx = prep3_regions(smem, x);
-      if (hh == 0)
-        store_a_or_p<4, true>(acc, 16 * mt, 32 * nh, Rx.Gs, Rx.bs, Rx.am, nullptr);
-      else
-        store_a_or_p<4, false>(acc, 16 * mt, 32 * nh, Rx.Gs, Rx.bs, nullptr,
-                               a.ws.p + ((int64_t)n * a.hv + h0 + x) * CH * CH);
-    }
-  }
-  __syncthreads(); /* A of both heads complete; from here each half works alone on its value head */
-
-  /* T = (I + A)^-1 exactly as v2 (thread (r, c) of each 16 x 16 block), on this half's head. */
-  if (wh < CH / TB && lane < TB)
-    invert_diagonal_column(R.am, R.xm, TB * wh, lane);
-  half_sync(hh);
-  const int r = htid / TB, c = htid % TB;
-#pragma unroll
-  for (int I = 1; I < CH / TB; I++) {
-    const float *ar = R.am + (TB * I + r) * LDF;
-#pragma unroll
-    for (int J = 0; J < I; J++) {
-      float y = 0.0f;
-#pragma unroll
-      for (int k = TB * J; k < TB * I; k++)
-        y += ar[k] * R.xm[k * LDF + TB * J + c];
-      R.ys[J * TB * TB + r * TB + c] = y;
-    }
-    half_sync(hh);
-    const float *tr = R.xm + (TB * I + r) * LDF + TB * I; /* row r of T_II */
-#pragma unroll
-    for (int J = 0; J < I; J++) {
-      float t = 0.0f;
-#pragma unroll
-      for (int k = 0; k < TB; k++)
-        if (k <= r)
-          t += tr[k] * R.ys[J * TB * TB + k * TB + c];
-      R.xm[(TB * I + r) * LDF + TB * J + c] = -t;
-    }
-    half_sync(hh);
-  }
-
-  /* W = T (beta exp(G) K) and U = T (beta V) of this half's head: warp (mt, nh) writes rows 16mt..,
-   * columns 64nh.. */
-  const int64_t wu0 = ((int64_t)n * a.hv + h0 + hh) * CH * D + 16 * mt * D + 64 * nh;
-  product_t_times<8>(R.xm + 16 * mt * LDF, R.kbt + 64 * nh * LDB, a.ws.w + wu0);
-  product_t_times<8>(R.xm + 16 * mt * LDF, R.vbt + 64 * nh * LDB, a.ws.u + wu0);
-}
-
 struct state_args {
   const float *state_in; /* (B, Hv, D, D) or NULL */
   float *state_out;      /* (B, Hv, D, D) or NULL; may be state_in */
@@ -802,75 +408,6 @@ struct state_args {
 };
 
 constexpr int LDU = BV + 8;
-constexpr int STAGE_BF16 = 2 * CH * LDA + D * LDB + CH * LDB + CH * LDU; /* W, Q, K^T, P, U */
-constexpr size_t STAGE_BYTES = (size_t)STAGE_BF16 * sizeof(bf16) + CH * sizeof(float);
-constexpr size_t STATE_SMEM = 2 * STAGE_BYTES + (size_t)(BV * LDA + 2 * BV * LDB) * sizeof(bf16);
-static_assert(STAGE_BYTES % 16 == 0, "stages must keep 16-byte alignment");
-
-/* BV rows of W elements (shared, stride lds) to global rows of W elements, 16 bytes a piece, by
- * NTHREADS threads. */
-template <int NTHREADS, int W> __device__ __forceinline__ void copy_tile_rows(const bf16 *src, int lds, bf16 *dst) {
-  for (int e = threadIdx.x; e < BV * W / 8; e += NTHREADS) {
-    const int r = e / (W / 8), c = (e % (W / 8)) * 8;
-    *reinterpret_cast<uint4 *>(dst + r * W + c) = *reinterpret_cast<const uint4 *>(src + r * lds + c);
-  }
-}
-
-/* cp.async of chunk n's tiles for (value head h, key head kh, columns v0..v0+BV) into one stage, by
- * NTHREADS threads; WITH_O false (the split state pass) leaves out Q and P. */
-template <int NTHREADS, bool WITH_O>
-__device__ __forceinline__ void load_stage(const state_args &a, unsigned char *stage, int64_t n, int h, int kh, int v0) {
-  bf16 *Ws = reinterpret_cast<bf16 *>(stage), *Qs = Ws + CH * LDA, *Ks = Qs + CH * LDA, *Ps = Ks + D * LDB;
-  bf16 *Us = Ps + CH * LDB;
-  float *Gs = reinterpret_cast<float *>(Us + CH * LDU);
-  const int64_t ch_h = n * a.hv + h, ch_k = n * a.hk + kh;
-  const bf16 *w = a.ws.w + ch_h * CH * D, *q = a.ws.qn + ch_k * CH * D, *k = a.ws.kt + ch_k * D * CH;
-  const bf16 *p = a.ws.p + ch_h * CH * CH, *u = a.ws.u + ch_h * CH * D + v0;
-  const float *gc = a.ws.gcum + ch_h * CH;
-  for (int e = threadIdx.x; e < CH * D / 8; e += NTHREADS) {
-    const int r = e >> 4, c = (e & 15) * 8;
-    upf_mma::cp_async16(Ws + r * LDA + c, w + r * D + c);
-    if (WITH_O)
-      upf_mma::cp_async16(Qs + r * LDA + c, q + r * D + c);
-  }
-  for (int e = threadIdx.x; e < D * CH / 8; e += NTHREADS) {
-    const int r = e >> 3, c = (e & 7) * 8;
-    upf_mma::cp_async16(Ks + r * LDB + c, k + r * CH + c);
-  }
-  for (int e = threadIdx.x; WITH_O && e < CH * CH / 8; e += NTHREADS) {
-    const int r = e >> 3, c = (e & 7) * 8;
-    upf_mma::cp_async16(Ps + r * LDB + c, p + r * CH + c);
-  }
-  for (int e = threadIdx.x; e < CH * BV / 8; e += NTHREADS) {
-    const int r = e / (BV / 8), c = (e % (BV / 8)) * 8;
-    upf_mma::cp_async16(Us + r * LDU + c, u + r * D + c);
-  }
-  if (threadIdx.x < CH / 4)
-    upf_mma::cp_async16(Gs + 4 * threadIdx.x, gc + 4 * threadIdx.x);
-}
-
-/* V' = U - W S for the calling warp's rows i0 + g (+8), columns col0 + 8 nt + 2 t4 (+1) (vp = W S there), as
- * bf16 into VpT and, decayed by exp(G_last - G_i), into VdT (both transposed: [column][LDB]). */
-template <int NT>
-__device__ __forceinline__ void store_vprime(const float (&vp)[NT][4], int i0, int col0, const bf16 *Us,
-                                             const float *Gs, float GL, bf16 *VpT, bf16 *VdT) {
-  const int lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
-#pragma unroll
-  for (int half = 0; half < 2; half++) {
-    const int i = i0 + g + 8 * half;
-    const float ed = expf(GL - Gs[i]);
-#pragma unroll
-    for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-      for (int c = 0; c < 2; c++) {
-        const int col = col0 + 8 * nt + 2 * t4 + c;
-        const float val = __bfloat162float(Us[i * LDU + col]) - vp[nt][2 * half + c];
-        VpT[col * LDB + i] = __float2bfloat16_rn(val);
-        VdT[col * LDB + i] = __float2bfloat16_rn(val * ed);
-      }
-  }
-}
-
 /* O rows i0 + g (+8) of the calling warp's Q S block times exp(G_i). */
 template <int NT> __device__ __forceinline__ void scale_rows_exp_g(float (&o)[NT][4], int i0, int g, const float *Gs) {
 #pragma unroll
@@ -902,145 +439,33 @@ __device__ __forceinline__ void store_o_rows(const state_args &a, int2 chunk, in
   }
 }
 
-/* WARPS = 4: warp w owns chunk rows 16w..16w+15 for both V' (W S) and O (Q S, P V'), and state rows
- * 32w..32w+31. WARPS = 8: warps 0-3 compute V' and warps 4-7 O for chunk rows 16 (w mod 4).., in
- * parallel; warp w owns state rows 16w..16w+15. Same sums in the same order either way.
- * SPLIT (8 warps, UPF_GDN_STATE=split): no O here; all 8 warps compute V' (rows 16 (w mod 4)..,
- * columns 16 (w / 4)..), and each chunk's S^T (bf16, as rounded for W S) and V'^T go to the workspace
- * for chunk_out_kernel. The chain per chunk loses Q S and P V', and W S halves per warp. */
-template <typename TO, int WARPS, bool SPLIT = false>
-__global__ void __launch_bounds__(32 * WARPS, 1) chunk_state_kernel(const __grid_constant__ state_args a) {
-  constexpr int NT = BV / 8, NVB = D / BV, RS = D / WARPS, MT = RS / 16;
-  static_assert(WARPS == 4 || WARPS == 8, "4 or 8 warps");
-  static_assert(!SPLIT || WARPS == 8, "the split form has 8 warps");
-  extern __shared__ __align__(16) unsigned char smem[];
-  bf16 *St = reinterpret_cast<bf16 *>(smem + 2 * STAGE_BYTES); /* [BV][LDA] S^T rounded to bf16 */
-  bf16 *VpT = St + BV * LDA;                                    /* [BV][LDB] V'^T */
-  bf16 *VdT = VpT + BV * LDB;                                   /* [BV][LDB] (diag(exp(G_L - G)) V')^T */
-  const int vb = blockIdx.x % NVB, h = (blockIdx.x / NVB) % a.hv, r = blockIdx.x / (NVB * a.hv);
-  const int kh = h / (a.hv / a.hk), v0 = vb * BV;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
-  const bool does_v = WARPS == 4 || warp < 4, does_o = WARPS == 4 || warp >= 4;
-  const int64_t soff = ((int64_t)r * a.hv + h) * D * D;
-
-  float s[MT][NT][4]; /* S rows RS warp + 16 mt + g (+8), columns v0 + 8 nt + 2 t4 (+1) */
-#pragma unroll
-  for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-    for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-      for (int c = 0; c < 4; c++) {
-        const int d = RS * warp + 16 * mt + g + 8 * (c >> 1), v = v0 + 8 * nt + 2 * t4 + (c & 1);
-        s[mt][nt][c] = a.state_in ? a.state_in[soff + (int64_t)d * D + v] : 0.0f;
-      }
-
-  const int c0 = a.ws.req_chunk0[r], c1 = a.ws.req_chunk0[r + 1];
-  if (c0 < c1) {
-    load_stage<32 * WARPS, !SPLIT>(a, smem, c0, h, kh, v0);
-    upf_mma::cp_async_commit();
-  }
-  for (int n = c0, it = 0; n < c1; n++, it++) {
-    unsigned char *stage = smem + (size_t)(it & 1) * STAGE_BYTES;
-    if (n + 1 < c1) {
-      load_stage<32 * WARPS, !SPLIT>(a, smem + (size_t)((it + 1) & 1) * STAGE_BYTES, n + 1, h, kh, v0);
-      upf_mma::cp_async_commit();
-      upf_mma::cp_async_wait<1>();
-    } else {
-      upf_mma::cp_async_wait<0>();
-    }
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-      for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-        for (int c = 0; c < 4; c++) {
-          const int d = RS * warp + 16 * mt + g + 8 * (c >> 1), v = 8 * nt + 2 * t4 + (c & 1);
-          St[v * LDA + d] = __float2bfloat16_rn(s[mt][nt][c]);
-        }
-    __syncthreads(); /* the stage and S^T are visible to every warp */
-    const bf16 *Ws = reinterpret_cast<const bf16 *>(stage), *Qs = Ws + CH * LDA, *Ks = Qs + CH * LDA;
-    const bf16 *Ps = Ks + D * LDB, *Us = Ps + CH * LDB;
-    const float *Gs = reinterpret_cast<const float *>(Us + CH * LDU);
-    const int2 chunk = a.ws.chunks[n];
-    const int i0 = 16 * (warp & 3);
-    const float GL = Gs[CH - 1];
-    float o[NT][4] = {};
-    if constexpr (SPLIT) {
-      const int64_t ch_h = (int64_t)n * a.hv + h;
-      copy_tile_rows<256, D>(St, LDA, a.ws.st + (ch_h * D + v0) * D); /* S^T rows v0.. (read-only till the end) */
-      const int cw = 16 * (warp >> 2);
-      float vp[2][4] = {};
-      warp_mma<2, D>(vp, Ws + i0 * LDA, LDA, St + cw * LDA, LDA); /* W S, columns cw..cw+15 */
-      store_vprime<2>(vp, i0, cw, Us, Gs, GL, VpT, VdT);
-    } else if (does_v) {
-      float vp[NT][4] = {};
-      warp_mma<NT, D>(vp, Ws + i0 * LDA, LDA, St, LDA); /* W S */
-      store_vprime<NT>(vp, i0, 0, Us, Gs, GL, VpT, VdT);
-    }
-    if (!SPLIT && does_o) {
-      warp_mma<NT, D>(o, Qs + i0 * LDA, LDA, St, LDA); /* Q S */
-      scale_rows_exp_g<NT>(o, i0, g, Gs);
-    }
-    __syncthreads(); /* V' complete */
-    if constexpr (SPLIT)
-      copy_tile_rows<256, CH>(VpT, LDB, a.ws.vpt + (((int64_t)n * a.hv + h) * D + v0) * CH);
-    if (!SPLIT && does_o) {
-      warp_mma<NT, CH>(o, Ps + i0 * LDB, LDB, VpT, LDB); /* + P V' */
-      store_o_rows<TO, NT>(a, chunk, h, i0, v0, o);
-    }
-    const float eL = expf(GL);
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++) {
-#pragma unroll
-      for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-        for (int c = 0; c < 4; c++)
-          s[mt][nt][c] *= eL;
-      warp_mma<NT, CH>(s[mt], Ks + (RS * warp + 16 * mt) * LDB, LDB, VdT, LDB); /* + K^T diag(..) V' */
-    }
-    __syncthreads(); /* this stage, S^T and V' are free for the next chunk */
-  }
-  if (a.state_out)
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-      for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-        for (int c = 0; c < 4; c++) {
-          const int d = RS * warp + 16 * mt + g + 8 * (c >> 1), v = v0 + 8 * nt + 2 * t4 + (c & 1);
-          a.state_out[soff + (int64_t)d * D + v] = s[mt][nt][c];
-        }
-}
-
-/* The split state pass, second form (UPF_GDN_STATE=split, the default; the form above is split1): the same
- * warps, products, sums and roundings as chunk_state_kernel<TO, 8, true>, so the same S^T, V'^T and state
- * bits, with a shorter step per chunk:
- *   - a stage holds only what the split form reads (W, K^T, U, G: 41.2 KB, not 67.8 KB), so three fit
- *     (the next two chunks in flight) with S^T double-buffered, in 146.8 KB;
- *   - loads and copies are unrolled straight-line code with the per-thread offsets hoisted (the generic
- *     runtime loops cost about 200 instructions a thread a chunk before the first barrier);
- *   - fragments by ldmatrix, S^T, V'^T and (diag .. V')^T stored by stmatrix .trans, U read by ldmatrix:
- *     the same registers, a quarter of the shared-memory instructions, half the store wavefronts;
- *   - two barriers a chunk, not three: the next stage is issued after the first barrier, when every warp
- *     is past the previous chunk's reads of that stage, and S^T alternates between two buffers, so its
- *     copy to the workspace moves behind the second barrier (off the W S phase) with nothing to guard.
+/* The state pass. What keeps the serial step per chunk short:
+ *   - a stage holds only what the pass reads (W, K^T, U, G: 41.2 KB), so three fit (the next two chunks
+ *     in flight) with S^T double-buffered, in 146.8 KB;
+ *   - loads and copies are unrolled straight-line code with the per-thread offsets hoisted (generic
+ *     runtime loops would cost about 200 instructions a thread a chunk before the first barrier);
+ *   - fragments by ldmatrix, S^T, V'^T and (diag .. V')^T stored by stmatrix .trans, U read by ldmatrix
+ *     (perf/gdn_state_split_lanes.py checks these lane maps against the scalar fragment maps);
+ *   - two barriers a chunk: the next stage is issued after the first barrier, when every warp is past
+ *     the previous chunk's reads of that stage, and S^T alternates between two buffers, so its copy to
+ *     the workspace sits behind the second barrier (off the W S phase) with nothing to guard.
  * Per chunk n (stage n % 3, S^T buffer n % 2): S^T to shared; wait for stage n; barrier 1; issue stage
  * n + 2; V' = U - W S to VpT, VdT; barrier 2; S^T and V'^T to the workspace, S <- e^G_L S + K^T VdT.
  * Hazards, each write against the last read of its buffer: stage (n + 2) % 3 was last read in chunk
  * n - 1 (before barrier 1 of n); S^T buffer n % 2 in chunk n - 2 (before barrier 1 of n - 1); VpT, VdT
  * in chunk n - 1's second phase (before barrier 1 of n, and the writes come after it). */
-constexpr int SPLIT_STAGES = 3;
-constexpr size_t SPLIT_STAGE_BYTES = (size_t)(CH * LDA + D * LDB + CH * LDU) * sizeof(bf16) + CH * sizeof(float);
-constexpr size_t SPLIT_SMEM = SPLIT_STAGES * SPLIT_STAGE_BYTES + (size_t)(2 * BV * LDA + 2 * BV * LDB) * sizeof(bf16);
-constexpr int SPLIT_THREADS = 256;
-static_assert(SPLIT_STAGE_BYTES % 16 == 0, "stages must keep 16-byte alignment");
-static_assert(CH * D / 8 % SPLIT_THREADS == 0 && D * CH / 8 % SPLIT_THREADS == 0 && CH * BV / 8 == SPLIT_THREADS,
+constexpr int STATE_STAGES = 3;
+constexpr size_t STATE_STAGE_BYTES = (size_t)(CH * LDA + D * LDB + CH * LDU) * sizeof(bf16) + CH * sizeof(float);
+constexpr size_t STATE_SMEM = STATE_STAGES * STATE_STAGE_BYTES + (size_t)(2 * BV * LDA + 2 * BV * LDB) * sizeof(bf16);
+constexpr int STATE_THREADS = 256;
+static_assert(STATE_STAGE_BYTES % 16 == 0, "stages must keep 16-byte alignment");
+static_assert(CH * D / 8 % STATE_THREADS == 0 && D * CH / 8 % STATE_THREADS == 0 && CH * BV / 8 == STATE_THREADS,
               "whole 16-byte pieces a thread: W, K^T four each, U one");
-static_assert(BV * D / 8 % SPLIT_THREADS == 0 && BV * CH / 8 % SPLIT_THREADS == 0, "whole copy pieces a thread");
+static_assert(BV * D / 8 % STATE_THREADS == 0 && BV * CH / 8 % STATE_THREADS == 0, "whole copy pieces a thread");
 
 /* A thread's 16-byte pieces of one stage and of the two workspace copies: offsets in elements, fixed for
  * the kernel (piece i of W adds 16 rows, of K^T 32 rows, of S^T 16 rows). */
-struct split_lane_map {
+struct state_lane_map {
   int w_s, w_g;   /* W: row tid / 16, col 8 (tid % 16); shared (stride LDA) and global (stride D) */
   int k_s, k_g;   /* K^T: row tid / 8, col 8 (tid % 8); LDB, CH */
   int u_s, u_g;   /* U: row tid / 4, col 8 (tid % 4); LDU, D */
@@ -1048,9 +473,9 @@ struct split_lane_map {
   int vp_s, vp_g; /* V'^T copy: row tid / 8, col 8 (tid % 8); LDB, CH */
 };
 
-__device__ __forceinline__ split_lane_map split_lanes() {
+__device__ __forceinline__ state_lane_map state_lanes() {
   const int t = threadIdx.x;
-  split_lane_map m;
+  state_lane_map m;
   m.w_s = (t >> 4) * LDA + (t & 15) * 8, m.w_g = (t >> 4) * D + (t & 15) * 8;
   m.k_s = (t >> 3) * LDB + (t & 7) * 8, m.k_g = (t >> 3) * CH + (t & 7) * 8;
   m.u_s = (t >> 2) * LDU + (t & 3) * 8, m.u_g = (t >> 2) * D + (t & 3) * 8;
@@ -1061,17 +486,17 @@ __device__ __forceinline__ split_lane_map split_lanes() {
 
 /* The global rows of the next chunk to load (this thread's pieces): W, K^T, U (columns v0..), G of
  * value head h, key head kh; `next` steps them one chunk on. */
-struct split_src {
+struct state_src {
   const bf16 *w, *k, *u;
   const float *g;
   int64_t dw, dk, dg; /* elements a chunk: Hv CH D, Hk D CH, Hv CH */
   __device__ __forceinline__ void next() { w += dw, k += dk, u += dw, g += dg; }
 };
 
-__device__ __forceinline__ split_src split_source(const state_args &a, const split_lane_map &m, int64_t n, int h,
+__device__ __forceinline__ state_src state_source(const state_args &a, const state_lane_map &m, int64_t n, int h,
                                                   int kh, int v0) {
   const int64_t ch_h = n * a.hv + h, ch_k = n * a.hk + kh;
-  split_src src;
+  state_src src;
   src.w = a.ws.w + ch_h * CH * D + m.w_g, src.k = a.ws.kt + ch_k * D * CH + m.k_g;
   src.u = a.ws.u + ch_h * CH * D + v0 + m.u_g, src.g = a.ws.gcum + ch_h * CH + 4 * threadIdx.x;
   src.dw = (int64_t)a.hv * CH * D, src.dk = (int64_t)a.hk * D * CH, src.dg = (int64_t)a.hv * CH;
@@ -1079,14 +504,14 @@ __device__ __forceinline__ split_src split_source(const state_args &a, const spl
 }
 
 /* cp.async of one chunk's W, K^T, U, G (src) into one stage: ten 16-byte pieces a thread (G: threads 0-15). */
-__device__ __forceinline__ void load_stage_split(const split_src &src, const split_lane_map &m, unsigned char *stage) {
+__device__ __forceinline__ void load_stage(const state_src &src, const state_lane_map &m, unsigned char *stage) {
   bf16 *Ws = reinterpret_cast<bf16 *>(stage), *Ks = Ws + CH * LDA, *Us = Ks + D * LDB;
   float *Gs = reinterpret_cast<float *>(Us + CH * LDU);
 #pragma unroll
-  for (int i = 0; i < CH * D / 8 / SPLIT_THREADS; i++)
+  for (int i = 0; i < CH * D / 8 / STATE_THREADS; i++)
     upf_mma::cp_async16(Ws + m.w_s + i * 16 * LDA, src.w + i * 16 * D);
 #pragma unroll
-  for (int i = 0; i < D * CH / 8 / SPLIT_THREADS; i++)
+  for (int i = 0; i < D * CH / 8 / STATE_THREADS; i++)
     upf_mma::cp_async16(Ks + m.k_s + i * 32 * LDB, src.k + i * 32 * CH);
   upf_mma::cp_async16(Us + m.u_s, src.u);
   if (threadIdx.x < CH / 4)
@@ -1094,9 +519,9 @@ __device__ __forceinline__ void load_stage_split(const split_src &src, const spl
 }
 
 /* V' = U - W S (vp = W S of the calling warp's rows i0 + g (+8), columns cw + 8 nt + 2 t4 (+1)) as bf16 into
- * VpT and, decayed by exp(G_last - G_i), into VdT, both [column][LDB]: store_vprime<2>'s values and
- * roundings; U by one ldmatrix, each transposed tile by one stmatrix. */
-__device__ __forceinline__ void store_vprime_split(const float (&vp)[2][4], int i0, int cw, const bf16 *Us,
+ * VpT and, decayed by exp(G_last - G_i), into VdT, both [column][LDB]; U by one ldmatrix, each transposed
+ * tile by one stmatrix. */
+__device__ __forceinline__ void store_vprime(const float (&vp)[2][4], int i0, int cw, const bf16 *Us,
                                                    const float *Gs, float GL, bf16 *VpT, bf16 *VdT) {
   const int lane = threadIdx.x & 31, g = lane >> 2, j = lane & 7, mi = lane >> 3; /* matrix mi: nt mi/2, half mi%2 */
   uint32_t u[4];
@@ -1119,10 +544,10 @@ __device__ __forceinline__ void store_vprime_split(const float (&vp)[2][4], int 
   upf_mma::stsm_x4_trans(VdT + off, pd[0], pd[1], pd[2], pd[3]);
 }
 
-__global__ void __launch_bounds__(SPLIT_THREADS, 1) chunk_state_split_kernel(const __grid_constant__ state_args a) {
+__global__ void __launch_bounds__(STATE_THREADS, 1) chunk_state_kernel(const __grid_constant__ state_args a) {
   constexpr int NT = BV / 8, NVB = D / BV;
   extern __shared__ __align__(16) unsigned char smem[];
-  bf16 *St2 = reinterpret_cast<bf16 *>(smem + SPLIT_STAGES * SPLIT_STAGE_BYTES); /* 2 x [BV][LDA] S^T, bf16 */
+  bf16 *St2 = reinterpret_cast<bf16 *>(smem + STATE_STAGES * STATE_STAGE_BYTES); /* 2 x [BV][LDA] S^T, bf16 */
   bf16 *VpT = St2 + 2 * BV * LDA;                                                  /* [BV][LDB] V'^T */
   bf16 *VdT = VpT + BV * LDB;                                    /* [BV][LDB] (diag(exp(G_L - G)) V')^T */
   const int vb = blockIdx.x % NVB, h = (blockIdx.x / NVB) % a.hv, r = blockIdx.x / (NVB * a.hv);
@@ -1130,7 +555,7 @@ __global__ void __launch_bounds__(SPLIT_THREADS, 1) chunk_state_split_kernel(con
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
   const int j = lane & 7, mi = lane >> 3;
   const int64_t soff = ((int64_t)r * a.hv + h) * D * D;
-  const split_lane_map m = split_lanes();
+  const state_lane_map m = state_lanes();
 
   float s[NT][4]; /* S rows 16 warp + g (+8), columns v0 + 8 nt + 2 t4 (+1) */
 #pragma unroll
@@ -1142,11 +567,11 @@ __global__ void __launch_bounds__(SPLIT_THREADS, 1) chunk_state_split_kernel(con
     }
 
   const int c0 = a.ws.req_chunk0[r], c1 = a.ws.req_chunk0[r + 1];
-  split_src src = split_source(a, m, c0, h, kh, v0);
+  state_src src = state_source(a, m, c0, h, kh, v0);
 #pragma unroll
-  for (int p = 0; p < SPLIT_STAGES - 1; p++) { /* one group a stage, empty past the request's end */
+  for (int p = 0; p < STATE_STAGES - 1; p++) { /* one group a stage, empty past the request's end */
     if (c0 + p < c1)
-      load_stage_split(src, m, smem + p * SPLIT_STAGE_BYTES);
+      load_stage(src, m, smem + p * STATE_STAGE_BYTES);
     src.next();
     upf_mma::cp_async_commit();
   }
@@ -1155,16 +580,16 @@ __global__ void __launch_bounds__(SPLIT_THREADS, 1) chunk_state_split_kernel(con
   bf16 *sto = a.ws.st + (ch_h0 * D + v0) * D + m.st_g, *vpo = a.ws.vpt + (ch_h0 * D + v0) * CH + m.vp_g;
   /* stmatrix rows of this lane: matrix mi = (n-tile 2 p + mi / 2, row half mi % 2) of the S block */
   const int st_lane = (8 * (mi >> 1) + j) * LDA + 16 * warp + 8 * (mi & 1);
-  for (int n = c0, it = 0, sl = 0; n < c1; n++, it++, sl = sl + 1 == SPLIT_STAGES ? 0 : sl + 1) {
+  for (int n = c0, it = 0, sl = 0; n < c1; n++, it++, sl = sl + 1 == STATE_STAGES ? 0 : sl + 1) {
     bf16 *St = St2 + (it & 1) * BV * LDA;
 #pragma unroll
     for (int p = 0; p < NT / 2; p++) /* S^T rounded to bf16: n-tiles 2p, 2p + 1, rows g and g + 8 */
       upf_mma::stsm_x4_trans(St + st_lane + 16 * p * LDA, pack_bf16(s[2 * p][0], s[2 * p][1]),
                              pack_bf16(s[2 * p][2], s[2 * p][3]), pack_bf16(s[2 * p + 1][0], s[2 * p + 1][1]),
                              pack_bf16(s[2 * p + 1][2], s[2 * p + 1][3]));
-    upf_mma::cp_async_wait<SPLIT_STAGES - 2>(); /* this thread's pieces of chunk n's stage */
+    upf_mma::cp_async_wait<STATE_STAGES - 2>(); /* this thread's pieces of chunk n's stage */
     __syncthreads(); /* chunk n's stage and S^T visible; every warp past chunk n - 1 */
-    const unsigned char *stage = smem + (size_t)sl * SPLIT_STAGE_BYTES;
+    const unsigned char *stage = smem + (size_t)sl * STATE_STAGE_BYTES;
     const bf16 *Ws = reinterpret_cast<const bf16 *>(stage), *Ks = Ws + CH * LDA, *Us = Ks + D * LDB;
     const float *Gs = reinterpret_cast<const float *>(Us + CH * LDU);
     const float GL = Gs[CH - 1];
@@ -1172,11 +597,11 @@ __global__ void __launch_bounds__(SPLIT_THREADS, 1) chunk_state_split_kernel(con
       float vp[2][4] = {};
       upf_mma::warp_mma_ldsm<2, D>(vp, Ws + i0 * LDA, LDA, St + cw * LDA, LDA); /* W S, columns cw..cw+15 */
       /* chunk n + 2 into the stage chunk n - 1 used, issued behind the W S chain's loads */
-      if (n + SPLIT_STAGES - 1 < c1)
-        load_stage_split(src, m, smem + (size_t)(sl == 0 ? SPLIT_STAGES - 1 : sl - 1) * SPLIT_STAGE_BYTES);
+      if (n + STATE_STAGES - 1 < c1)
+        load_stage(src, m, smem + (size_t)(sl == 0 ? STATE_STAGES - 1 : sl - 1) * STATE_STAGE_BYTES);
       src.next();
       upf_mma::cp_async_commit();
-      store_vprime_split(vp, i0, cw, Us, Gs, GL, VpT, VdT);
+      store_vprime(vp, i0, cw, Us, Gs, GL, VpT, VdT);
     }
     __syncthreads(); /* V' complete */
     const float eL = expf(GL);
@@ -1188,7 +613,7 @@ __global__ void __launch_bounds__(SPLIT_THREADS, 1) chunk_state_split_kernel(con
     upf_mma::warp_mma_ldsm<NT, CH>(s, Ks + 16 * warp * LDB, LDB, VdT, LDB); /* + K^T diag(..) V' */
     /* S^T (as rounded for W S) and V'^T to the workspace for chunk_out_kernel: rows v0.. of chunk n */
 #pragma unroll
-    for (int i = 0; i < BV * D / 8 / SPLIT_THREADS; i++)
+    for (int i = 0; i < BV * D / 8 / STATE_THREADS; i++)
       *reinterpret_cast<uint4 *>(sto + i * 16 * D) = *reinterpret_cast<const uint4 *>(St + m.st_s + i * 16 * LDA);
     *reinterpret_cast<uint4 *>(vpo) = *reinterpret_cast<const uint4 *>(VpT + m.vp_s);
     sto += dst, vpo += dvp;
@@ -1204,10 +629,9 @@ __global__ void __launch_bounds__(SPLIT_THREADS, 1) chunk_state_split_kernel(con
       }
 }
 
-/* O of the split form (UPF_GDN_STATE=split), one CTA (8 warps) per (chunk, value head), all independent:
- * O = diag(exp(G)) Q S + P V' from the workspace's normalised q, P, G and the state pass's S^T and V'^T
- * (bf16, exactly the operands chunk_state_kernel's own O uses: the same sums in the same order, so the
- * same bits). Warp (mt, nh) owns rows 16mt.., columns 64nh... */
+/* O, one CTA (8 warps) per (chunk, value head), all independent: O = diag(exp(G)) Q S + P V' from the
+ * workspace's normalised q, P, G and the state pass's S^T and V'^T (bf16, the operands as the state pass
+ * rounded them). Warp (mt, nh) owns rows 16mt.., columns 64nh... */
 constexpr int OUT_THREADS = 256;
 constexpr size_t OUT_SMEM = (size_t)(CH * LDA + D * LDA + CH * LDB + D * LDB) * sizeof(bf16) + CH * sizeof(float);
 
@@ -1273,27 +697,13 @@ template <typename TO> __global__ void __launch_bounds__(OUT_THREADS, 2) chunk_o
 
 size_t align256(size_t x) { return (x + 255) & ~(size_t)255; }
 
-template <typename TO, int WARPS, bool SPLIT = false> upf_status launch_state(const state_args &s, unsigned grid) {
-  static bool attr_set;
-  UPF_TRY((upf_cuda_smem_prepare(chunk_state_kernel<TO, WARPS, SPLIT>, STATE_SMEM, false, &attr_set,
-                                 "chunk_state_kernel")));
-  chunk_state_kernel<TO, WARPS, SPLIT><<<grid, 32 * WARPS, STATE_SMEM, upf_cuda_stream()>>>(s);
+/* The state pass (chunk_state_kernel), then chunk_out_kernel over (chunk, value head). */
+template <typename TO> upf_status launch_state(const state_args &s, unsigned grid, int64_t nch) {
+  static bool state_attr_set;
+  UPF_TRY(upf_cuda_smem_prepare(chunk_state_kernel, STATE_SMEM, false, &state_attr_set,
+                                "chunk_state_kernel"));
+  chunk_state_kernel<<<grid, STATE_THREADS, STATE_SMEM, upf_cuda_stream()>>>(s);
   UPF_CUDA_LAUNCH_TRY("chunk_state_kernel");
-  return UPF_OK;
-}
-
-/* The split form: the state pass without O (chunk_state_split_kernel, or the first split kernel where
- * UPF_GDN_STATE=split1 asks for it: first_form), then chunk_out_kernel over (chunk, value head). */
-template <typename TO> upf_status launch_split(const state_args &s, unsigned grid, int64_t nch, bool first_form) {
-  if (first_form) {
-    UPF_TRY((launch_state<TO, 8, true>(s, grid)));
-  } else {
-    static bool split_attr_set;
-    UPF_TRY(upf_cuda_smem_prepare(chunk_state_split_kernel, SPLIT_SMEM, false, &split_attr_set,
-                                  "chunk_state_split_kernel"));
-    chunk_state_split_kernel<<<grid, SPLIT_THREADS, SPLIT_SMEM, upf_cuda_stream()>>>(s);
-    UPF_CUDA_LAUNCH_TRY("chunk_state_split_kernel");
-  }
   static bool attr_set;
   UPF_TRY(upf_cuda_smem_prepare(chunk_out_kernel<TO>, OUT_SMEM, false, &attr_set, "chunk_out_kernel"));
   if (nch > 0) {
@@ -1303,37 +713,8 @@ template <typename TO> upf_status launch_split(const state_args &s, unsigned gri
   return UPF_OK;
 }
 
-/* The scan's switches, each read once per process (any value but the listed ones is an error naming the
- * variable):
- *   UPF_GDN_STATE        "split" (the default: chunk_state_split_kernel, then chunk_out_kernel computes
- *                        O), "split1" (the same with the first split state pass, chunk_state_kernel<TO,
- *                        8, true>, kept for A/B timing) or "fused" (O inside the state pass);
- *   UPF_GDN_STATE_WARPS  "8" (the default: V' and O on separate warps) or "4" (the first 4-warp pass,
- *                        kept for A/B timing; fused form only);
- *   UPF_GDN_PREP         "v2" (chunk_prep_v2_kernel, the default), "v1" (chunk_prep_kernel) or "v3"
- *                        (chunk_prep_v3_kernel: value-head pairs; v2 where Hv / Hk is odd). The same
- *                        workspace bits from each. */
-struct scan_switches {
-  bool split, split1;
-  int state_warps, prep;
-};
-upf_status scan_switches_selected(scan_switches *sw) {
-  static const char *const STATE[] = {"fused", "split", "split1"}, *const WARPS[] = {"8", "4"},
-                           *const PREP[] = {"v1", "v2", "v3"};
-  static int state_cache = -1, warps_cache = -1, prep_cache = -1;
-  int state = 1, warps = 0, prep = 1;
-  UPF_TRY(upf_env_choice_once("UPF_GDN_STATE", STATE, 3, 1, &state_cache, &state));
-  UPF_TRY(upf_env_choice_once("UPF_GDN_STATE_WARPS", WARPS, 2, 0, &warps_cache, &warps));
-  UPF_TRY(upf_env_choice_once("UPF_GDN_PREP", PREP, 3, 1, &prep_cache, &prep));
-  sw->split = state != 0;
-  sw->split1 = state == 2;
-  sw->state_warps = warps == 1 ? 4 : 8;
-  sw->prep = prep + 1;
-  return UPF_OK;
-}
-
 /* prep_args.rows16: which of q, k, v (bits 0, 1, 2) have 16-byte aligned rows (base, token and head
- * strides), so that prep v2 may copy them by cp.async. */
+ * strides), so that the prep kernel may copy them by cp.async. */
 int rows_16byte_aligned(const upf_gdn_scan_inputs *in) {
   const upf_tensor *t[3] = {in->q, in->k, in->v};
   int mask = 0;
@@ -1347,15 +728,12 @@ int rows_16byte_aligned(const upf_gdn_scan_inputs *in) {
 
 extern "C" int upf_cuda_gdn_scan_chunked_fits(const upf_gdn_scan_inputs *in) {
   return in->v->dtype == UPF_DTYPE_BF16 && in->q->shape[2] == D && in->v->shape[2] == D &&
-         upf_cuda_smem_optin() >= STATE_SMEM && upf_cuda_smem_optin() >= PREP_SMEM &&
-         upf_cuda_smem_optin() >= PREP2_SMEM && upf_cuda_smem_optin() >= OUT_SMEM &&
-         upf_cuda_smem_optin() >= SPLIT_SMEM;
+         upf_cuda_smem_optin() >= PREP_SMEM && upf_cuda_smem_optin() >= OUT_SMEM &&
+         upf_cuda_smem_optin() >= STATE_SMEM;
 }
 
 extern "C" upf_status upf_cuda_gdn_scan_chunked(const upf_gdn_batch *batch, const upf_gdn_scan_inputs *in,
                                                 const upf_tensor *o, const upf_tensor *state_out) {
-  scan_switches sw;
-  UPF_TRY(scan_switches_selected(&sw));
   const int32_t B = batch->num_reqs;
   const int64_t Hk = in->q->shape[1], Hv = in->v->shape[1];
   const int32_t *cu = batch->cu_seqlens_host;
@@ -1377,9 +755,8 @@ extern "C" upf_status upf_cuda_gdn_scan_chunked(const upf_gdn_batch *batch, cons
   const size_t p_bytes = align256((size_t)nch * Hv * CH * CH * sizeof(bf16));
   const size_t g_bytes = align256((size_t)nch * Hv * CH * sizeof(float));
   const size_t qk_bytes = align256((size_t)nch * Hk * CH * D * sizeof(bf16));
-  const bool split = sw.split;
-  const size_t st_bytes = split ? align256((size_t)nch * Hv * D * D * sizeof(bf16)) : 0;
-  const size_t vpt_bytes = split ? align256((size_t)nch * Hv * D * CH * sizeof(bf16)) : 0;
+  const size_t st_bytes = align256((size_t)nch * Hv * D * D * sizeof(bf16));
+  const size_t vpt_bytes = align256((size_t)nch * Hv * D * CH * sizeof(bf16));
   void *wsp = nullptr;
   UPF_TRY(upf_cuda_workspace(plan_bytes + 2 * wu_bytes + p_bytes + g_bytes + 2 * qk_bytes + st_bytes + vpt_bytes, &wsp));
   unsigned char *base = (unsigned char *)wsp;
@@ -1397,8 +774,8 @@ extern "C" upf_status upf_cuda_gdn_scan_chunked(const upf_gdn_batch *batch, cons
   ws.gcum = (float *)cur, cur += g_bytes;
   ws.qn = (bf16 *)cur, cur += qk_bytes;
   ws.kt = (bf16 *)cur, cur += qk_bytes;
-  ws.st = split ? (bf16 *)cur : nullptr, cur += st_bytes;
-  ws.vpt = split ? (bf16 *)cur : nullptr;
+  ws.st = (bf16 *)cur, cur += st_bytes;
+  ws.vpt = (bf16 *)cur;
 
   if (nch > 0) {
     prep_args pa = {};
@@ -1414,23 +791,10 @@ extern "C" upf_status upf_cuda_gdn_scan_chunked(const upf_gdn_batch *batch, cons
       return upf_fail(UPF_ERR_SHAPE, "gdn.scan (cuda, chunked): %lld chunks exceed the grid", (long long)nch);
     const dim3 grid((unsigned)nch, (unsigned)Hv);
     pa.rows16 = rows_16byte_aligned(in);
-    const int prep = sw.prep;
-    if (prep == 3 && (Hv / Hk) % 2 == 0 && upf_cuda_smem_optin() >= PREP3_SMEM) {
-      static bool attr_set;
-      UPF_TRY(upf_cuda_smem_prepare(chunk_prep_v3_kernel, PREP3_SMEM, false, &attr_set, "chunk_prep_v3_kernel"));
-      chunk_prep_v3_kernel<<<dim3((unsigned)nch, (unsigned)(Hv / 2)), PREP3_THREADS, PREP3_SMEM, upf_cuda_stream()>>>(pa);
-      UPF_CUDA_LAUNCH_TRY("chunk_prep_v3_kernel");
-    } else if (prep >= 2) {
-      static bool attr_set;
-      UPF_TRY(upf_cuda_smem_prepare(chunk_prep_v2_kernel, PREP2_SMEM, false, &attr_set, "chunk_prep_v2_kernel"));
-      chunk_prep_v2_kernel<<<grid, PREP2_THREADS, PREP2_SMEM, upf_cuda_stream()>>>(pa);
-      UPF_CUDA_LAUNCH_TRY("chunk_prep_v2_kernel");
-    } else {
-      static bool attr_set;
-      UPF_TRY(upf_cuda_smem_prepare(chunk_prep_kernel<bf16>, PREP_SMEM, false, &attr_set, "chunk_prep_kernel"));
-      chunk_prep_kernel<bf16><<<grid, THREADS, PREP_SMEM, upf_cuda_stream()>>>(pa);
-      UPF_CUDA_LAUNCH_TRY("chunk_prep_kernel");
-    }
+    static bool attr_set;
+    UPF_TRY(upf_cuda_smem_prepare(chunk_prep_kernel, PREP_SMEM, false, &attr_set, "chunk_prep_kernel"));
+    chunk_prep_kernel<<<grid, PREP_THREADS, PREP_SMEM, upf_cuda_stream()>>>(pa);
+    UPF_CUDA_LAUNCH_TRY("chunk_prep_kernel");
   }
   state_args sa = {};
   sa.state_in = in->state_in ? (const float *)in->state_in->data : nullptr;
@@ -1443,10 +807,6 @@ extern "C" upf_status upf_cuda_gdn_scan_chunked(const upf_gdn_batch *batch, cons
   const unsigned grid = (unsigned)((int64_t)B * Hv * (D / BV));
   if (grid == 0)
     return UPF_OK;
-  if (split)
-    return o->dtype == UPF_DTYPE_BF16 ? launch_split<bf16>(sa, grid, nch, sw.split1)
-                                      : launch_split<float>(sa, grid, nch, sw.split1);
-  if (sw.state_warps == 4)
-    return o->dtype == UPF_DTYPE_BF16 ? launch_state<bf16, 4>(sa, grid) : launch_state<float, 4>(sa, grid);
-  return o->dtype == UPF_DTYPE_BF16 ? launch_state<bf16, 8>(sa, grid) : launch_state<float, 8>(sa, grid);
+  return o->dtype == UPF_DTYPE_BF16 ? launch_state<bf16>(sa, grid, nch)
+                                    : launch_state<float>(sa, grid, nch);
 }

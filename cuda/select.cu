@@ -1,14 +1,11 @@
 /* CUDA selection pipeline of UniPrefill (SPEC.md section 2): the fused select_run and the
  * stage-alone kernels that exist for verification.
  *
- * Floors at T=128K, Hq=32, Hkv=8, D=128, L=128, bf16, one request (H200: ~790 TFLOP/s bf16 dense
- * through cuBLAS, ~4.3 TB/s device copy; KINDS.md):
- *   FLOP floor: one pass of QK^T is 2*L*T*D*Hq = 137 GFLOP -> 0.17 ms at 790 TFLOP/s (the issue's
- *     two-pass design needs two: 274 GFLOP, 0.35 ms); exponentials L*T*Hq = 0.54 G per pass
- *     (MUFU ex2 at 16/clk/SM, 132 SMs, 1.8-1.98 GHz: 0.13-0.14 ms per pass).
- *   Byte floor: K read once, T*Hkv*D*2 = 268 MB -> 0.062 ms (q: only L rows, 1 MB).
- *   So the problem is arithmetic-bound; this design does ONE tensor-core pass (below). With
- *   mma.sync (no wgmma) the tensor pipe tops out near 60% of the cuBLAS rate, ~0.28 ms for the pass.
+ * Why one pass: at T = 128K, Hq = 32, Hkv = 8, D = 128, L = 128, bf16 (perf/NOTES.md "Selection"), one
+ * pass of QK^T is 2*L*T*D*Hq = 137 GFLOP (0.17 ms at the cuBLAS bf16 rate) with L*T*Hq = 0.54 G
+ * exponentials (0.13-0.14 ms of MUFU), while K is read once in 268 MB (0.06 ms): arithmetic-bound. The
+ * two-pass design (softmax normaliser first) doubles both, so the score kernel keeps per row an online
+ * max and writes per-segment partial sums that are rescaled after the fact.
  *
  * select_run, fused (no score tensor is materialised):
  *   1. sel_score_kernel<MmaBf16<D,NW,MT,PIPE> | Ffma<T>, MODE>: grid over (key chunk of KC keys, kv
@@ -19,25 +16,20 @@
  *      exp2(dot*scale*log2e - max) (one FFMA + ex2.approx) and writes per (row, segment) the pair
  *      (M = reference max, U = sum of exp2 over the segment); a segment is the part of a selection
  *      block inside one chunk. G < 64 (MODE 0) writes one max per 64-key tile and U per block. It
- *      also writes per (row, chunk) the online-softmax pair (MC, LC). One GEMM pass instead of two:
- *      the normaliser of a row is only needed after the fact, as a scale on U.
- *      Variants: MmaBf16 (bf16, D = 64/128/256, 16-byte aligned rows): default NW=8 warps x MT=2
- *      m-tiles (256 rows per CTA, 1 CTA/SM; MT=1 for D=256), PIPE = half-tile software pipeline
- *      (the MMAs of the next 32 keys are issued before the exponentials of the current 32);
- *      upf_cuda_select_set_mma_shape picks 4x2 (2 CTAs/SM), 8x1, and PIPE off. Ffma<T>: fp32 FFMA
- *      (no TF32) for fp32 inputs, and the bf16 fallback for other D <= 256 or unaligned rows.
- *      Hopper (sm_90a build, G >= 64, bf16 D = 64/128/256; the default there): sel_score_wgmma_kernel,
- *      section 1b. CTA = 2 consumer warpgroups x 64 query rows (Q in registers as the wgmma A
- *      operand) + 1 producer warp streaming 64-key K tiles by cp.async into a 4-stage (D = 64: 8)
- *      ring in the 128-byte-swizzle layout, full/empty mbarriers; wgmma m64n64k16 (B = K tile from
- *      smem), two accumulator sets per warpgroup: the wgmma of tile t+1 runs while the warpgroup does
- *      the exponentials of tile t (epi_big, same (M, U, MC, LC) outputs and per-thread order, so the
- *      same bits run to run). The mma.sync kernel stays as the fallback (sm_90 builds, G < 64,
- *      upf_cuda_select_set_mma_shape != 0).
- *      Prediction (T=128K, D=128): tensor work 0.17 ms and MUFU 0.13 ms per pass now overlap instead
- *      of serialising in one warp: score kernel 0.595 -> ~0.33 ms, select_run 0.675 -> ~0.41 ms.
- *      Outcome (H200, 2026-11-29): score kernel 0.595 -> 0.542 ms, select_run 0.675 -> 0.622 ms
- *      (bench_upf select/cuda/bf16/T:131072; 1M: 4.98 -> 4.54 ms). Missed: see "wgmma" below.
+ *      also writes per (row, chunk) the online-softmax pair (MC, LC). KC is chosen from the batch
+ *      shape to fill the device in few waves (plan_fused).
+ *      MmaBf16 (bf16, D = 64/128/256, 16-byte aligned rows): 8 warps x 2 m-tiles (256 rows per CTA,
+ *      1 CTA/SM; 8 x 1 for D = 256), PIPE = half-tile software pipeline for G >= 64 (the MMAs of the
+ *      next 32 keys are issued before the exponentials of the current 32). Ffma<T>: fp32 FFMA (no
+ *      TF32) for fp32 inputs, and the bf16 fallback for other D <= 256 or unaligned rows.
+ *      Hopper (sm_90a build, G >= 64, bf16 D = 64/128/256; the default there, the fastest measured):
+ *      sel_score_wgmma_kernel, section 1b. CTA = 2 consumer warpgroups x 64 query rows (Q in
+ *      registers as the wgmma A operand) + 1 producer warp streaming 64-key K tiles by cp.async into
+ *      a 4-stage (D = 64: 8) ring in the 128-byte-swizzle layout, full/empty mbarriers; wgmma
+ *      m64n64k16 (B = K tile from smem), two accumulator sets per warpgroup: the wgmma of tile t+1
+ *      runs while the warpgroup does the exponentials of tile t (epi_big, same (M, U, MC, LC)
+ *      outputs and per-thread order, so the same bits run to run). The mma.sync kernel is the
+ *      fallback (sm_90 builds, G < 64).
  *   2. sel_row_stats_kernel: per row: m = max MC, l = sum LC*exp2(MC-m) over chunks (fixed order).
  *   3. sel_block_mass_kernel: one CTA per block: b = sum_rows sum_segments U*exp2(M-m)/l, threads
  *      strided over rows, then cub::BlockReduce. Every float reduction in 1-3 has a fixed order:
@@ -45,62 +37,20 @@
  *   4. sel_topp_fused_kernel: one CTA per scored request; keys (float bits of b << IB | block) sorted
  *      descending by cub::BlockRadixSort (ties: larger index first), then BlockReduce for the sum and
  *      BlockScan for the exclusive prefix of pi = b/sum. Requests with more than 4096 blocks go to
- *      the segmented variant: cub::DeviceSegmentedSort over all scored requests, then
+ *      the segmented form: cub::DeviceSegmentedSort over all scored requests, then
  *      sel_topp_decide_kernel walks each request's sorted keys 4096 at a time (same arithmetic, so
- *      both variants give the same bits where both apply).
+ *      both forms give the same bits where both apply).
  *   5. Expansion: sel_token_mask_kernel, cub::DeviceScan::ExclusiveSum of the 0/1 mask, scatter of
  *      kept_index, new cu_seqlens and counts; one 16-byte device-to-host read at the end (kept_total
  *      and the non-finite flags).
- * Non-finite inputs: the PIPE kernel checks its operands (x*0 + chk in bf16x2 over the q fragments
- * once and over each K tile once per kv group: exactly the rows SPEC's check reads); the other
- * variants check every score. Only when flagged (slow path) sel_nonfinite_scan_kernel names the
+ * Non-finite inputs: the PIPE and wgmma kernels check their operands (x*0 + chk in bf16x2 over the q
+ * fragments once and over each K tile once per kv group: exactly the rows SPEC's check reads); the
+ * other kernels check every score. Only when flagged (slow path) sel_nonfinite_scan_kernel names the
  * tensor, token, head and dim, as the CPU reference does.
  *
  * Stage-alone entries (simple, correct on every shape, for verification): sel_part_gemm_kernel
  * (one thread per score, fp32 FMA over D), sel_softmax_rows_kernel + sel_token_mass_kernel,
  * sel_block_reduce_kernel; select_topp and select_expand share the kernels of steps 4 and 5.
- *
- * Measured (H200 SXM, driver 580.159.04, CUDA 13.0, SM clock 1.8 GHz under load; Hq=32, Hkv=8,
- * D=128, L=128, G=64, p=0.99, sink=128, uniform random inputs; cudaEvent around select_run,
- * median of 15 (1M: 4, f32 1M: 2) after 3 warm-ups, K rotated over >= 400 MB of buffers):
- *      T      bf16 total  (score  combine  top-p  expand)     f32 total
- *      8K      0.110 ms   (0.049   0.010   0.023  0.012)      0.554 ms
- *      32K     0.227 ms   (0.157   0.014   0.023  0.014)      1.805 ms
- *      128K    0.683 ms   (0.595   0.032   0.025  0.015)      6.76 ms
- *      1M      5.00 ms    (4.58    0.173   0.205  0.026)     52.9 ms
- *   Batches (bf16, T = 128K packed): 16 x 8K 0.694 ms, 64 x 2K 0.723 ms, 256 x 512 1.04 ms (min
- *   0.87); 32 prefill rows of 4-7K + 32 decode rows (T = 180K) 0.985 ms.
- *   Command: the scratch harness /tmp/upf_sel_check/check.cu (check bench; check verify) built
- *   against the library; phases from upf_cuda_select_profile.
- *   Score kernel at 128K: 137 GFLOP in 0.595 ms = 230 TFLOP/s, 29% of the cuBLAS rate; ncu: issue
- *   slots 38% busy, no eligible warp 60% of cycles, 2 warps per scheduler (233 registers): latency
- *   bound. The rest (combine + top-p + expand + launch gaps) is a ~70 us constant.
- * History (prediction -> outcome, T=128K score kernel unless noted):
- *   v1 8x2, barrier per tile, per-score finite check: 0.730 ms, total 0.904.
- *   block mass as one CTA per block (was a warp): combine 0.10 -> 0.03 predicted, 0.032 measured.
- *   4x2 shape, 2 CTAs/SM out of phase: predicted 0.73 -> 0.45, measured 0.728 (no gain).
- *   half-tile MMA/exp pipeline: 0.722 -> 0.686 (5%).
- *   instruction diet (the causal mask had been if-converted into every tile; cp.async addresses
- *     precomputed; operand finite check instead of one FFMA per score): 1513 -> ~800 instructions
- *     per warp-tile, predicted 0.686 -> 0.44, measured 0.595 (instructions -36%, issue 51% -> 38%).
- *   wgmma kernel (sm_90a; check cmp/cmpv in the scratch harness, medians of 10-15 after 3 warm-ups,
- *   score phase at 128K): predicted 0.595 -> 0.33 ms. Measured: fence before every tile's wgmma
- *   0.561-0.569; without the proxy fence (diagnostic only, not ordered) 0.539-0.541; early fence
- *   (VAR bit 1, the default) 0.538-0.545; + deferred (M, U) stores 0.544-0.546; + 8 stages
- *   0.547-0.548; mma.sync in the same runs 0.595-0.598. ncu (fence per tile): 553 us at 1.80 GHz,
- *   issue slots 37.9% busy, no eligible warp 59% of cycles, 2.24 warps and 0.59 eligible per
- *   scheduler, tensor pipe the busiest at 25.5%, L2 24%, DRAM 13%; 1.63 IPC = ~11.5 thread
- *   instructions per score. So wgmma took the MMAs off the issue slots, but the kernel is still
- *   latency-bound on the per-warp epilogue chains (max tree, two shuffle rounds, 32 ex2 feeding a
- *   fixed-order add chain, quad sums, merge) with only two consumer warps per scheduler; neither the
- *   tensor pipe nor MUFU is near its rate. Full select_run (bench_upf): 8K 0.101, 32K 0.210, 128K
- *   0.622, 1M 4.535 ms; 16 x 8K 0.628, 64 x 2K 0.655, ragged 24 rows 0.561 ms.
- *   Next steps toward 0.5 ms total: more consumer warps per scheduler (4 warpgroups x 1 accumulator
- *   set fits in 117 registers at 544 threads; drafted, not measured); a cheaper epilogue (kb / SG and
- *   the segment-end modulo are integer divisions per tile: SG is a power of two; the non-finite K
- *   check makes row group 0 slower than the others); TMA tensor loads (async proxy: no proxy fence,
- *   a lighter producer); then exponentials split between MUFU and an FMA polynomial once MUFU binds;
- *   top-p sized to the block count (a 4096-key sort is a 23 us constant).
  */
 #include <algorithm>
 #include <math.h>
@@ -236,7 +186,7 @@ void plan_build(const upf_select_inputs *in, const upf_select_params *params, se
 }
 
 /* Chooses the key chunk and fills the fused-kernel layout. `slots` = CTAs resident on the device. */
-void plan_fused(sel_plan &p, int32_t rows_per_cta, int64_t slots, int32_t forced_kc) {
+void plan_fused(sel_plan &p, int32_t rows_per_cta, int64_t slots) {
   p.RPC = rows_per_cta;
   int64_t group_rows = (int64_t)p.grp * p.L;
   p.RG = (int32_t)((group_rows + rows_per_cta - 1) / rows_per_cta);
@@ -244,20 +194,16 @@ void plan_fused(sel_plan &p, int32_t rows_per_cta, int64_t slots, int32_t forced
   for (const sel_req &q : p.reqs)
     max_n = std::max<int64_t>(max_n, q.n);
   int32_t best = 1024;
-  if (forced_kc > 0) {
-    best = forced_kc;
-  } else {
-    double best_cost = 0;
-    for (int32_t kc = 256; kc <= 8192; kc *= 2) {
-      int64_t ctas = 0;
-      for (const sel_req &q : p.reqs)
-        ctas += (q.n + kc - 1) / kc * (int64_t)p.Hkv * p.RG;
-      int64_t waves = (ctas + slots - 1) / slots;
-      double cost = (double)waves * (double)(std::min<int64_t>(kc, max_n) + 96);
-      if (kc == 256 || cost <= best_cost) {
-        best_cost = cost;
-        best = kc;
-      }
+  double best_cost = 0;
+  for (int32_t kc = 256; kc <= 8192; kc *= 2) {
+    int64_t ctas = 0;
+    for (const sel_req &q : p.reqs)
+      ctas += (q.n + kc - 1) / kc * (int64_t)p.Hkv * p.RG;
+    int64_t waves = (ctas + slots - 1) / slots;
+    double cost = (double)waves * (double)(std::min<int64_t>(kc, max_n) + 96);
+    if (kc == 256 || cost <= best_cost) {
+      best_cost = cost;
+      best = kc;
     }
   }
   p.KC = best;
@@ -385,7 +331,7 @@ struct MmaBf16 {
   static constexpr int MT = MT_;       /* m16 tiles per warp */
   static constexpr int NW = NW_;       /* warps per CTA */
   static constexpr bool PIPE = PIPE_;  /* half-tile software pipeline (G >= 64 only) */
-  static constexpr int MINB = (NW == 4 || (MT == 1 && D <= 128)) ? 2 : 1; /* CTAs per SM to fit */
+  static constexpr int MINB = 1; /* CTAs per SM in the launch bounds: one, all its registers for the tile */
   static constexpr int THREADS = NW * 32;
   static constexpr int RPC = NW * 16 * MT;
   static constexpr int KBUF = 2;
@@ -648,22 +594,13 @@ struct big_state {
   float mrun[2 * MT], usum[2 * MT], mc[2 * MT], lc[2 * MT];
 };
 
-/* (M, U) of a segment end held back for a later store (wgmma kernel, MT = 1). */
-struct pend_mu {
-  float *Mp, *Up;
-  float m[2], u[2];
-  bool has;
-};
-
 /* G >= 64 epilogue of one piece of NTL n8 tiles (keys kb ..): finite check, causal mask, piece max,
- * online update of the segment sum; at a segment end writes (M, U) (DEFER: hands them to *pd) and
- * folds it into (MC, LC). */
-template <int MT, int NTL, bool DEFER = false>
+ * online update of the segment sum; at a segment end writes (M, U) and folds it into (MC, LC). */
+template <int MT, int NTL>
 __device__ __forceinline__ void epi_big(float (&acc)[MT][NTL][4], int kb, bool need_mask, bool seg_end,
                                         const int (&lim)[MT][2], const bool (&valid)[MT][2],
                                         const int64_t (&R)[MT][2], big_state<MT> &st, const score_args &x,
-                                        const sel_req &rq, int tq, pend_mu *pd = nullptr) {
-  static_assert(!DEFER || MT == 1, "deferred stores: one m-tile");
+                                        const sel_req &rq, int tq) {
   const float c = x.c;
   if (need_mask) { /* only the tiles that reach the last L keys or the request's end */
     const int key0 = kb + 2 * tq;
@@ -720,13 +657,7 @@ __device__ __forceinline__ void epi_big(float (&acc)[MT][NTL][4], int kb, bool n
       for (int h = 0; h < 2; h++) {
         const int j = mt * 2 + h;
         float uq = quad_sum(st.usum[j]);
-        if constexpr (DEFER) {
-          pd->Mp = Mp;
-          pd->Up = Up;
-          pd->m[h] = st.mrun[j];
-          pd->u[h] = uq;
-          pd->has = true;
-        } else if (tq == 0 && valid[mt][h]) {
+        if (tq == 0 && valid[mt][h]) {
           Mp[mt * 16 + 8 * h] = st.mrun[j];
           Up[mt * 16 + 8 * h] = uq;
         }
@@ -1038,31 +969,23 @@ __global__ void __launch_bounds__(P::THREADS, P::MINB) sel_score_kernel(const sc
 /* t (epi_big, the same (M, U, MC, LC) arithmetic as the mma.sync kernel) while the tensor cores    */
 /* work. Every reduction is per thread or per quad in a fixed order: deterministic.                 */
 
-constexpr int WG_VAR = 2; /* the variant select_run uses (see WgCfg) */
-
-/* VAR (variants, for measurement; all keep the same arithmetic): bit 1 = early fence (the consumer
- * waits for tile t+2 and fences right after the wgmma wait of tile t, so the proxy fence does not
- * directly follow the epilogue's global stores; the default), bit 2 = twice the ring stages, bit 3 =
- * the (M, U) stores of tile t held back until after the next fence. Without bit 1 the fence sits
- * before each tile's wgmma. */
-template <int D_, int VAR = 0>
+template <int D_>
 struct WgCfg {
-  static_assert((VAR & ~14) == 0, "wgmma kernel variant bits: 2, 4, 8");
   static constexpr int D = D_;
   static constexpr int NCW = 2;                     /* consumer warpgroups */
   static constexpr int KS = D / 16;                 /* k16 steps */
-  static constexpr int NS = (D == 64 ? 8 : 4) * ((VAR & 4) ? 2 : 1); /* ring stages */
+  static constexpr int NS = D == 64 ? 8 : 4; /* ring stages */
   static constexpr int STAGE = KT * D * 2;          /* bytes per stage */
   static constexpr int THREADS = NCW * 128 + 32; /* + producer warp */
   static constexpr int RPC = NCW * 64;
   static size_t smem_bytes() { return 1024 + (size_t)NS * STAGE + 2 * NS * 8; }
 };
 
-template <int D, int VAR>
-__global__ void __launch_bounds__(WgCfg<D, VAR>::THREADS, 1) sel_score_wgmma_kernel(const score_args x) {
+template <int D>
+__global__ void __launch_bounds__(WgCfg<D>::THREADS, 1) sel_score_wgmma_kernel(const score_args x) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace upf_wgmma;
-  using C = WgCfg<D, VAR>;
+  using C = WgCfg<D>;
   constexpr int NS = C::NS, KS = C::KS, STAGE = C::STAGE, NCW = C::NCW;
   extern __shared__ __align__(16) uint8_t smem[];
   const uint32_t sraw = (uint32_t)__cvta_generic_to_shared(smem);
@@ -1175,8 +1098,6 @@ __global__ void __launch_bounds__(WgCfg<D, VAR>::THREADS, 1) sel_score_wgmma_ker
     fence_proxy_async();
   };
   auto issue = [&](float (&acc)[8][4], int t) {
-    if constexpr (!(VAR & 2))
-      ready(t);
     wg_fence();
     const uint32_t base = sbase + (t % NS) * STAGE;
 #pragma unroll
@@ -1185,32 +1106,12 @@ __global__ void __launch_bounds__(WgCfg<D, VAR>::THREADS, 1) sel_score_wgmma_ker
     }
     wg_commit();
   };
-  pend_mu pd;
-  pd.has = false;
-  pd.Mp = pd.Up = nullptr;
-  pd.m[0] = pd.m[1] = pd.u[0] = pd.u[1] = 0.f;
-  auto flush = [&]() {
-    if constexpr ((VAR & 8) != 0) {
-      if (pd.has) {
-        if (tq == 0 && valid[0][0]) {
-          pd.Mp[0] = pd.m[0];
-          pd.Up[0] = pd.u[0];
-        }
-        if (tq == 0 && valid[0][1]) {
-          pd.Mp[8] = pd.m[1];
-          pd.Up[8] = pd.u[1];
-        }
-        pd.has = false;
-      }
-    }
-  };
-  /* After the wgmma wait of tile t: early fence for tile t+2 (VAR & 2), then the held-back stores. */
+  /* After the wgmma wait of tile t: the fence for tile t+2 (the tile the next issue reads), here rather
+   * than before each issue, so that the proxy fence does not directly follow the epilogue's global
+   * stores. */
   auto mid = [&](int t) {
-    if constexpr ((VAR & 2) != 0) {
-      if (t + 2 < ntile) /* the tile the next issue reads */
-        ready(t + 2);
-    }
-    flush();
+    if (t + 2 < ntile)
+      ready(t + 2);
   };
   /* Epilogue of tile t, whose wgmma has completed: K check, stage release, then epi_big on a copy of
    * the accumulators (no non-wgmma instruction may define accumulator registers while a wgmma is in
@@ -1238,18 +1139,16 @@ __global__ void __launch_bounds__(WgCfg<D, VAR>::THREADS, 1) sel_score_wgmma_ker
       for (int e = 0; e < 4; e++)
         sv[0][j][e] = cur[0][j][e];
     const int kb = k0 + t * KT;
-    epi_big<1, 8, (VAR & 8) != 0>(sv, kb, kb + KT - 1 > n - x.L, (kb + KT) % x.SG == 0 || t == ntile - 1, lim,
-                                   valid, R, st, x, rq, tq, &pd);
+    epi_big<1, 8>(sv, kb, kb + KT - 1 > n - x.L, (kb + KT) % x.SG == 0 || t == ntile - 1, lim, valid, R, st, x,
+                  rq, tq);
   };
 
   /* Steady state without branches around the wgmma (ptxas tracks the in-flight groups through it):
    * issue tile t+1, wait for tile t, epilogue of tile t. ntile >= 1: a chunk holds at least one key. */
   float accA[1][8][4], accB[1][8][4];
-  if constexpr ((VAR & 2) != 0) {
-    ready(0);
-    if (ntile > 1)
-      ready(1);
-  }
+  ready(0);
+  if (ntile > 1)
+    ready(1);
   issue(accA[0], 0);
   int t = 0;
   for (; t + 2 < ntile; t += 2) {
@@ -1275,7 +1174,6 @@ __global__ void __launch_bounds__(WgCfg<D, VAR>::THREADS, 1) sel_score_wgmma_ker
     mid(t);
     epi(accA, t);
   }
-  flush();
 #pragma unroll
   for (int h = 0; h < 2; h++)
     if (tq == 0 && valid[0][h]) {
@@ -1464,7 +1362,7 @@ __global__ void __launch_bounds__(TP_THREADS) sel_topp_fused_kernel(const sel_re
   chunk_decide(tmp, a, keys, 0, nb, rq.blk0, total, carry);
 }
 
-/* Segmented variant, step 1: keys of every block of every scored request. */
+/* Segmented form, step 1: keys of every block of every scored request. */
 __global__ void sel_topp_keys_kernel(sel_dev_plan plan, int B, int64_t num_blocks, topp_args a,
                                      unsigned long long *__restrict__ keys) { // (num_blocks)
   int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -1478,7 +1376,17 @@ __global__ void sel_topp_keys_kernel(sel_dev_plan plan, int B, int64_t num_block
   keys[c] = make_key(a, rq.r, rq.blk0, (int)(c - rq.blk0));
 }
 
-/* Segmented variant, step 3: one CTA per scored request walks its sorted keys chunk by chunk. */
+/* This thread's TP_ITEMS keys of the chunk at rank0 of a request's nb sorted keys k (0 past the end). */
+__device__ __forceinline__ void load_sorted_keys(unsigned long long (&keys)[TP_ITEMS], const unsigned long long *k,
+                                                 int64_t rank0, int64_t nb) {
+#pragma unroll
+  for (int i = 0; i < TP_ITEMS; i++) {
+    int64_t rank = rank0 + threadIdx.x * TP_ITEMS + i;
+    keys[i] = rank < nb ? k[rank] : 0ull;
+  }
+}
+
+/* Segmented form, step 3: one CTA per scored request walks its sorted keys chunk by chunk. */
 __global__ void __launch_bounds__(TP_THREADS) sel_topp_decide_kernel(const sel_req *__restrict__ reqs, topp_args a,
                                                                      const unsigned long long *__restrict__ sorted) {
   __shared__ tp_temp tmp;
@@ -1489,11 +1397,7 @@ __global__ void __launch_bounds__(TP_THREADS) sel_topp_decide_kernel(const sel_r
   unsigned long long keys[TP_ITEMS];
   float total = 0.f;
   for (int64_t rank0 = 0; rank0 < nb; rank0 += TP_CHUNK) {
-#pragma unroll
-    for (int i = 0; i < TP_ITEMS; i++) {
-      int64_t rank = rank0 + threadIdx.x * TP_ITEMS + i;
-      keys[i] = rank < nb ? k[rank] : 0ull;
-    }
+    load_sorted_keys(keys, k, rank0, nb);
     float sum = chunk_sum(tmp, keys, rank0, nb, a.ib);
     total = total + sum; /* meaningful in thread 0 only */
   }
@@ -1503,11 +1407,7 @@ __global__ void __launch_bounds__(TP_THREADS) sel_topp_decide_kernel(const sel_r
   total = s_total;
   float carry = 0.f;
   for (int64_t rank0 = 0; rank0 < nb; rank0 += TP_CHUNK) {
-#pragma unroll
-    for (int i = 0; i < TP_ITEMS; i++) {
-      int64_t rank = rank0 + threadIdx.x * TP_ITEMS + i;
-      keys[i] = rank < nb ? k[rank] : 0ull;
-    }
+    load_sorted_keys(keys, k, rank0, nb);
     chunk_decide(tmp, a, keys, rank0, nb, rq.blk0, total, carry);
   }
 }
@@ -1727,23 +1627,6 @@ __global__ void sel_nonfinite_scan_kernel(const T *__restrict__ q, const T *__re
 /* ---------------------------------------------------------------------------------------------- */
 /* Host side                                                                                        */
 
-upf_cuda_score_variant g_score_variant = UPF_CUDA_SCORE_AUTO;
-bool g_profile = false, g_profile_valid = false;
-cudaEvent_t g_prof_ev[5];
-float g_prof_ms[4];
-
-upf_status prof_mark(int i, cudaStream_t stream) {
-  if (!g_profile)
-    return UPF_OK;
-  if (!g_prof_ev[i])
-    UPF_CUDA_TRY(cudaEventCreate(&g_prof_ev[i]));
-  UPF_CUDA_TRY(cudaEventRecord(g_prof_ev[i], stream));
-  return UPF_OK;
-}
-upf_cuda_topp_variant g_topp_variant = UPF_CUDA_TOPP_AUTO;
-int32_t g_forced_kc = 0;
-int g_mma_shape = 0;
-
 upf_status check_head_dim(const upf_select_inputs *in, const char *op) {
   int64_t D = in->q.shape[2];
   if (D > 256)
@@ -1844,25 +1727,16 @@ upf_status prepare_score_kernel(kernel_cfg &cfg, int D) {
   return UPF_OK;
 }
 
-template <int MODE, int D, int NW, int MT>
-upf_status prepare_mma(kernel_cfg &cfg, bool pipe) {
-  if constexpr (MODE == 1) {
-    if (pipe)
-      return prepare_score_kernel<MmaBf16<D, NW, MT, true>, MODE>(cfg, D);
-  }
-  return prepare_score_kernel<MmaBf16<D, NW, MT, false>, MODE>(cfg, D);
-}
-
-template <int D, int VAR>
+template <int D>
 upf_status prepare_wgmma(kernel_cfg &cfg) {
-  cfg.fn = (const void *)sel_score_wgmma_kernel<D, VAR>;
-  cfg.threads = WgCfg<D, VAR>::THREADS;
-  cfg.smem = WgCfg<D, VAR>::smem_bytes();
-  cfg.rows_per_cta = WgCfg<D, VAR>::RPC;
+  cfg.fn = (const void *)sel_score_wgmma_kernel<D>;
+  cfg.threads = WgCfg<D>::THREADS;
+  cfg.smem = WgCfg<D>::smem_bytes();
+  cfg.rows_per_cta = WgCfg<D>::RPC;
   if (cfg.smem > upf_cuda_smem_optin())
     return upf_fail(UPF_ERR_UNSUPPORTED, "select (cuda): the wgmma score kernel needs %zu bytes of shared memory, "
                     "the device allows %zu", cfg.smem, upf_cuda_smem_optin());
-  UPF_CUDA_TRY(cudaFuncSetAttribute(sel_score_wgmma_kernel<D, VAR>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  UPF_CUDA_TRY(cudaFuncSetAttribute(sel_score_wgmma_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)cfg.smem));
   return UPF_OK;
 }
@@ -1891,54 +1765,32 @@ upf_status wgmma_available(bool *ok) {
   return UPF_OK;
 }
 
+/* The score kernel: for bf16 rows that mma_applies to, the wgmma kernel where G >= 64 on an sm_90a
+ * build and device (the fastest measured), else the mma.sync kernel (8 warps x 2 m-tiles, 8 x 1 at
+ * D = 256, whose A fragments take 64 registers an m-tile; the half-tile pipeline where G >= 64); the
+ * FFMA kernel for everything else. */
 template <int MODE>
 upf_status pick_score_kernel(const upf_select_inputs *in, int D, bool use_mma, kernel_cfg &cfg) {
   if constexpr (MODE == 1) {
-    /* Default shape 0 on an sm_90a build: the wgmma kernel (16 + v: variant v at D = 128, for
-     * measurement). */
-    if (use_mma && (g_mma_shape == 0 || g_mma_shape >= 16)) {
+    if (use_mma) {
       bool ok = false;
       UPF_TRY(wgmma_available(&ok));
       if (ok) {
         if (D == 64)
-          return prepare_wgmma<64, WG_VAR>(cfg);
+          return prepare_wgmma<64>(cfg);
         if (D == 256)
-          return prepare_wgmma<256, WG_VAR>(cfg);
-        switch (g_mma_shape) {
-        case 16:
-          return prepare_wgmma<128, 0>(cfg);
-        case 26:
-          return prepare_wgmma<128, 10>(cfg);
-        case 30:
-          return prepare_wgmma<128, 14>(cfg);
-        default:
-          return prepare_wgmma<128, WG_VAR>(cfg);
-        }
+          return prepare_wgmma<256>(cfg);
+        return prepare_wgmma<128>(cfg);
       }
     }
   }
+  constexpr bool PIPE = MODE == 1;
   if (use_mma) {
-    /* Shapes (warps x m-tiles per warp): 0 = 8x2 (D <= 128; 8x1 for D = 256, whose A fragments take
-     * 64 registers per m-tile), 1 = 4x2 (4x1), 2 = 8x1; +4 = without the half-tile pipeline. */
-    int shape = g_mma_shape & 3;
-    bool pipe = (g_mma_shape & 4) == 0;
-    if (D == 64) {
-      if (shape == 1)
-        return prepare_mma<MODE, 64, 4, 2>(cfg, pipe);
-      if (shape == 2)
-        return prepare_mma<MODE, 64, 8, 1>(cfg, pipe);
-      return prepare_mma<MODE, 64, 8, 2>(cfg, pipe);
-    }
-    if (D == 128) {
-      if (shape == 1)
-        return prepare_mma<MODE, 128, 4, 2>(cfg, pipe);
-      if (shape == 2)
-        return prepare_mma<MODE, 128, 8, 1>(cfg, pipe);
-      return prepare_mma<MODE, 128, 8, 2>(cfg, pipe);
-    }
-    if (shape == 1)
-      return prepare_mma<MODE, 256, 4, 1>(cfg, pipe);
-    return prepare_mma<MODE, 256, 8, 1>(cfg, pipe);
+    if (D == 64)
+      return prepare_score_kernel<MmaBf16<64, 8, 2, PIPE>, MODE>(cfg, D);
+    if (D == 128)
+      return prepare_score_kernel<MmaBf16<128, 8, 2, PIPE>, MODE>(cfg, D);
+    return prepare_score_kernel<MmaBf16<256, 8, 1, PIPE>, MODE>(cfg, D);
   }
   if (in->q.dtype == UPF_DTYPE_BF16)
     return prepare_score_kernel<Ffma<__nv_bfloat16>, MODE>(cfg, D);
@@ -1946,7 +1798,7 @@ upf_status pick_score_kernel(const upf_select_inputs *in, int D, bool use_mma, k
 }
 
 bool mma_applies(const upf_select_inputs *in) {
-  if (in->q.dtype != UPF_DTYPE_BF16 || g_score_variant == UPF_CUDA_SCORE_FFMA)
+  if (in->q.dtype != UPF_DTYPE_BF16)
     return false;
   int64_t D = in->q.shape[2];
   if (D != 64 && D != 128 && D != 256)
@@ -1975,7 +1827,7 @@ upf_status run_topp(const sel_plan &p, const sel_dev_plan &dp, const upf_select_
   a.topk = params->topk;
   a.keep_ratio = params->keep_ratio;
   a.bad_score = bad_score;
-  bool segmented = g_topp_variant == UPF_CUDA_TOPP_SEGMENTED || p.max_nb > TP_CHUNK;
+  bool segmented = p.max_nb > TP_CHUNK;
   if (!segmented) {
     a.ib = 12; /* TP_CHUNK = 4096 = 2^12 */
     sel_topp_fused_kernel<<<p.S, TP_THREADS, 0, stream>>>(dp.reqs, a);
@@ -2073,33 +1925,6 @@ upf_status upload_plan(const sel_plan &p, uint8_t *dev_blob) {
 /* ---------------------------------------------------------------------------------------------- */
 /* Entries                                                                                          */
 
-extern "C" void upf_cuda_select_set_variants(upf_cuda_score_variant score, upf_cuda_topp_variant topp) {
-  g_score_variant = score;
-  g_topp_variant = topp;
-}
-
-extern "C" void upf_cuda_select_set_mma_shape(int shape) { g_mma_shape = shape; }
-
-extern "C" void upf_cuda_select_profile(int enable) { g_profile = enable != 0; }
-
-extern "C" int upf_cuda_select_profile_read(float phase_ms[4]) {
-  if (!g_profile_valid)
-    return 0;
-  for (int i = 0; i < 4; i++)
-    phase_ms[i] = g_prof_ms[i];
-  return 1;
-}
-
-extern "C" void upf_cuda_select_set_key_chunk(int32_t keys) {
-  int32_t kc = 0;
-  if (keys > 0) {
-    kc = 256;
-    while (kc < keys && kc < 8192)
-      kc *= 2;
-  }
-  g_forced_kc = kc;
-}
-
 extern "C" upf_status upf_cuda_select_run(const upf_select_inputs *in, const upf_select_params *params,
                                           upf_select_outputs *out) {
   UPF_TRY(upf_cuda_init());
@@ -2118,7 +1943,7 @@ extern "C" upf_status upf_cuda_select_run(const upf_select_inputs *in, const upf
       UPF_TRY(pick_score_kernel<0>(in, p.D, use_mma, cfg));
     int occ = 1;
     UPF_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, cfg.fn, cfg.threads, cfg.smem));
-    plan_fused(p, cfg.rows_per_cta, (int64_t)upf_cuda_num_sms() * std::max(occ, 1), g_forced_kc);
+    plan_fused(p, cfg.rows_per_cta, (int64_t)upf_cuda_num_sms() * std::max(occ, 1));
   }
 
   ws_carver wc;
@@ -2144,8 +1969,6 @@ extern "C" upf_status upf_cuda_select_run(const upf_select_inputs *in, const upf
   UPF_TRY(upload_plan(p, base + o_blob));
   sel_dev_plan dp = plan_device(p, base + o_blob);
   UPF_CUDA_TRY(cudaMemsetAsync(d_res, 0xFF, sizeof(sel_result), stream));
-  g_profile_valid = false;
-  UPF_TRY(prof_mark(0, stream));
 
   if (p.S > 0) {
     score_args x;
@@ -2178,7 +2001,6 @@ extern "C" upf_status upf_cuda_select_run(const upf_select_inputs *in, const upf
     void *args[] = {&x};
     UPF_CUDA_TRY(cudaLaunchKernel(cfg.fn, dim3((unsigned)p.ctas), dim3(cfg.threads), args, cfg.smem, stream));
     UPF_CUDA_LAUNCH_TRY("sel_score_kernel");
-    UPF_TRY(prof_mark(1, stream));
     int64_t rows = (int64_t)p.S * p.Rn;
     sel_row_stats_kernel<<<grid_for(rows, 256), 256, 0, stream>>>(dp.reqs, p.S, p.Rn, x.MC, x.LC,
                                                                   (float *)(base + o_rm), (float *)(base + o_ri));
@@ -2191,23 +2013,12 @@ extern "C" upf_status upf_cuda_select_run(const upf_select_inputs *in, const upf
     sel_unscored_blocks_kernel<<<grid_for(p.num_blocks, 256), 256, 0, stream>>>(dp, p.B, p.num_blocks, nullptr,
                                                                                  block_score);
     UPF_CUDA_LAUNCH_TRY("sel_unscored_blocks_kernel");
-    UPF_TRY(prof_mark(1, stream));
-  } else {
-    UPF_TRY(prof_mark(1, stream));
   }
-  UPF_TRY(prof_mark(2, stream));
   UPF_TRY(run_topp(p, dp, params, block_score, block_mask, &d_res->bad_score, base + o_tp, stream));
-  UPF_TRY(prof_mark(3, stream));
   UPF_TRY(run_expand(in, p, dp, params, block_mask, out, base + o_ex, &d_res->kept_total, stream));
-  UPF_TRY(prof_mark(4, stream));
 
   sel_result res;
   UPF_TRY(upf_cuda_download_small(&res, d_res, sizeof res));
-  if (g_profile) {
-    for (int i = 0; i < 4; i++)
-      UPF_CUDA_TRY(cudaEventElapsedTime(&g_prof_ms[i], g_prof_ev[i], g_prof_ev[i + 1]));
-    g_profile_valid = true;
-  }
   if (res.bad_req != ~0u || res.bad_score != ~0ull) {
     bool found = false;
     UPF_TRY(find_nonfinite(in, p, stream, "select", &found));
@@ -2218,26 +2029,33 @@ extern "C" upf_status upf_cuda_select_run(const upf_select_inputs *in, const upf
   return UPF_OK;
 }
 
-/* Start of every stage-alone entry: the device, the layout checks and the host plan. */
-static upf_status stage_begin(const upf_select_inputs *in, const upf_select_params *params, sel_plan &p,
-                              cudaStream_t *stream) {
-  UPF_TRY(upf_cuda_init());
-  UPF_TRY(check_layout(in, params));
-  *stream = upf_cuda_stream();
-  plan_build(in, params, p);
-  return UPF_OK;
-}
+/* The frame of the stage-alone entries that read only the layout: begin (the device, the layout checks,
+ * the host plan, and the plan blob as the workspace's first piece), the entry's own pieces by wc.take,
+ * then map (the workspace, with the plan uploaded into it). */
+struct stage_call {
+  sel_plan p;
+  cudaStream_t stream = nullptr;
+  ws_carver wc;
+  uint8_t *base = nullptr;
+  sel_dev_plan dp = {};
 
-/* Takes the carved workspace (the carver's first take must be the plan blob, at offset 0) and
- * uploads the plan into it. */
-static upf_status stage_workspace(const sel_plan &p, const ws_carver &wc, uint8_t **base, sel_dev_plan *dp) {
-  void *ws;
-  UPF_TRY(upf_cuda_workspace(wc.at, &ws));
-  *base = (uint8_t *)ws;
-  UPF_TRY(upload_plan(p, *base));
-  *dp = plan_device(p, *base);
-  return UPF_OK;
-}
+  upf_status begin(const upf_select_inputs *in, const upf_select_params *params) {
+    UPF_TRY(upf_cuda_init());
+    UPF_TRY(check_layout(in, params));
+    stream = upf_cuda_stream();
+    plan_build(in, params, p);
+    wc.take(p.blob_bytes);
+    return UPF_OK;
+  }
+  upf_status map() {
+    void *ws;
+    UPF_TRY(upf_cuda_workspace(wc.at, &ws));
+    base = (uint8_t *)ws;
+    UPF_TRY(upload_plan(p, base));
+    dp = plan_device(p, base);
+    return UPF_OK;
+  }
+};
 
 extern "C" upf_status upf_cuda_select_part_gemm(const upf_select_inputs *in, const upf_select_params *params,
                                                 float *scores) {
@@ -2271,90 +2089,66 @@ extern "C" upf_status upf_cuda_select_part_gemm(const upf_select_inputs *in, con
 
 extern "C" upf_status upf_cuda_select_block_softmax(const upf_select_inputs *in, const upf_select_params *params,
                                                     const float *scores, float *token_mass) {
-  sel_plan p;
-  cudaStream_t stream;
-  UPF_TRY(stage_begin(in, params, p, &stream));
+  stage_call c;
+  UPF_TRY(c.begin(in, params));
+  const sel_plan &p = c.p;
   if (p.T == 0)
     return UPF_OK;
-  ws_carver wc;
-  wc.take(p.blob_bytes);
-  size_t o_m = wc.take(sizeof(float) * (size_t)p.S * (size_t)p.Rn);
-  size_t o_l = wc.take(sizeof(float) * (size_t)p.S * (size_t)p.Rn);
-  uint8_t *base;
-  sel_dev_plan dp;
-  UPF_TRY(stage_workspace(p, wc, &base, &dp));
-  float *row_m = (float *)(base + o_m), *row_l = (float *)(base + o_l);
-  int64_t rows = (int64_t)p.S * p.Rn;
+  const int64_t rows = (int64_t)p.S * p.Rn;
+  const size_t o_m = c.wc.take(sizeof(float) * (size_t)rows), o_l = c.wc.take(sizeof(float) * (size_t)rows);
+  UPF_TRY(c.map());
+  float *row_m = (float *)(c.base + o_m), *row_l = (float *)(c.base + o_l);
   if (rows > 0) {
     if (rows > INT32_MAX)
       return upf_fail(UPF_ERR_UNSUPPORTED, "select.block_softmax (cuda): %lld score rows exceed one grid",
                       (long long)rows);
-    sel_softmax_rows_kernel<<<(unsigned)rows, 256, 0, stream>>>(dp.reqs, p.Rn, scores, row_m, row_l);
+    sel_softmax_rows_kernel<<<(unsigned)rows, 256, 0, c.stream>>>(c.dp.reqs, p.Rn, scores, row_m, row_l);
     UPF_CUDA_LAUNCH_TRY("sel_softmax_rows_kernel");
   }
-  sel_token_mass_kernel<<<grid_for(p.T, 256), 256, 0, stream>>>(in->cu_seqlens, p.B, p.T, dp, p.Rn, scores, row_m,
-                                                                 row_l, token_mass);
+  sel_token_mass_kernel<<<grid_for(p.T, 256), 256, 0, c.stream>>>(in->cu_seqlens, p.B, p.T, c.dp, p.Rn, scores, row_m,
+                                                                   row_l, token_mass);
   UPF_CUDA_LAUNCH_TRY("sel_token_mass_kernel");
   return UPF_OK;
 }
 
 extern "C" upf_status upf_cuda_select_block_reduce(const upf_select_inputs *in, const upf_select_params *params,
                                                    const float *token_mass, float *block_score) {
-  sel_plan p;
-  cudaStream_t stream;
-  UPF_TRY(stage_begin(in, params, p, &stream));
-  if (p.num_blocks == 0)
+  stage_call c;
+  UPF_TRY(c.begin(in, params));
+  if (c.p.num_blocks == 0)
     return UPF_OK;
-  ws_carver wc;
-  wc.take(p.blob_bytes);
-  uint8_t *base;
-  sel_dev_plan dp;
-  UPF_TRY(stage_workspace(p, wc, &base, &dp));
-  sel_block_reduce_kernel<<<grid_for(p.num_blocks, 256), 256, 0, stream>>>(dp, p.B, p.num_blocks, p.G, token_mass,
-                                                                           block_score);
+  UPF_TRY(c.map());
+  sel_block_reduce_kernel<<<grid_for(c.p.num_blocks, 256), 256, 0, c.stream>>>(c.dp, c.p.B, c.p.num_blocks, c.p.G,
+                                                                               token_mass, block_score);
   UPF_CUDA_LAUNCH_TRY("sel_block_reduce_kernel");
   return UPF_OK;
 }
 
 extern "C" upf_status upf_cuda_select_topp(const upf_select_inputs *in, const upf_select_params *params,
                                            const float *block_score, uint8_t *block_mask) {
-  sel_plan p;
-  cudaStream_t stream;
-  UPF_TRY(stage_begin(in, params, p, &stream));
-  if (p.num_blocks == 0)
+  stage_call c;
+  UPF_TRY(c.begin(in, params));
+  if (c.p.num_blocks == 0)
     return UPF_OK;
-  ws_carver wc;
-  wc.take(p.blob_bytes);
-  size_t o_res = wc.take(sizeof(sel_result));
-  size_t o_tp = wc.take(topp_ws_bytes(p));
-  uint8_t *base;
-  sel_dev_plan dp;
-  UPF_TRY(stage_workspace(p, wc, &base, &dp));
-  sel_result *d_res = (sel_result *)(base + o_res);
-  UPF_CUDA_TRY(cudaMemsetAsync(d_res, 0xFF, sizeof(sel_result), stream));
-  UPF_TRY(run_topp(p, dp, params, block_score, block_mask, &d_res->bad_score, base + o_tp, stream));
-  sel_result res;
+  const size_t o_res = c.wc.take(sizeof(sel_result)), o_tp = c.wc.take(topp_ws_bytes(c.p));
+  UPF_TRY(c.map());
+  sel_result *d_res = (sel_result *)(c.base + o_res), res;
+  UPF_CUDA_TRY(cudaMemsetAsync(d_res, 0xFF, sizeof(sel_result), c.stream));
+  UPF_TRY(run_topp(c.p, c.dp, params, block_score, block_mask, &d_res->bad_score, c.base + o_tp, c.stream));
   UPF_TRY(upf_cuda_download_small(&res, d_res, sizeof res));
   if (res.bad_score != ~0ull)
-    return report_bad_score(p, block_score, res.bad_score, "select.topp");
+    return report_bad_score(c.p, block_score, res.bad_score, "select.topp");
   return UPF_OK;
 }
 
 extern "C" upf_status upf_cuda_select_expand(const upf_select_inputs *in, const upf_select_params *params,
                                              const uint8_t *block_mask, upf_select_outputs *out) {
-  sel_plan p;
-  cudaStream_t stream;
-  UPF_TRY(stage_begin(in, params, p, &stream));
-  ws_carver wc;
-  wc.take(p.blob_bytes);
-  size_t o_res = wc.take(sizeof(sel_result));
-  size_t o_ex = wc.take(expand_ws_bytes(p));
-  uint8_t *base;
-  sel_dev_plan dp;
-  UPF_TRY(stage_workspace(p, wc, &base, &dp));
-  sel_result *d_res = (sel_result *)(base + o_res);
-  UPF_TRY(run_expand(in, p, dp, params, block_mask, out, base + o_ex, &d_res->kept_total, stream));
-  sel_result res;
+  stage_call c;
+  UPF_TRY(c.begin(in, params));
+  const size_t o_res = c.wc.take(sizeof(sel_result)), o_ex = c.wc.take(expand_ws_bytes(c.p));
+  UPF_TRY(c.map());
+  sel_result *d_res = (sel_result *)(c.base + o_res), res;
+  UPF_TRY(run_expand(in, c.p, c.dp, params, block_mask, out, c.base + o_ex, &d_res->kept_total, c.stream));
   UPF_TRY(upf_cuda_download_small(&res, d_res, sizeof res));
   out->kept_total = res.kept_total;
   return UPF_OK;

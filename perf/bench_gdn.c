@@ -1,7 +1,8 @@
 /* Benchmarks of the Gated DeltaNet scan (backend->gdn_scan) at Qwen3-Next shapes (16 key heads, 32
  * value heads, Dk = Dv = 128): one long request (8K, 32K, 128K tokens), a batch of 16 requests of 2K,
- * each through the chunked tensor-core form and (8K, 32K, the batch) the recurrent kernel, and a
- * decode step of 256 one-token requests with carried states. One call is the scan of one layer.
+ * each through the chunked tensor-core form (the default) and (8K, 32K, the batch) the recurrent
+ * kernel (the gdn.scan variant "recurrent", uniprefill/variant.h), and a decode step of 256 one-token
+ * requests with carried states. One call is the scan of one layer, through the backend table only.
  * TFLOP/s counts the recurrence's own work, 7 Dk Dv per token and value head (decay 1, S^T k 2, the
  * rank-1 update 2, S^T q 2), for both forms and for the FLA peer (perf/peers/fla_gdn.py), so the rates
  * compare times; the chunked form executes about 1.6x that count on tensor cores. TB/s the
@@ -18,11 +19,8 @@
 #include "uniprefill/bf16.h"
 #include "uniprefill/model_config.h"
 #include "uniprefill/rng.h"
+#include "uniprefill/variant.h"
 
-#ifdef UPF_HAVE_CUDA
-#include "cuda/gdn.cuh"
-#include "cuda/perf_support.cuh"
-#endif
 
 #define GDN_CUDA_REPETITIONS 5
 #define GDN_CUDA_MIN_TIME_S 0.1
@@ -32,7 +30,7 @@
 typedef struct {
   const char *name;
   int on_cuda;
-  int path; /* CUDA: upf_gdn_scan_path (0 = auto) */
+  upf_variant form; /* CUDA: the gdn.scan variant the case runs under */
   int64_t num_reqs, tokens_per_req; /* ragged: the last request takes the remainder of T */
   int64_t T, hk, hv, dk, dv;
   int with_state;
@@ -49,7 +47,8 @@ typedef struct {
 #define QD UPF_QWEN3N_80B_LINEAR_KEY_DIM
 #define QDV UPF_QWEN3N_80B_LINEAR_VALUE_DIM
 
-enum { AUTO = 0, RECURRENT = 1, CHUNKED = 2 }; /* upf_gdn_scan_path (cuda/gdn.cuh) */
+#define CHUNKED UPF_VARIANT_GDN_SCAN_CHUNKED     /* the default: chunked where it fits, else recurrent */
+#define RECURRENT UPF_VARIANT_GDN_SCAN_RECURRENT
 
 static gdn_bench_case cases[] = {
     {"gdn.scan/cuda/bf16/qwen3next_prefill/chunked", 1, CHUNKED, 1, 8192, 8192, QK, QV, QD, QDV, 1, 0},
@@ -59,8 +58,8 @@ static gdn_bench_case cases[] = {
     {"gdn.scan/cuda/bf16/qwen3next_prefill/recurrent", 1, RECURRENT, 1, 8192, 8192, QK, QV, QD, QDV, 1, 0},
     {"gdn.scan/cuda/bf16/qwen3next_prefill/recurrent", 1, RECURRENT, 1, 32768, 32768, QK, QV, QD, QDV, 1, 0},
     {"gdn.scan/cuda/bf16/qwen3next_batch16x2K/recurrent", 1, RECURRENT, 16, 2048, 32768, QK, QV, QD, QDV, 1, 0},
-    {"gdn.scan/cuda/bf16/qwen3next_decode", 1, AUTO, 256, 1, 256, QK, QV, QD, QDV, 1, 0},
-    {"gdn.scan/cpu/bf16/small", 0, AUTO, 2, 32, 64, 2, 4, QD, QDV, 1, 3},
+    {"gdn.scan/cuda/bf16/qwen3next_decode", 1, CHUNKED, 256, 1, 256, QK, QV, QD, QDV, 1, 0},
+    {"gdn.scan/cpu/bf16/small", 0, CHUNKED, 2, 32, 64, 2, 4, QD, QDV, 1, 3},
 };
 #define NUM_CASES ((int)(sizeof cases / sizeof cases[0]))
 
@@ -180,9 +179,9 @@ static void bench_cpu(upf_bench_state *st, void *ctx) {
 #ifdef UPF_HAVE_CUDA
 static upf_status call_cuda(void *arg) {
   gdn_bench_case *c = arg;
-  upf_cuda_gdn_scan_set_path((upf_gdn_scan_path)c->path);
+  upf_variant_select(c->form);
   upf_status st = case_call(c);
-  upf_cuda_gdn_scan_set_path(UPF_GDN_SCAN_AUTO);
+  upf_variant_reset(UPF_OP_GDN_SCAN);
   return st;
 }
 #endif

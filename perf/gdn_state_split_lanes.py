@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""chunk_state_split_kernel (cuda/gdn_chunked.cu): its ldmatrix / stmatrix lane maps enumerated against the scalar
-maps of chunk_state_kernel<TO, 8, true> (warp_mma, the S^T stores, store_vprime<2>), per the PTX definitions of
-ldmatrix .x4 and stmatrix .x4 .trans; and the 8x8 row sets checked for bank conflicts. Prints one line; no GPU."""
+"""chunk_state_kernel (cuda/gdn_chunked.cu): its ldmatrix / stmatrix lane maps enumerated against the scalar
+fragment maps of warp_mma (mma_sync.cuh) and the per-element S^T, U and V'^T accesses they stand for, per the PTX
+definitions of ldmatrix .x4 and stmatrix .x4 .trans; and the 8x8 row sets checked for bank conflicts. Prints one
+line; no GPU."""
 LDA, LDB, LDU, CH, D = 136, 72, 40, 64, 128
 def ldsm(addr_of_lane):            # -> reg[i][lane] = (elem lo, elem hi) offsets
     reg = [[None]*32 for _ in range(4)]
@@ -24,8 +25,8 @@ for lda in (LDA, LDB):
         A = ldsm(lambda l: (l & 15)*lda + (l >> 4)*8 + ks)
         for l in range(32):
             g, t = l >> 2, l & 3
-            old = [g*lda+ks+2*t, (g+8)*lda+ks+2*t, g*lda+ks+2*t+8, (g+8)*lda+ks+2*t+8]
-            ok &= all(A[i][l] == (old[i], old[i]+1) for i in range(4))
+            scalar = [g*lda+ks+2*t, (g+8)*lda+ks+2*t, g*lda+ks+2*t+8, (g+8)*lda+ks+2*t+8]
+            ok &= all(A[i][l] == (scalar[i], scalar[i]+1) for i in range(4))
         for n in (0, 2):
             B = ldsm(lambda l: ((l & 7) + ((l >> 4) << 3))*lda + ((l >> 3) & 1)*8 + n*8*lda + ks)
             for l in range(32):
@@ -33,7 +34,7 @@ for lda in (LDA, LDB):
                 for nn, (r0, r1) in ((n, (0, 1)), (n+1, (2, 3))):
                     br = (8*nn + g)*lda + ks + 2*t
                     ok &= B[r0][l] == (br, br+1) and B[r1][l] == (br+8, br+9)
-# S^T stores: old St[v*LDA + d] = s[nt][c], d = 16w + g + 8(c>>1), v = 8nt + 2t + (c&1)
+# S^T stores: per element St[v*LDA + d] = s[nt][c], d = 16w + g + 8(c>>1), v = 8nt + 2t + (c&1)
 for w in range(8):
     for p in range(2):
         S = stsm_trans(lambda l: (8*((l >> 3) >> 1) + (l & 7))*LDA + 16*w + 8*((l >> 3) & 1) + 16*p*LDA)
@@ -43,7 +44,7 @@ for w in range(8):
                 nt, hb = 2*p + (i >> 1), i & 1
                 want = tuple((8*nt + 2*t + c)*LDA + 16*w + g + 8*hb for c in (0, 1))
                 ok &= S[i][l] == want
-# U loads and V'^T stores of store_vprime_split against store_vprime<2>
+# U loads and V'^T stores of store_vprime against per-element accesses
 for w in range(8):
     i0, cw = 16*(w & 3), 16*(w >> 2)
     U = ldsm(lambda l: (i0 + 8*((l >> 3) & 1) + (l & 7))*LDU + cw + 8*((l >> 3) >> 1))
