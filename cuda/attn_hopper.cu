@@ -163,8 +163,8 @@ __global__ void __launch_bounds__(W2_THREADS, 1) attn_wgmma2_kernel(const __grid
     const int64_t kstep = 16 * 2 * a.k_s0, vstep = 16 * 2 * a.v_s0;
     int nin = tile.kv_hi - (kv_lo + r); /* of tile t: row r + 16 j is a key iff 16 j < nin */
     /* Tile t's ring stage, and the parity its empty barriers' wait needs, (t / W2_NS - 1) & 1: flipped on
-     * entering stage 0, so 1 for t < W2_NS (never waited on), 0 from t = W2_NS (was 1: the first waits
-     * passed at once and tile W2_NS overwrote a stage still being read; NaN on the device from 4 tiles). */
+     * entering stage 0, so 1 for t < W2_NS (never waited on), 0 from t = W2_NS (eph starting at 1 would
+     * let the first real waits pass at once, and tile W2_NS overwrite a stage still being read). */
     uint32_t st = 0, eph = 0;
     bool live = true; /* false once a wait gave up: copy on without waiting, the kernel ends */
     for (int t = 0; t < ntiles; t++) {
