@@ -5,7 +5,7 @@
  *   B (16 x 8) given as Bt (8 rows n, k contiguous): {n g, k 2t..2t+1}, {n g, k 2t+8..2t+9}
  *   C (16 x 8): c0, c1 = {row g, cols 2t, 2t+1}; c2, c3 = {row g+8, same}.
  * Rows padded by 16 bytes (row stride = 4 mod 32 words) make each fragment load hit 32 banks.
- * Used by cuda/attn.cu (FlashAttention-2 prefill) and cuda/gdn_chunked.cu. */
+ * Used by cuda/attn_fa2.cu and cuda/attn_decode.cu (attention) and cuda/gdn_chunked.cu. */
 #ifndef UNIPREFILL_CUDA_MMA_SYNC_CUH
 #define UNIPREFILL_CUDA_MMA_SYNC_CUH
 

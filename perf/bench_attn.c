@@ -2,7 +2,9 @@
  * head shapes, paged decode (many rows, and one long row that takes the split-KV path), the cache
  * write, and a small CPU-reference case. TFLOP/s from the exact causal/window FLOP count
  * (upf_attn_flops), TB/s from q, k, v, out counted once. CUDA cases are verified (the op's quick set)
- * before timing and skipped by name without a device. */
+ * before timing and skipped by name without a device. The kernel variants of attn.prefill and attn.paged
+ * (`upf ops`) are selected with UPF_VARIANT=op=name or --variant; a CUDA case whose kernel the variant
+ * picks carries it in its label ("attn.prefill=fa2"), so a result says which kernel ran. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +14,7 @@
 #include "uniprefill/backend.h"
 #include "uniprefill/bf16.h"
 #include "uniprefill/rng.h"
+#include "uniprefill/variant.h"
 
 #ifdef UPF_HAVE_CUDA
 #include "cuda/perf_support.cuh"
@@ -226,6 +229,19 @@ static upf_op case_op(const attn_bench_case *c) {
   return c->kind == A_PREFILL ? UPF_OP_ATTN_PREFILL : c->kind == A_PAGED ? UPF_OP_ATTN_PAGED : UPF_OP_KV_CACHE_WRITE;
 }
 
+/* The op variant that picks the kernel of a CUDA case (cuda/attn.cu): attn.prefill's for bf16 D = 128
+ * prefill, attn.paged's for bf16 decode rows (fewer than 16 query rows a request) at D = 64/128/256;
+ * UPF_OP_COUNT for cases with one kernel. */
+static upf_op case_variant_op(const attn_bench_case *c) {
+  if (c->dt != UPF_DTYPE_BF16)
+    return UPF_OP_COUNT;
+  if (c->kind == A_PREFILL && c->d == 128)
+    return UPF_OP_ATTN_PREFILL;
+  if (c->kind == A_PAGED && c->q_len < 16 && (c->d == 64 || c->d == 128 || c->d == 256))
+    return UPF_OP_ATTN_PAGED;
+  return UPF_OP_COUNT;
+}
+
 static void set_work_counters(upf_bench_state *st, const attn_bench_case *c) {
   double f = case_flops(c);
   if (f > 0.0)
@@ -265,7 +281,17 @@ static void bench_cuda(upf_bench_state *st, void *ctx) {
     upf_bench_skip_no_device(st, upf_last_error());
     return;
   }
-  upf_op op = case_op(c);
+  upf_op op = case_op(c), vop = case_variant_op(c);
+  if (vop != UPF_OP_COUNT) { /* before verification: a bad UPF_VARIANT is reported as itself */
+    upf_variant v;
+    if (upf_variant_current(vop, &v) != UPF_OK) {
+      upf_bench_skip_with_error(st, "%s", upf_last_error());
+      return;
+    }
+    char label[64];
+    snprintf(label, sizeof label, "%s=%s", upf_op_name(vop), upf_variant_name(v));
+    upf_bench_set_label(st, label);
+  }
   if (!upf_bench_op_verified(op, why, sizeof why)) {
     upf_bench_skip_with_error(st, "not timed, verification against the CPU reference failed: %s", why);
     return;

@@ -2,7 +2,8 @@
  * window 1, the soft-cap bound, LSE, the default and Gemma scales), invariants (paged == contiguous on
  * the same data, prefill against a cache == the last rows of a full prefill, a window longer than the
  * sequence == full causal, cache write then paged == contiguous), the exact FLOP count, bad inputs
- * returning their statuses, and the verify entries and seeded cases through the harness. */
+ * returning their statuses, and the verify entries and seeded cases through the harness, each check line
+ * naming the kernel variant in effect where it picks the case's kernel. */
 #include <CUnit/CUnit.h>
 #include <math.h>
 #include <stdio.h>
@@ -13,6 +14,8 @@
 #include "tests/test_util.h"
 #include "uniprefill/backend.h"
 #include "uniprefill/rng.h"
+#include "uniprefill/variant.h"
+#include "verify/verify.h"
 
 static upf_tensor view_of(void *data, upf_dtype dt, int ndim, const int64_t *shape) {
   upf_tensor t;
@@ -268,6 +271,52 @@ static void test_attn_verify_cases_on_cpu_twin(void) {
     upf_test_verify_op(ops[i], upf_test_cpu_twin(), 8);
 }
 
+static int count_of(const char *hay, const char *needle) {
+  int n = 0;
+  for (const char *p = hay; (p = strstr(p, needle)) != NULL; p++)
+    n++;
+  return n;
+}
+
+/* Under a selected variant the quick seeded cases pass and name it on the bf16 lines whose kernel it
+ * picks (each case: out and lse), nowhere else: not on f32 lines, not at other head dims. */
+static void test_attn_verify_names_variant(void) {
+  if (upf_test_quick()) {
+    printf("(skipped under UPF_TEST_QUICK) ");
+    return;
+  }
+  const struct {
+    upf_variant variant;
+    const char *named;   /* bf16 lines: "<variant>: <case>" */
+    const char *bare;    /* a case the variant does not pick (NULL: none in the quick set): never named */
+  } runs[] = {
+      {UPF_VARIANT_ATTN_PREFILL_FA2, "fa2: ragged, GQA 1 [", "odd D=80, GQA 3 ["},
+      {UPF_VARIANT_ATTN_PAGED_FFMA, "ffma: decode, mixed lengths, page 16 [", NULL},
+  };
+  for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+    const upf_op op = upf_variant_op(runs[i].variant);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *log = open_memstream(&text, &len);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(log);
+    upf_variant_select(runs[i].variant);
+    upf_verify_ctx ctx = {.backend = upf_test_cpu_twin(), .log = log, .quick = 1};
+    upf_verify_fn_for(op)(&ctx);
+    upf_variant_reset(op);
+    fclose(log);
+    CU_ASSERT_EQUAL(ctx.failed, 0);
+    CU_ASSERT_EQUAL(count_of(text, runs[i].named), 2);                 /* bf16: out and lse */
+    CU_ASSERT_EQUAL(count_of(text, runs[i].named + strlen(upf_variant_name(runs[i].variant)) + 2), 4);
+    if (runs[i].bare) {
+      CU_ASSERT_EQUAL(count_of(text, runs[i].bare), 4); /* f32 and bf16, out and lse */
+      char named_bare[96];
+      snprintf(named_bare, sizeof named_bare, ": %s", runs[i].bare);
+      CU_ASSERT_EQUAL(count_of(text, named_bare), 0);
+    }
+    free(text);
+  }
+}
+
 void upf_register_attn_tests(void) {
   CU_pSuite suite = CU_add_suite("attention (cpu reference)", NULL, NULL);
   CU_add_test(suite, "by hand: one and two keys, uniform, window 1, soft-cap, GQA, scales, flops", test_attn_by_hand);
@@ -277,4 +326,6 @@ void upf_register_attn_tests(void) {
   CU_add_test(suite, "rounded output == fp64 truth rounded", test_attn_truth_matches);
   CU_add_test(suite, "attention verify entries pass on the cpu (goldens, bad inputs)", test_attn_verify_entries_cpu);
   CU_add_test(suite, "attention verify cases through the harness (cpu twin)", test_attn_verify_cases_on_cpu_twin);
+  CU_add_test(suite, "verify lines name the attn.prefill / attn.paged variant in effect where it picks the kernel",
+              test_attn_verify_names_variant);
 }

@@ -4,13 +4,16 @@
  * smaller and larger than the sequence, soft-cap, cached prefill (kv_len > q_len), page sizes 1, 16
  * and 64 with shuffled block tables and NaN in every cache slot a request does not own, GQA 1/4/8,
  * D = 64/128/256 and an odd one, compared with the CPU reference through the dense harness (guard
- * bytes, untouched padding, the long-reduction rule for kv >= 4096). */
+ * bytes, untouched padding, the long-reduction rule for kv >= 4096). Each seeded case runs under the
+ * variant of its op in effect (upf verify iterates them), and where that variant picks the case's kernel
+ * the check line names it ("fa2: ragged, GQA 1"). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "ref_cpu/attn.h"
 #include "uniprefill/bf16.h"
+#include "uniprefill/variant.h"
 #include "verify/harness.h"
 #include "verify/verify.h"
 
@@ -328,7 +331,7 @@ static const attn_case prefill_cases[] = {
     {"cached prefill, window 64", 3, {17, 37, 5}, {500, 3, 200}, 8, 2, 64, 64, 0, 0, 0, 0},
     {"odd D=80, GQA 3", 2, {17, 97}, {0, 20}, 6, 2, 80, 0, 0, 0, 0, AC_QUICK},
     {"softcap 30, D=128, GQA 2, cached", 2, {200, 77}, {0, 50}, 8, 4, 128, 0, 30.0f, 0, 0, AC_QUICK},
-    /* windowed D = 256 in the quick set (the sanitizers' run): the 64-row tiles of the mma path */
+    /* windowed D = 256 in the quick set (the sanitizers' run): the FA2 kernel's window masks at D = 256 */
     {"window 100, softcap 30, D=256, GQA 2, cached", 3, {17, 200, 130}, {0, 50, 300}, 8, 4, 256, 100, 30.0f, 0, 0,
      AC_QUICK},
 };
@@ -347,9 +350,9 @@ static const attn_case paged_cases[] = {
     {"mixed, window 100, page 16, D=256, softcap 30", 3, {17, 1, 150}, {200, 50, 40}, 8, 2, 256, 100, 30.0f, 0, 16,
      AC_QUICK},
     /* decode with split-KV at the GQA extremes (the mma decode kernel packs the group into one m16 tile) */
-    {"decode, GQA 1, page 1, long row 5000 (split-KV), softcap 20", 2, {1, 1}, {4999, 300}, 4, 4, 128, 0, 20.0f,
+    {"decode, GQA 1, P 1, row 5000 split-KV, softcap 20", 2, {1, 1}, {4999, 300}, 4, 4, 128, 0, 20.0f,
      0, 1, AC_QUICK},
-    {"decode, GQA 8, page 64, window 3000, row 9000 (split-KV), D=64", 2, {1, 1}, {8999, 100}, 16, 2, 64, 3000, 0,
+    {"decode, GQA 8, P 64, window 3000, row 9000 split-KV", 2, {1, 1}, {8999, 100}, 16, 2, 64, 3000, 0,
      0, 64, 0},
     /* query runs of 2..15 tokens (speculative decode) stay on the decode kernels: masks per row */
     {"multi-token steps q 2-7, softcap 30, page 16", 3, {2, 7, 5}, {100, 40, 3000}, 8, 2, 128, 0, 30.0f, 0, 16,
@@ -358,6 +361,35 @@ static const attn_case paged_cases[] = {
 };
 
 #define NCASES(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
+/* Query rows below which a paged request takes attn.paged's decode kernel (cuda/attn.cu's
+ * MMA_MIN_Q_ROWS); longer ones take the FA2 kernel whatever the variant. */
+#define PAGED_DECODE_ROWS 16
+
+/* Whether the variant of op in effect picks the kernel of case c in dtype dt: attn.prefill's for bf16
+ * at D = 128, attn.paged's for bf16 requests of short query runs (decode steps) at D = 64/128/256. */
+static int variant_picks_kernel(upf_op op, const attn_case *c, upf_dtype dt) {
+  if (dt != UPF_DTYPE_BF16)
+    return 0;
+  if (op == UPF_OP_ATTN_PREFILL)
+    return c->d == 128;
+  if (c->d != 64 && c->d != 128 && c->d != 256)
+    return 0;
+  for (int r = 0; r < c->nreq; r++)
+    if (c->q_lens[r] < PAGED_DECODE_ROWS)
+      return 1;
+  return 0;
+}
+
+/* The check's variant column: "<variant in effect>: <case>" where the variant picks the case's kernel,
+ * the case's name elsewhere. (A bad UPF_VARIANT names nothing here: the op's call fails with it.) */
+static void case_label(upf_op op, const attn_case *c, upf_dtype dt, char *buf, size_t cap) {
+  upf_variant v;
+  if (variant_picks_kernel(op, c, dt) && upf_variant_current(op, &v) == UPF_OK && v != UPF_VARIANT_COUNT)
+    snprintf(buf, cap, "%s: %s", upf_variant_name(v), c->name);
+  else
+    snprintf(buf, cap, "%s", c->name);
+}
 
 /* Host copies of the index arrays the op takes besides its device buffers. */
 typedef struct {
@@ -459,8 +491,10 @@ static void prefill_run(upf_verify_ctx *ctx, int index, upf_dtype dt) {
   set_ints(ck, a.cu_kv, c->nreq + 1);
   char shape[96];
   shape_str(c, &a, shape, sizeof shape);
+  char label[64];
+  case_label(UPF_OP_ATTN_PREFILL, c, dt, label, sizeof label);
   upf_check proto;
-  upf_dense_check_init(&proto, op, c->name, dt, "%s", shape);
+  upf_dense_check_init(&proto, op, label, dt, "%s", shape);
   upf_dcase_verify(ctx, &dc, prefill_fn, max_kv(&a) >= 4096 ? prefill_truth : NULL, &a, &proto);
   upf_dcase_free(&dc);
 }
@@ -539,9 +573,9 @@ static void paged_run(upf_verify_ctx *ctx, int index, upf_dtype dt) {
   char shape[96];
   shape_str(c, &a, shape, sizeof shape);
   upf_check proto;
-  char variant[64];
-  snprintf(variant, sizeof variant, "%s", c->name);
-  upf_dense_check_init(&proto, op, variant, dt, "%s P=%lld", shape, (long long)P);
+  char label[64];
+  case_label(UPF_OP_ATTN_PAGED, c, dt, label, sizeof label);
+  upf_dense_check_init(&proto, op, label, dt, "%s P=%lld", shape, (long long)P);
   upf_dcase_verify(ctx, &dc, paged_fn, max_kv(&a) >= 4096 ? paged_truth : NULL, &a, &proto);
   upf_dcase_free(&dc);
   free(perm), free(a.block_table);

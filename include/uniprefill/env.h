@@ -1,4 +1,4 @@
-/* Kernel-variant switches read from the environment (UPF_ATTN_*, UPF_GDN_*; the list is README's "Kernel
+/* Kernel-variant switches read from the environment (UPF_GDN_*, UPF_MOE_*; the list is README's "Kernel
  * variants"). */
 #ifndef UNIPREFILL_ENV_H
 #define UNIPREFILL_ENV_H
