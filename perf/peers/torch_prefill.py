@@ -244,7 +244,9 @@ class Attention:
             def causal_window(b, h, q_idx, kv_idx):
                 return (q_idx >= kv_idx) & (q_idx - kv_idx < w)
 
-            self.masks[t] = create_block_mask(causal_window, None, None, t, t, device=self.device)
+            # compiled on the GPU: eager create_block_mask materialises all t x t pairs (17 G at 128K)
+            make = create_block_mask if self.device == "cpu" else torch.compile(create_block_mask)
+            self.masks[t] = make(causal_window, 1, 1, t, t, self.device)
         return self.masks[t]
 
     def full(self, q, k, v):
@@ -437,6 +439,7 @@ def forward(m, batch, glue, attn, marks=None):
     for i, lw in enumerate(m.layers):
         if i > 0:
             residual, h = glue.add_rmsnorm(residual, out, lw.attn_norm, c.eps, c.norm_offset)
+            out = None  # free the last FFN output before this layer's attention allocates
         a = attention_block(m, lw, c.kind(i), h, batch, glue, attn)
         residual, h = glue.add_rmsnorm(residual, a, lw.ffn_norm, c.eps, c.norm_offset)
         del a
@@ -542,6 +545,8 @@ def bench(args):
     glue = compiled_glue() if glue_mode == "compiled" else Glue()
     notes = [
         "attention per request when B > 1 (SDPA / flex take no packed varlen input); projections packed",
+        "buffers: intermediates are freed at the end of each block and PyTorch's caching allocator reuses "
+        "them (no explicit out= buffers); peak_bytes is torch.cuda.max_memory_allocated, weights included",
         "outside the timed region: RoPE cos/sin tables, flex block masks, compilation (warm-up), SDPA probe",
         "ttft_model_s extrapolates from per-kind medians when layers_timed < layers_model (extrapolated: true)",
     ]
@@ -591,7 +596,8 @@ def check(args):
         if device == "cuda":
             attn.probe(256)
         impl = None if any(cfg.kind(i) == "sliding" for i in range(cfg.layers)) else "n/a (no sliding layers)"
-        for compiled in ((True, False) if impl is None else ()):  # compiled flex may not run on the CPU: eager flex, then the mask
+        # compiled flex may not run on the CPU: then eager flex, then the explicit mask
+        for compiled in ((True, False) if impl is None else ()):
             attn.setup_flex(compiled)
             try:
                 attn.sliding(*[torch.randn((1, h, 160, cfg.head_dim), device=device, dtype=torch.bfloat16)
