@@ -3,9 +3,11 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "perf/bench.h"
 #include "tests/test_util.h"
+#include "uniprefill/backend.h"
 #include "uniprefill/bf16.h"
 #include "uniprefill/env.h"
 #include "uniprefill/rng.h"
@@ -149,6 +151,24 @@ static void test_tensor_overflow(void) {
   CU_ASSERT_EQUAL(upf_tensor_numel(&t), 0);
 }
 
+/* Where the CUDA backend cannot run, its probe says why in words a user can act on: on a machine
+ * without an NVIDIA driver, that no CUDA device is present, not that the driver is "insufficient". */
+static void test_cuda_probe_message(void) {
+  const char *backends = getenv("UPF_BACKENDS");
+  upf_status st = upf_backend_cuda()->probe();
+  if (st == UPF_OK)
+    return; /* a device is here: nothing to explain */
+  const char *msg = upf_last_error();
+  CU_ASSERT(!strncmp(msg, "cuda: ", 6));
+  CU_ASSERT(st == UPF_ERR_NO_DEVICE || st == UPF_ERR_UNSUPPORTED);
+  if (st == UPF_ERR_NO_DEVICE && !(backends && *backends) && access("/proc/driver/nvidia/version", F_OK) != 0) {
+    CU_ASSERT_PTR_NOT_NULL(strstr(msg, "no CUDA device present"));
+    CU_ASSERT_PTR_NULL(strstr(msg, "insufficient"));
+  }
+  if (st == UPF_ERR_UNSUPPORTED)
+    CU_ASSERT_PTR_NOT_NULL(strstr(msg, "CUDA=0"));
+}
+
 /* The benches' median by hand: odd and even counts (the upper middle), unsorted input, none; and the
  * steady-state timer's reps bound, checked before any device is touched. */
 static void test_bench_median(void) {
@@ -172,4 +192,5 @@ void upf_register_core_tests(void) {
   CU_add_test(suite, "tensor strides and sizes never overflow", test_tensor_overflow);
   CU_add_test(suite, "env switch: values, fallback, typo named", test_env_switch);
   CU_add_test(suite, "bench median and the steady timer's bounds", test_bench_median);
+  CU_add_test(suite, "cuda probe names a missing device plainly", test_cuda_probe_message);
 }
