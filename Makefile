@@ -104,6 +104,7 @@ run: deps
 test: deps
 	$(MAKE) -j$(JOBS) all
 	$(MAKE) -j$(JOBS) CUDA=0 BUILD=$(BUILD)-memcheck all
+	@echo "make test: the CPU-only suites under Valgrind memcheck (quick set; silent for several minutes) ..."
 	UPF_TEST_QUICK=1 valgrind --error-exitcode=3 --leak-check=full \
 	  --errors-for-leak-kinds=definite --show-leak-kinds=definite $(BUILD)-memcheck/test_upf
 	$(TEST_BIN)

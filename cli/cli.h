@@ -1,4 +1,5 @@
-/* Pieces of the upf CLI shared between its source files. */
+/* Pieces of the upf CLI shared between its source files (a subcommand in a file of its own adds its
+ * entry point here and a row to the command table of cli/upf.c; cli/args.h parses its flags). */
 #ifndef UNIPREFILL_CLI_H
 #define UNIPREFILL_CLI_H
 
@@ -6,13 +7,15 @@
 
 #include "uniprefill/backend.h"
 
-/* Prints "upf: what: message (STATUS)" to stderr and returns exit code 1. */
+/* Prints "upf <what>: message (STATUS)" to stderr, what naming the command and the flag at fault
+ * ("select: --q"), and returns exit code 1. */
 int upf_cli_error(upf_status st, const char *what);
 /* cuda when its probe passes, else cpu. */
 const upf_backend *upf_cli_default_backend(void);
 /* Runs verify with one line per check on `log`; returns the number of failed checks. */
 int upf_cli_verify(const upf_backend *be, const char *filter, int quick, FILE *log);
-/* `upf report`: verify + benchmarks + summary. */
+/* `upf report`: verify + benchmarks + summary; its --help text. */
 int upf_cli_report(int argc, char **argv);
+extern const char upf_cli_report_usage[];
 
 #endif

@@ -1,122 +1,57 @@
 /* upf: the command-line front end. `upf select` runs one drop layer's selection on .npy inputs,
  * `upf verify` checks a backend against the CPU reference, `upf report` is the main job (verify +
- * benchmarks + summary). Library calls return a status; this file turns it into an exit code. */
+ * benchmarks + summary), `upf ops` lists the op table and its kernel variants. Library calls return
+ * a status; this file turns it into an exit code and a message that names the flag at fault. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
+#include "cli/args.h"
 #include "cli/cli.h"
 #include "uniprefill/backend.h"
 #include "uniprefill/npy.h"
+#include "uniprefill/variant.h"
 #include "verify/verify.h"
 
-static void usage(FILE *out) {
-  fprintf(out,
-          "usage: upf <command> [options]\n"
-          "\n"
-          "commands:\n"
-          "  select   --q Q.npy --k K.npy --cu-seqlens CU.npy --out-mask MASK.npy [--out-blocks B.npy]\n"
-          "           [--out-kept KEPT.npy] [--p 0.99] [--block 64] [--sink 128] [--last-q 128] [--scale S]\n"
-          "           [--topk K] [--backend cpu|cuda]\n"
-          "           Q (T, Hq, D) and K (T, Hkv, D) as <f4 (fp32) or <u2 (bf16 bits); CU <i4 (B+1).\n"
-          "           MASK is |u1 (T,); B is <f4 block scores; KEPT is <i4 kept token indices.\n"
-          "  verify   [all|<op or op-name prefix>] [--backend cpu|cuda] [--quick] [--log FILE]\n"
-          "           Checks every op of the backend (default: cuda if usable, else cpu) against the\n"
-          "           CPU reference; on the cpu, the reference against golden cases and invariants.\n"
-          "  report   [--out DIR] [--quick] [--no-bench]\n"
-          "           The main job: verify, benchmark, and write DIR/summary.md, verify.log, bench.json.\n"
-          "  ops      Lists the op table.\n");
-}
-
 int upf_cli_error(upf_status st, const char *what) {
-  fprintf(stderr, "upf: %s: %s (%s)\n", what, upf_last_error(), upf_status_name(st));
+  fprintf(stderr, "upf %s: %s (%s)\n", what, upf_last_error(), upf_status_name(st));
   return 1;
 }
 
 /* ---- select ---- */
+
+static const char select_usage[] =
+    "usage: upf select --q Q.npy --k K.npy --cu-seqlens CU.npy --out-mask MASK.npy [--out-blocks B.npy]\n"
+    "                  [--out-kept KEPT.npy] [--p 0.99] [--block 64] [--sink 128] [--last-q 128] [--scale S]\n"
+    "                  [--topk K] [--backend cpu|cuda]\n"
+    "  Runs one drop layer's token selection (SPEC section 2) on a varlen batch.\n"
+    "  Q (T, Hq, D) and K (T, Hkv, D) as <f4 (fp32) or <u2 (bf16 bits); CU <i4 (B+1).\n"
+    "  MASK is |u1 (T,); B is <f4 block scores; KEPT is <i4 kept token indices.\n"
+    "  Outputs are written only once the whole selection succeeded; each output names its own file, in\n"
+    "  an existing directory. A symbolic link is followed; a FIFO or /dev/stdout is written through.\n";
 
 typedef struct {
   const char *q, *k, *cu, *out_mask, *out_blocks, *out_kept, *backend;
   upf_select_params params;
 } select_args;
 
-static int parse_int(const char *flag, const char *text, int32_t *out) {
-  char *end;
-  errno = 0;
-  long v = strtol(text, &end, 10);
-  if (errno || *end || end == text || v < -2147483647L || v > 2147483647L) {
-    fprintf(stderr, "upf: %s: '%s' is not an integer\n", flag, text);
-    return 0;
-  }
-  *out = (int32_t)v;
-  return 1;
-}
-
-static int parse_float(const char *flag, const char *text, float *out) {
-  char *end;
-  errno = 0;
-  float v = strtof(text, &end);
-  if (errno || *end || end == text) {
-    fprintf(stderr, "upf: %s: '%s' is not a number\n", flag, text);
-    return 0;
-  }
-  *out = v;
-  return 1;
-}
-
-static int parse_select_args(int argc, char **argv, select_args *a) {
-  memset(a, 0, sizeof *a);
-  a->params = upf_select_params_default();
-  a->backend = "cpu";
-  for (int i = 0; i < argc; i++) {
-    const char *flag = argv[i];
-    if (i + 1 >= argc) {
-      fprintf(stderr, "upf select: %s needs a value\n", flag);
-      return 0;
-    }
-    const char *val = argv[++i];
-    int ok = 1;
-    if (!strcmp(flag, "--q"))
-      a->q = val;
-    else if (!strcmp(flag, "--k"))
-      a->k = val;
-    else if (!strcmp(flag, "--cu-seqlens"))
-      a->cu = val;
-    else if (!strcmp(flag, "--out-mask"))
-      a->out_mask = val;
-    else if (!strcmp(flag, "--out-blocks"))
-      a->out_blocks = val;
-    else if (!strcmp(flag, "--out-kept"))
-      a->out_kept = val;
-    else if (!strcmp(flag, "--backend"))
-      a->backend = val;
-    else if (!strcmp(flag, "--p"))
-      ok = parse_float(flag, val, &a->params.p);
-    else if (!strcmp(flag, "--scale"))
-      ok = parse_float(flag, val, &a->params.scale);
-    else if (!strcmp(flag, "--block"))
-      ok = parse_int(flag, val, &a->params.block);
-    else if (!strcmp(flag, "--sink"))
-      ok = parse_int(flag, val, &a->params.sink);
-    else if (!strcmp(flag, "--last-q"))
-      ok = parse_int(flag, val, &a->params.last_q);
-    else if (!strcmp(flag, "--topk"))
-      ok = parse_int(flag, val, &a->params.topk);
-    else {
-      fprintf(stderr, "upf select: unknown option %s\n", flag);
-      return 0;
-    }
-    if (!ok)
-      return 0;
-  }
-  if (!a->q || !a->k || !a->cu || !a->out_mask) {
-    fprintf(stderr, "upf select: --q, --k, --cu-seqlens and --out-mask are required\n");
-    return 0;
-  }
-  return 1;
+/* The input a failure of validation or of the selection lies with, from the status and the
+ * library's message, which names q, k or cu_seqlens first; writes "select: --q Q.npy" into buf. */
+static const char *select_blame(upf_status st, const select_args *a, char *buf, size_t cap) {
+  const char *msg = upf_last_error();
+  if (st == UPF_ERR_CU_SEQLENS || !strncmp(msg, "cu_seqlens", 10))
+    snprintf(buf, cap, "select: --cu-seqlens %s", a->cu);
+  else if (!strncmp(msg, "q: ", 3))
+    snprintf(buf, cap, "select: --q %s", a->q);
+  else if (!strncmp(msg, "k: ", 3))
+    snprintf(buf, cap, "select: --k %s", a->k);
+  else if (st == UPF_ERR_SHAPE || st == UPF_ERR_DTYPE)
+    snprintf(buf, cap, "select: --q %s and --k %s", a->q, a->k);
+  else
+    snprintf(buf, cap, "select (--backend %s)", a->backend);
+  return buf;
 }
 
 /* Copies of the host inputs and outputs in the backend's memory. */
@@ -139,9 +74,6 @@ static void release_all(backend_allocs *m) {
 
 static upf_status run_select(const select_args *a, const upf_backend *be, const upf_tensor *q, const upf_tensor *k,
                              const upf_tensor *cu, upf_tensor *mask, upf_tensor *blocks, upf_tensor *kept) {
-  if (cu->dtype != UPF_DTYPE_I32 || cu->ndim != 1 || cu->shape[0] < 2)
-    return upf_fail(UPF_ERR_SHAPE, "%s: cu_seqlens must be a 1-D <i4 array of B+1 >= 2 entries (got %s, %d dims)",
-                    a->cu, upf_dtype_name(cu->dtype), cu->ndim);
   upf_select_inputs in = {.q = *q, .k = *k, .cu_seqlens_host = cu->data, .num_reqs = (int32_t)(cu->shape[0] - 1)};
   UPF_TRY(upf_select_validate(&in, &a->params));
   UPF_TRY(be->probe());
@@ -201,52 +133,117 @@ static upf_status run_select(const select_args *a, const upf_backend *be, const 
   return st;
 }
 
+
+/* Each selection parameter given is checked on its own against the defaults (which pass), so a bad
+ * value is reported under its flag. */
+static int check_select_params(const upf_arg_parser *p, const select_args *given, upf_select_params *out) {
+  const upf_select_params *g = &given->params;
+  static const char *const flags[] = {"--p", "--block", "--sink", "--last-q", "--topk", "--scale"};
+  *out = upf_select_params_default();
+  for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++) {
+    if (!upf_args_find(p, flags[i])->seen)
+      continue;
+    switch (i) {
+    case 0: out->p = g->p; break;
+    case 1: out->block = g->block; break;
+    case 2: out->sink = g->sink; break;
+    case 3: out->last_q = g->last_q; break;
+    case 4: out->topk = g->topk; break;
+    default: out->scale = g->scale; break;
+    }
+    upf_status st = upf_select_params_check(out);
+    if (st != UPF_OK) {
+      char what[32];
+      snprintf(what, sizeof what, "select: %s", flags[i]);
+      upf_cli_error(st, what);
+      return 0;
+    }
+  }
+  return 1;
+}
+
 static int cmd_select(int argc, char **argv) {
-  select_args a;
-  if (!parse_select_args(argc, argv, &a)) {
-    usage(stderr);
+  select_args a = {.backend = "cpu", .params = upf_select_params_default()};
+  upf_arg args[] = {
+      {"--q", UPF_ARG_STRING, &a.q, 1},
+      {"--k", UPF_ARG_STRING, &a.k, 1},
+      {"--cu-seqlens", UPF_ARG_STRING, &a.cu, 1},
+      {"--out-mask", UPF_ARG_STRING, &a.out_mask, 1},
+      {"--out-blocks", UPF_ARG_STRING, &a.out_blocks},
+      {"--out-kept", UPF_ARG_STRING, &a.out_kept},
+      {"--backend", UPF_ARG_STRING, &a.backend},
+      {"--p", UPF_ARG_FLOAT, &a.params.p},
+      {"--block", UPF_ARG_INT, &a.params.block},
+      {"--sink", UPF_ARG_INT, &a.params.sink},
+      {"--last-q", UPF_ARG_INT, &a.params.last_q},
+      {"--topk", UPF_ARG_INT, &a.params.topk},
+      {"--scale", UPF_ARG_FLOAT, &a.params.scale},
+  };
+  upf_arg_parser p = {"upf select", select_usage, args, (int)(sizeof args / sizeof args[0])};
+  upf_args_result r = upf_args_parse(&p, argc, argv);
+  if (r != UPF_ARGS_OK)
+    return upf_args_exit_code(r);
+  upf_select_params params;
+  if (!check_select_params(&p, &a, &params))
+    return 2;
+  a.params = params;
+  const upf_backend *be = upf_backend_by_name(a.backend);
+  if (!be) {
+    upf_cli_error(UPF_ERR_INVALID_ARG, "select: --backend");
     return 2;
   }
-  const upf_backend *be = upf_backend_by_name(a.backend);
-  if (!be)
-    return upf_cli_error(UPF_ERR_INVALID_ARG, "--backend");
+  const upf_arg_path paths[] = {
+      {"--q", a.q, 0},           {"--k", a.k, 0},           {"--cu-seqlens", a.cu, 0},
+      {"--out-mask", a.out_mask, 1}, {"--out-blocks", a.out_blocks, 1}, {"--out-kept", a.out_kept, 1},
+  };
+  if (!upf_args_check_paths("upf select", paths, (int)(sizeof paths / sizeof paths[0])))
+    return 2;
+
   upf_tensor q = {0}, k = {0}, cu = {0}, mask = {0}, blocks = {0}, kept = {0};
+  char what[1200] = "select: --q";
   upf_status st = upf_npy_read(a.q, &q);
-  const char *what = a.q;
-  if (st == UPF_OK)
-    st = upf_npy_read(a.k, &k), what = a.k;
-  if (st == UPF_OK)
-    st = upf_npy_read(a.cu, &cu), what = a.cu;
-  if (st == UPF_OK)
-    st = run_select(&a, be, &q, &k, &cu, &mask, &blocks, &kept), what = "select";
+  if (st == UPF_OK && (st = upf_npy_read(a.k, &k)) != UPF_OK)
+    snprintf(what, sizeof what, "select: --k");
+  if (st == UPF_OK && (st = upf_npy_read(a.cu, &cu)) != UPF_OK)
+    snprintf(what, sizeof what, "select: --cu-seqlens");
+  if (st == UPF_OK && (cu.dtype != UPF_DTYPE_I32 || cu.ndim != 1 || cu.shape[0] < 2)) {
+    st = upf_fail(UPF_ERR_SHAPE, "%s: cu_seqlens must be a 1-D <i4 array of B+1 >= 2 entries (got %s, %d dims)",
+                  a.cu, upf_dtype_name(cu.dtype), cu.ndim);
+    snprintf(what, sizeof what, "select: --cu-seqlens");
+  }
+  if (st == UPF_OK && (st = run_select(&a, be, &q, &k, &cu, &mask, &blocks, &kept)) != UPF_OK)
+    select_blame(st, &a, what, sizeof what);
   /* Outputs are written only after the whole selection succeeded; each write is atomic, and a
    * later failure removes the files written before it, so no partial result is left behind. */
-  const char *written[3];
+  const char *out_flag[3] = {"--out-mask", "--out-blocks", "--out-kept"};
+  const char *out_path[3] = {a.out_mask, a.out_blocks, a.out_kept};
+  const upf_tensor *out_tensor[3] = {&mask, &blocks, &kept};
   int nwritten = 0;
-  if (st == UPF_OK && (st = upf_npy_write(a.out_mask, &mask)) == UPF_OK)
-    written[nwritten++] = a.out_mask;
-  what = st == UPF_OK ? what : a.out_mask;
-  if (st == UPF_OK && a.out_blocks) {
-    if ((st = upf_npy_write(a.out_blocks, &blocks)) == UPF_OK)
-      written[nwritten++] = a.out_blocks;
+  for (int i = 0; i < 3 && st == UPF_OK; i++) {
+    if (!out_path[i])
+      continue;
+    if ((st = upf_npy_write(out_path[i], out_tensor[i])) != UPF_OK)
+      snprintf(what, sizeof what, "select: %s", out_flag[i]);
     else
-      what = a.out_blocks;
-  }
-  if (st == UPF_OK && a.out_kept) {
-    if ((st = upf_npy_write(a.out_kept, &kept)) == UPF_OK)
-      written[nwritten++] = a.out_kept;
-    else
-      what = a.out_kept;
+      nwritten = i + 1;
   }
   if (st != UPF_OK)
     for (int i = 0; i < nwritten; i++)
-      unlink(written[i]);
+      if (out_path[i])
+        unlink(out_path[i]);
   upf_tensor_free(&q), upf_tensor_free(&k), upf_tensor_free(&cu);
   upf_tensor_free(&mask), upf_tensor_free(&blocks), upf_tensor_free(&kept);
   return st == UPF_OK ? 0 : upf_cli_error(st, what);
 }
 
 /* ---- verify ---- */
+
+static const char verify_usage[] =
+    "usage: upf verify [all|<op or op-name prefix>] [--backend cpu|cuda] [--quick] [--log FILE]\n"
+    "                  [--variant op=name[,op=name...]]\n"
+    "  Checks every op of the backend (default: cuda if usable, else cpu) against the CPU reference;\n"
+    "  on the cpu, the reference against golden cases and invariants. --variant runs the named kernel\n"
+    "  variants (upf ops lists them; UPF_VARIANT=op=name,... does the same) instead of the defaults.\n";
 
 const upf_backend *upf_cli_default_backend(void) {
   const upf_backend *cuda = upf_backend_cuda();
@@ -263,23 +260,18 @@ int upf_cli_verify(const upf_backend *be, const char *filter, int quick, FILE *l
 }
 
 static int cmd_verify(int argc, char **argv) {
-  const char *filter = "all", *backend = NULL, *log_path = NULL;
+  const char *filter = "all", *backend = NULL, *log_path = NULL, *variant = NULL;
   int quick = 0;
-  for (int i = 0; i < argc; i++) {
-    if (!strcmp(argv[i], "--backend") && i + 1 < argc)
-      backend = argv[++i];
-    else if (!strcmp(argv[i], "--log") && i + 1 < argc)
-      log_path = argv[++i];
-    else if (!strcmp(argv[i], "--quick"))
-      quick = 1;
-    else if (argv[i][0] != '-')
-      filter = argv[i];
-    else {
-      fprintf(stderr, "upf verify: unknown option %s\n", argv[i]);
-      usage(stderr);
-      return 2;
-    }
-  }
+  upf_arg args[] = {
+      {"--backend", UPF_ARG_STRING, &backend},
+      {"--log", UPF_ARG_STRING, &log_path},
+      {"--quick", UPF_ARG_SWITCH, &quick},
+      {"--variant", UPF_ARG_STRING, &variant},
+  };
+  upf_arg_parser p = {"upf verify", verify_usage, args, (int)(sizeof args / sizeof args[0]), &filter, 1};
+  upf_args_result r = upf_args_parse(&p, argc, argv);
+  if (r != UPF_ARGS_OK)
+    return upf_args_exit_code(r);
   int matches = !strcmp(filter, "all");
   for (int op = 0; op < UPF_OP_COUNT && !matches; op++)
     matches = !strncmp(upf_op_name((upf_op)op), filter, strlen(filter));
@@ -287,15 +279,25 @@ static int cmd_verify(int argc, char **argv) {
     fprintf(stderr, "upf verify: '%s' names no op (see upf ops)\n", filter);
     return 2;
   }
+  upf_status st = variant ? upf_variant_select_spec(variant) : UPF_OK;
+  if (st != UPF_OK) {
+    upf_cli_error(st, "verify");
+    return 2;
+  }
   const upf_backend *be = backend ? upf_backend_by_name(backend) : upf_cli_default_backend();
-  if (!be)
-    return upf_cli_error(UPF_ERR_INVALID_ARG, "--backend");
-  upf_status st = be->probe();
+  if (!be) {
+    upf_cli_error(UPF_ERR_INVALID_ARG, "verify: --backend");
+    return 2;
+  }
+  const upf_arg_path paths[] = {{"--log", log_path, 1}};
+  if (!upf_args_check_paths("upf verify", paths, 1))
+    return 2;
+  st = be->probe();
   if (st != UPF_OK)
-    return upf_cli_error(st, be->name);
+    return upf_cli_error(st, be == upf_backend_cuda() ? "verify (--backend cuda)" : "verify");
   FILE *log = stdout;
   if (log_path && !(log = fopen(log_path, "w"))) {
-    fprintf(stderr, "upf verify: cannot open %s: %s\n", log_path, strerror(errno));
+    fprintf(stderr, "upf verify: --log %s: cannot open: %s\n", log_path, strerror(errno));
     return 1;
   }
   int failed = upf_cli_verify(be, filter, quick, log);
@@ -306,10 +308,55 @@ static int cmd_verify(int argc, char **argv) {
   return failed ? 1 : 0;
 }
 
-static int cmd_ops(void) {
-  for (int op = 0; op < UPF_OP_COUNT; op++)
+/* ---- ops ---- */
+
+static const char ops_usage[] =
+    "usage: upf ops\n"
+    "  Lists the op table and, under each op that has kernel variants, its variants (the default first)\n"
+    "  and the one in effect (UPF_VARIANT=op=name,... or upf verify --variant selects another).\n";
+
+static int cmd_ops(int argc, char **argv) {
+  upf_arg_parser p = {"upf ops", ops_usage, NULL, 0};
+  upf_args_result r = upf_args_parse(&p, argc, argv);
+  if (r != UPF_ARGS_OK)
+    return upf_args_exit_code(r);
+  for (int op = 0; op < UPF_OP_COUNT; op++) {
     printf("%-22s %s\n", upf_op_name((upf_op)op), upf_op_summary((upf_op)op));
+    int n = upf_variant_count((upf_op)op);
+    if (n == 0)
+      continue;
+    upf_variant current;
+    upf_status st = upf_variant_current((upf_op)op, &current);
+    if (st != UPF_OK)
+      return upf_cli_error(st, "ops");
+    for (int i = 0; i < n; i++) {
+      upf_variant v = upf_variant_of((upf_op)op, i);
+      const char *mark = i == 0 ? "(default)" : v == current ? "(in effect)" : "";
+      printf("  variant %-14s %-11s %s\n", upf_variant_name(v), mark, upf_variant_summary(v));
+    }
+  }
   return 0;
+}
+
+/* ---- dispatch ---- */
+
+typedef struct {
+  const char *name;
+  int (*run)(int argc, char **argv);
+  const char *usage; /* the command's --help text; its first line is the synopsis */
+} command;
+
+static const command commands[] = {
+    {"select", cmd_select, select_usage},
+    {"verify", cmd_verify, verify_usage},
+    {"report", upf_cli_report, upf_cli_report_usage},
+    {"ops", cmd_ops, ops_usage},
+};
+
+static void usage(FILE *out) {
+  fprintf(out, "usage: upf <command> [options]; upf <command> --help describes one command\n\ncommands:\n");
+  for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+    fputs(commands[i].usage, out);
 }
 
 int main(int argc, char **argv) {
@@ -317,14 +364,9 @@ int main(int argc, char **argv) {
     usage(argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;
   }
-  if (!strcmp(argv[1], "select"))
-    return cmd_select(argc - 2, argv + 2);
-  if (!strcmp(argv[1], "verify"))
-    return cmd_verify(argc - 2, argv + 2);
-  if (!strcmp(argv[1], "report"))
-    return upf_cli_report(argc - 2, argv + 2);
-  if (!strcmp(argv[1], "ops"))
-    return cmd_ops();
+  for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+    if (!strcmp(argv[1], commands[i].name))
+      return commands[i].run(argc - 2, argv + 2);
   fprintf(stderr, "upf: unknown command '%s'\n", argv[1]);
   usage(stderr);
   return 2;

@@ -7,6 +7,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define NPY_MAGIC "\x93NUMPY"
@@ -244,7 +247,16 @@ upf_status upf_npy_parse(const void *bytes, size_t size, const char *what, upf_t
         return upf_fail(UPF_ERR_FORMAT, "%s: bool element %llu has byte value %u, not 0 or 1", what,
                         (unsigned long long)i, data[i]);
   }
-  /* The shape is already validated, so allocation can only fail for lack of memory. */
+  /* The element count fits; the strides must too, also when an extent is 0 and the count with it
+   * ((0, 2^62, 2^62) holds no data but no stride of it is representable). */
+  upf_status st = upf_tensor_init(out, NULL, dtype, ndim, shape);
+  if (st != UPF_OK) {
+    char why[256];
+    snprintf(why, sizeof why, "%s", upf_last_error());
+    memset(out, 0, sizeof *out);
+    return upf_fail(st, "%s: npy shape refused: %s", what, why);
+  }
+  /* The shape is validated, so allocation can only fail for lack of memory. */
   if (upf_tensor_alloc(out, dtype, ndim, shape) != UPF_OK) {
     upf_tensor_free(out);
     return upf_fail(UPF_ERR_NOMEM, "%s: cannot allocate %llu bytes for the npy data", what,
@@ -328,6 +340,64 @@ static upf_status build_header(const upf_tensor *t, const char *path, char **out
   return UPF_OK;
 }
 
+/* Where the bytes of an output go. A new path or a regular file is replaced atomically by a rename
+ * from a temporary beside it; a symbolic link to a regular file is followed and the file it names
+ * replaced the same way (the link stays). A FIFO or a character device (a pipe, /dev/stdout,
+ * /dev/null) is written through in place: renaming over it would replace the node itself. Anything
+ * else (a directory, a block device, a socket, a link to nothing) is refused. */
+typedef struct {
+  char *target;     /* the path written: renamed over, or opened in place */
+  int write_through;
+  int keep_mode;    /* replacing an existing regular file: give the new one its permission bits */
+  mode_t mode;
+} npy_dest;
+
+static const char *file_kind(mode_t m) {
+  return S_ISDIR(m) ? "a directory" : S_ISBLK(m) ? "a block device" : S_ISSOCK(m) ? "a socket" : "not a regular file";
+}
+
+static upf_status resolve_dest(const char *path, npy_dest *d) {
+  struct stat ls, st;
+  memset(d, 0, sizeof *d);
+  if (lstat(path, &ls) != 0) {
+    if (errno != ENOENT)
+      return upf_fail(UPF_ERR_IO, "%s: cannot stat the output path: %s", path, strerror(errno));
+    d->target = strdup(path);
+  } else {
+    int is_link = S_ISLNK(ls.st_mode);
+    if (is_link && stat(path, &st) != 0)
+      return upf_fail(UPF_ERR_IO, "%s: a symbolic link that leads nowhere (%s); not writing through it", path,
+                      strerror(errno));
+    if (!is_link)
+      st = ls;
+    if (S_ISREG(st.st_mode)) {
+      d->target = is_link ? realpath(path, NULL) : strdup(path);
+      d->keep_mode = 1, d->mode = st.st_mode & 07777;
+      if (!d->target && is_link)
+        return upf_fail(UPF_ERR_IO, "%s: cannot resolve the symbolic link: %s", path, strerror(errno));
+    } else if (S_ISFIFO(st.st_mode) || S_ISCHR(st.st_mode)) {
+      d->target = strdup(path);
+      d->write_through = 1;
+    } else {
+      return upf_fail(UPF_ERR_IO, "%s: the output path is %s%s; refusing to replace it", path,
+                      is_link ? "a symbolic link to " : "", file_kind(st.st_mode));
+    }
+  }
+  return d->target ? UPF_OK : upf_fail(UPF_ERR_NOMEM, "%s: cannot copy the output path", path);
+}
+
+/* Header then data to f, closing it; the message names `path` and `shown` (the file written). */
+static upf_status write_and_close(FILE *f, const char *path, const char *shown, const char *header, size_t header_len,
+                                  const void *data, size_t bytes) {
+  int ok = fwrite(header, 1, header_len, f) == header_len && (bytes == 0 || fwrite(data, 1, bytes, f) == bytes);
+  int saved = errno;
+  if (fclose(f) != 0 && ok) {
+    ok = 0;
+    saved = errno;
+  }
+  return ok ? UPF_OK : upf_fail(UPF_ERR_IO, "%s: cannot write %s: %s", path, shown, strerror(saved));
+}
+
 upf_status upf_npy_write(const char *path, const upf_tensor *t) {
   if (!path || !t)
     return upf_fail(UPF_ERR_INVALID_ARG, "npy: write needs a path and a tensor");
@@ -340,41 +410,65 @@ upf_status upf_npy_write(const char *path, const upf_tensor *t) {
       return upf_fail(UPF_ERR_SHAPE, "%s: negative extent %lld in dim %d", path, (long long)t->shape[i], i);
   if (!upf_tensor_is_contiguous(t))
     return upf_fail(UPF_ERR_SHAPE, "%s: npy write needs a contiguous tensor", path);
-  size_t bytes = (size_t)upf_tensor_numel(t) * upf_dtype_size(t->dtype);
+  int64_t numel = upf_tensor_numel(t), itemsize = (int64_t)upf_dtype_size(t->dtype);
+  if (numel < 0 || numel > INT64_MAX / itemsize || (uint64_t)(numel * itemsize) > SIZE_MAX)
+    return upf_fail(UPF_ERR_SHAPE, "%s: the byte size of the tensor overflows", path);
+  size_t bytes = (size_t)(numel * itemsize);
   if (bytes && !t->data)
     return upf_fail(UPF_ERR_INVALID_ARG, "%s: tensor has no data", path);
 
   char *header;
   size_t header_len;
   UPF_TRY(build_header(t, path, &header, &header_len));
-  size_t tmp_cap = strlen(path) + 32;
+  npy_dest d;
+  upf_status st = resolve_dest(path, &d);
+  if (st != UPF_OK) {
+    free(d.target);
+    free(header);
+    return st;
+  }
+  if (d.write_through) {
+    /* No O_CREAT: should the node vanish after the check, this fails instead of leaving a partial
+     * regular file. */
+    int fd = open(d.target, O_WRONLY | O_TRUNC | O_NOCTTY);
+    FILE *f = fd >= 0 ? fdopen(fd, "wb") : NULL;
+    if (!f) {
+      st = upf_fail(UPF_ERR_IO, "%s: cannot open for writing: %s", path, strerror(errno));
+      if (fd >= 0)
+        close(fd);
+    } else {
+      st = write_and_close(f, path, d.target, header, header_len, t->data, bytes);
+    }
+    free(d.target);
+    free(header);
+    return st;
+  }
+
+  size_t tmp_cap = strlen(d.target) + 32;
   char *tmp = malloc(tmp_cap);
   if (!tmp) {
+    free(d.target);
     free(header);
     return upf_fail(UPF_ERR_NOMEM, "%s: cannot allocate the temporary file name", path);
   }
-  snprintf(tmp, tmp_cap, "%s.tmp.%ld", path, (long)getpid());
-
-  upf_status st = UPF_OK;
+  snprintf(tmp, tmp_cap, "%s.tmp.%ld", d.target, (long)getpid());
   FILE *f = fopen(tmp, "wb");
   if (!f) {
     st = upf_fail(UPF_ERR_IO, "%s: cannot create %s: %s", path, tmp, strerror(errno));
   } else {
-    int ok = fwrite(header, 1, header_len, f) == header_len &&
-             (bytes == 0 || fwrite(t->data, 1, bytes, f) == bytes);
-    int saved = errno;
-    if (fclose(f) != 0 && ok) {
-      ok = 0;
-      saved = errno;
-    }
-    if (!ok)
-      st = upf_fail(UPF_ERR_IO, "%s: cannot write %s: %s", path, tmp, strerror(saved));
-    else if (rename(tmp, path) != 0)
+    if (d.keep_mode && fchmod(fileno(f), d.mode) != 0)
+      st = upf_fail(UPF_ERR_IO, "%s: cannot set the mode of %s: %s", path, tmp, strerror(errno));
+    if (st == UPF_OK)
+      st = write_and_close(f, path, tmp, header, header_len, t->data, bytes);
+    else
+      fclose(f);
+    if (st == UPF_OK && rename(tmp, d.target) != 0)
       st = upf_fail(UPF_ERR_IO, "%s: cannot rename %s into place: %s", path, tmp, strerror(errno));
     if (st != UPF_OK)
       remove(tmp);
   }
   free(tmp);
+  free(d.target);
   free(header);
   return st;
 }

@@ -46,9 +46,15 @@ upf_status upf_dtype_parse(const char *name, upf_dtype *out) {
 }
 
 int64_t upf_tensor_numel(const upf_tensor *t) {
+  /* A zero extent anywhere makes the count 0 whatever the other extents, so it is looked for first:
+   * multiplying in dim order could overflow before reaching it. */
+  for (int i = 0; i < t->ndim; i++)
+    if (t->shape[i] <= 0)
+      return t->shape[i] == 0 ? 0 : -1;
   int64_t n = 1;
   for (int i = 0; i < t->ndim; i++)
-    n *= t->shape[i];
+    if (__builtin_mul_overflow(n, t->shape[i], &n))
+      return -1;
   return n;
 }
 
@@ -57,7 +63,8 @@ int upf_tensor_is_contiguous(const upf_tensor *t) {
   for (int i = t->ndim - 1; i >= 0; i--) {
     if (t->shape[i] != 1 && t->stride[i] != expected)
       return 0;
-    expected *= t->shape[i];
+    if (__builtin_mul_overflow(expected, t->shape[i], &expected))
+      return 0;
   }
   return 1;
 }
@@ -71,24 +78,38 @@ upf_status upf_tensor_init(upf_tensor *t, void *data, upf_dtype dtype, int ndim,
   t->data = data;
   t->dtype = dtype;
   t->ndim = ndim;
-  int64_t stride = 1;
-  for (int i = ndim - 1; i >= 0; i--) {
+  for (int i = 0; i < ndim; i++) {
     if (shape[i] < 0)
       return upf_fail(UPF_ERR_SHAPE, "tensor: negative extent %lld in dim %d", (long long)shape[i], i);
     t->shape[i] = shape[i];
-    t->stride[i] = stride;
-    stride *= shape[i];
   }
+  /* Every stride, the element count and the byte size must fit in 64 bits, also when an extent is
+   * 0: a (0, 2^62, 2^62) tensor holds nothing but its strides are still not representable, and code
+   * that indexes by stride (or a later reshape) would overflow on them. */
+  char buf[UPF_MAX_DIMS * 22 + 4];
+  int64_t stride = 1, bytes;
+  for (int i = ndim - 1; i >= 0; i--) {
+    t->stride[i] = stride;
+    if (__builtin_mul_overflow(stride, shape[i] ? shape[i] : 1, &stride))
+      return upf_fail(UPF_ERR_SHAPE, "tensor: the strides of shape %s overflow 64 bits",
+                      upf_tensor_shape_str(t, buf, sizeof buf));
+  }
+  if (__builtin_mul_overflow(stride, (int64_t)upf_dtype_size(dtype), &bytes))
+    return upf_fail(UPF_ERR_SHAPE, "tensor: the byte size of a %s tensor of shape %s overflows 64 bits",
+                    upf_dtype_name(dtype), upf_tensor_shape_str(t, buf, sizeof buf));
   return UPF_OK;
 }
 
 upf_status upf_tensor_alloc(upf_tensor *t, upf_dtype dtype, int ndim, const int64_t *shape) {
   UPF_TRY(upf_tensor_init(t, NULL, dtype, ndim, shape));
-  size_t bytes = (size_t)upf_tensor_numel(t) * upf_dtype_size(dtype);
-  size_t rounded = (bytes + 63) & ~(size_t)63;
+  /* init bounded numel * size by INT64_MAX, so the rounding below cannot wrap a size_t either. */
+  int64_t bytes = upf_tensor_numel(t) * (int64_t)upf_dtype_size(dtype);
+  if ((uint64_t)bytes > SIZE_MAX - 63)
+    return upf_fail(UPF_ERR_NOMEM, "tensor: %lld bytes do not fit in this machine's address space", (long long)bytes);
+  size_t rounded = ((size_t)bytes + 63) & ~(size_t)63;
   t->data = aligned_alloc(64, rounded ? rounded : 64);
   if (!t->data)
-    return upf_fail(UPF_ERR_NOMEM, "tensor: cannot allocate %zu bytes", bytes);
+    return upf_fail(UPF_ERR_NOMEM, "tensor: cannot allocate %lld bytes", (long long)bytes);
   return UPF_OK;
 }
 

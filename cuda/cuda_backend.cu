@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cuda_runtime.h>
 
@@ -68,6 +69,13 @@ bool cuda_disabled_by_env(const char **value) {
 upf_status init_locked(void) {
   int count = 0;
   cudaError_t err = cudaGetDeviceCount(&count);
+  /* Without an NVIDIA driver the runtime says "CUDA driver version is insufficient", which sends a
+   * user looking for a driver upgrade on a machine that simply has no GPU: say that instead. A
+   * loaded driver (/proc/driver/nvidia) that is too old keeps the runtime's message. */
+  if (err == cudaErrorNoDevice ||
+      (err == cudaErrorInsufficientDriver && access("/proc/driver/nvidia/version", F_OK) != 0))
+    return upf_fail(UPF_ERR_NO_DEVICE, "cuda: no CUDA device present (%s)",
+                    err == cudaErrorNoDevice ? "the driver reports none" : "no NVIDIA driver is loaded");
   if (err != cudaSuccess)
     return upf_fail(UPF_ERR_NO_DEVICE, "cuda: no usable device: cudaGetDeviceCount failed: %s (%s)",
                     cudaGetErrorString(err), cudaGetErrorName(err));

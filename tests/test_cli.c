@@ -1,5 +1,6 @@
 /* The upf CLI end to end: a good `upf select` writes the mask the library computes; every bad
- * input exits non-zero with a message and leaves no output file behind. Runs the upf binary that
+ * input exits non-zero with a message naming it and leaves no output file behind; every command
+ * parses its flags alike; `upf report` and `upf ops` say what they ran. Runs the upf binary that
  * sits beside this test binary. */
 #include <CUnit/CUnit.h>
 #include <libgen.h>
@@ -15,6 +16,7 @@
 #include "ref_cpu/select.h"
 #include "tests/test_util.h"
 #include "uniprefill/npy.h"
+#include "uniprefill/variant.h"
 #include "verify/select_inputs.h"
 
 static char upf_path[PATH_MAX];
@@ -39,12 +41,12 @@ static int cli_teardown(void) {
 
 /* dir/name in a slot of its own per name, so paths stay valid for the whole suite. */
 static const char *in_dir(const char *name) {
-  static char paths[24][128];
+  static char paths[48][128];
   static int used;
   for (int i = 0; i < used; i++)
-    if (!strcmp(strrchr(paths[i], '/') + 1, name))
+    if (!strcmp(paths[i] + strlen(dir) + 1, name))
       return paths[i];
-  if (used == 24)
+  if (used == 48)
     return "/nonexistent/too-many-paths";
   snprintf(paths[used], sizeof paths[used], "%s/%s", dir, name);
   return paths[used++];
@@ -55,23 +57,35 @@ static int exists(const char *path) {
   return stat(path, &st) == 0;
 }
 
-/* Runs upf with the arguments; returns its exit status (stderr goes to dir/stderr.txt). */
+/* Runs upf with the arguments; returns its exit status (stdout goes to dir/stdout.txt, stderr to
+ * dir/stderr.txt). */
 static int run_upf(const char *args) {
-  char cmd[PATH_MAX + 2048 + 128];
-  snprintf(cmd, sizeof cmd, "'%s' %s 2>%s/stderr.txt >/dev/null", upf_path, args, dir);
+  char cmd[PATH_MAX + 2048 + 256];
+  snprintf(cmd, sizeof cmd, "'%s' %s 2>%s/stderr.txt >%s/stdout.txt", upf_path, args, dir, dir);
   int st = system(cmd);
   return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
 }
 
-static int stderr_contains(const char *needle) {
-  char buf[2048] = "";
-  FILE *f = fopen(in_dir("stderr.txt"), "r");
+static int file_contains(const char *path, const char *needle) {
+  static char buf[1 << 16];
+  FILE *f = fopen(path, "r");
   size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
   if (f)
     fclose(f);
   buf[n] = '\0';
   return strstr(buf, needle) != NULL;
 }
+
+static int stderr_contains(const char *needle) { return file_contains(in_dir("stderr.txt"), needle); }
+static int stdout_contains(const char *needle) { return file_contains(in_dir("stdout.txt"), needle); }
+
+/* Asserts that the last run's stderr holds `needle`, and says which run when it does not. */
+#define ASSERT_STDERR(needle, args)                                                         \
+  do {                                                                                      \
+    if (!stderr_contains(needle))                                                           \
+      printf("\n    expected '%s' in the stderr of: upf %s\n", (const char *)(needle), args); \
+    CU_ASSERT(stderr_contains(needle));                                                     \
+  } while (0)
 
 static upf_select_problem problem;
 
@@ -93,6 +107,7 @@ static void test_select_writes_the_library_mask(void) {
            in_dir("q.npy"), in_dir("k.npy"), in_dir("cu.npy"), in_dir("mask.npy"), in_dir("blocks.npy"),
            in_dir("kept.npy"));
   CU_ASSERT_EQUAL_FATAL(run_upf(args), 0);
+  CU_ASSERT(stderr_contains("of 2301 tokens")); /* the report line that failing runs must not print */
   upf_tensor mask = {0}, blocks = {0}, kept = {0};
   CU_ASSERT_EQUAL_FATAL(upf_npy_read(in_dir("mask.npy"), &mask), UPF_OK);
   CU_ASSERT_EQUAL_FATAL(upf_npy_read(in_dir("blocks.npy"), &blocks), UPF_OK);
@@ -115,16 +130,20 @@ static void test_select_writes_the_library_mask(void) {
   unlink(in_dir("mask.npy")), unlink(in_dir("blocks.npy")), unlink(in_dir("kept.npy"));
 }
 
-/* Runs a select that must fail, then checks the exit code, the message and that no output exists. */
-static void expect_failure(const char *q, const char *k, const char *cu, const char *extra, const char *message) {
+/* Runs a select that must fail, then checks the exit code, that the message names `flag` (the
+ * input at fault) and holds `message`, that it does not blame the mask output (unless that is at
+ * fault), and that no output exists. */
+static void expect_failure(const char *q, const char *k, const char *cu, const char *extra, const char *flag,
+                           const char *message) {
   char args[2048];
   snprintf(args, sizeof args, "select --q %s --k %s --cu-seqlens %s --out-mask %s %s", q, k, cu, in_dir("mask.npy"),
            extra);
   int code = run_upf(args);
   CU_ASSERT_NOT_EQUAL(code, 0);
-  if (!stderr_contains(message))
-    printf("\n    expected '%s' in the message of: upf %s\n", message, args);
-  CU_ASSERT(stderr_contains(message));
+  ASSERT_STDERR(message, args);
+  ASSERT_STDERR(flag, args);
+  if (strcmp(flag, "--out-mask"))
+    CU_ASSERT(!stderr_contains("mask.npy"));
   CU_ASSERT(!exists(in_dir("mask.npy")));
   CU_ASSERT(!exists(in_dir("blocks.npy")));
 }
@@ -135,41 +154,195 @@ static void test_bad_inputs_leave_no_file(void) {
   FILE *f = fopen(in_dir("bad.npy"), "wb");
   fwrite("\x93NUMPY\x01\x00\x10\x00{'descr'", 1, 20, f);
   fclose(f);
-  expect_failure(in_dir("bad.npy"), k, cu, "", "bad.npy");
-  expect_failure(in_dir("missing.npy"), k, cu, "", "missing.npy");
+  expect_failure(in_dir("bad.npy"), k, cu, "", "--q", "bad.npy");
+  expect_failure(in_dir("missing.npy"), k, cu, "", "--q", "missing.npy");
+  expect_failure(q, in_dir("missing.npy"), cu, "", "--k", "missing.npy");
   /* Non-monotone cu_seqlens. */
   int32_t bad_cu[4] = {0, 2001, 2000, 2301};
   upf_tensor t;
   int64_t shape[1] = {4};
   upf_tensor_init(&t, bad_cu, UPF_DTYPE_I32, 1, shape);
   upf_npy_write(in_dir("cu_bad.npy"), &t);
-  expect_failure(q, k, in_dir("cu_bad.npy"), "", "monotone");
+  expect_failure(q, k, in_dir("cu_bad.npy"), "", "--cu-seqlens", "monotone");
   /* cu_seqlens of the wrong dtype. */
   float cu_f[4] = {0, 1, 2001, 2301};
   upf_tensor_init(&t, cu_f, UPF_DTYPE_F32, 1, shape);
   upf_npy_write(in_dir("cu_f32.npy"), &t);
-  expect_failure(q, k, in_dir("cu_f32.npy"), "", "<i4");
-  /* k given as q: Hq=2 is not a multiple of Hkv=4. */
-  expect_failure(k, q, cu, "", "multiple of Hkv");
+  expect_failure(q, k, in_dir("cu_f32.npy"), "", "--cu-seqlens", "<i4");
+  /* k given as q: Hq=2 is not a multiple of Hkv=4; both inputs are named. */
+  expect_failure(k, q, cu, "", "--k", "multiple of Hkv");
+  CU_ASSERT(stderr_contains("--q"));
   /* NaN in k (bf16 bits 0x7fc0). */
   uint16_t *kd = problem.k.data, saved = kd[1500 * 2 * 64 + 3];
   kd[1500 * 2 * 64 + 3] = 0x7fc0;
   upf_npy_write(in_dir("k_nan.npy"), &problem.k);
   kd[1500 * 2 * 64 + 3] = saved;
-  expect_failure(q, in_dir("k_nan.npy"), cu, "", "NaN");
-  expect_failure(q, k, cu, "--p 1.5", "p=1.5");
-  expect_failure(q, k, cu, "--block 48", "power of two");
-  expect_failure(q, k, cu, "--p banana", "not a number");
-  expect_failure(q, k, cu, "--backend tpu", "unknown name");
-  /* The second output cannot be written: the first one must not survive either. */
+  expect_failure(q, in_dir("k_nan.npy"), cu, "", "--k", "NaN");
+  CU_ASSERT(stderr_contains("k_nan.npy"));
+  expect_failure(q, k, cu, "--p 1.5", "--p", "p=1.5");
+  expect_failure(q, k, cu, "--block 48", "--block", "power of two");
+  expect_failure(q, k, cu, "--sink -1", "--sink", "negative");
+  expect_failure(q, k, cu, "--p banana", "--p", "not a number");
+  expect_failure(q, k, cu, "--backend tpu", "--backend", "unknown name");
+  /* The second output cannot be written: it is found before anything is computed. */
   char extra[PATH_MAX + 32];
   snprintf(extra, sizeof extra, "--out-blocks %s/no/such/dir/b.npy", dir);
-  expect_failure(q, k, cu, extra, "b.npy");
+  expect_failure(q, k, cu, extra, "--out-blocks", "b.npy");
+  CU_ASSERT(!stderr_contains("of 2301 tokens")); /* the selection's report line: it never ran */
   upf_select_problem_free(&problem);
+}
+
+/* The shared flag parser, as every subcommand sees it. */
+static void test_flags_every_command(void) {
+  static const char *const commands[] = {"select", "verify", "report", "ops"};
+  char args[2048], want[64];
+  for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
+    snprintf(args, sizeof args, "%s --help", commands[i]);
+    CU_ASSERT_EQUAL(run_upf(args), 0);
+    snprintf(want, sizeof want, "usage: upf %s", commands[i]);
+    CU_ASSERT(stdout_contains(want));
+    snprintf(args, sizeof args, "%s --no-such-flag", commands[i]);
+    CU_ASSERT_EQUAL(run_upf(args), 2);
+    ASSERT_STDERR("unknown option --no-such-flag", args);
+  }
+  const char *q = in_dir("q.npy"), *k = in_dir("k.npy"), *cu = in_dir("cu.npy"), *mask = in_dir("mask.npy");
+  static const struct {
+    const char *args, *message;
+  } bad[] = {
+      {"select --out-mask", "--out-mask needs a value"},
+      {"select --q --k k.npy", "--q needs a value"},
+      {"select --q= --k k.npy", "--q needs a value"},
+      {"verify --log", "--log needs a value"},
+      {"verify --variant", "--variant needs a value"},
+      {"report --out", "--out needs a value"},
+      {"report --bench-filter", "--bench-filter needs a value"},
+      {"select --q a.npy --q b.npy", "--q given twice"},
+      {"verify --quick --quick", "--quick given twice"},
+      {"report --no-bench --no-bench", "--no-bench given twice"},
+      {"select --p 1e40", "--p: 1e40 is out of range"},
+      {"select --scale 1e-300", "out of range"},
+      {"select --block 99999999999", "--block: 99999999999 is out of range"},
+      {"select --topk 3x", "not an integer"},
+      {"verify all cpu", "unexpected argument 'cpu'"},
+      {"ops gemm", "unexpected argument 'gemm'"},
+      {"select --q q.npy", "--k is required"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    CU_ASSERT_EQUAL(run_upf(bad[i].args), 2);
+    ASSERT_STDERR(bad[i].message, bad[i].args);
+  }
+  /* Two outputs naming one file, also through "./"; an output naming an input; a missing output
+   * directory: each refused before anything is computed (no "kept N of 2301 tokens" line) and no file written. */
+  char dot[256];
+  snprintf(dot, sizeof dot, "%s/./mask.npy", dir);
+  const char *const extras[][2] = {
+      {"--out-blocks", dot},
+      {"--out-kept", mask},
+  };
+  for (size_t i = 0; i < 2; i++) {
+    snprintf(args, sizeof args, "select --q %s --k %s --cu-seqlens %s --out-mask %s %s %s", q, k, cu, mask,
+             extras[i][0], extras[i][1]);
+    CU_ASSERT_EQUAL(run_upf(args), 2);
+    ASSERT_STDERR("name one file", args);
+    CU_ASSERT(stderr_contains(extras[i][0]) && stderr_contains("--out-mask"));
+    CU_ASSERT(!stderr_contains("of 2301 tokens"));
+    CU_ASSERT(!exists(mask));
+  }
+  struct stat before, after;
+  CU_ASSERT_EQUAL_FATAL(stat(k, &before), 0);
+  snprintf(args, sizeof args, "select --q %s --k %s --cu-seqlens %s --out-mask %s", q, k, cu, k);
+  CU_ASSERT_EQUAL(run_upf(args), 2);
+  ASSERT_STDERR("would overwrite the input", args);
+  CU_ASSERT(stat(k, &after) == 0 && after.st_ino == before.st_ino && after.st_size == before.st_size);
+  snprintf(args, sizeof args, "select --q %s --k %s --cu-seqlens %s --out-mask %s/none/m.npy", q, k, cu, dir);
+  CU_ASSERT_EQUAL(run_upf(args), 2);
+  ASSERT_STDERR("--out-mask", args);
+  ASSERT_STDERR("does not exist", args);
+  CU_ASSERT(!stderr_contains("of 2301 tokens"));
+  snprintf(args, sizeof args, "verify --quick --log %s/none/v.log", dir);
+  CU_ASSERT_EQUAL(run_upf(args), 2);
+  ASSERT_STDERR("--log", args);
+  CU_ASSERT(!stdout_contains("passed"));
+  snprintf(args, sizeof args, "report --quick --out %s/none/report", dir);
+  CU_ASSERT_EQUAL(run_upf(args), 2);
+  ASSERT_STDERR("--out", args);
+  CU_ASSERT(!stderr_contains("verifying"));
+}
+
+/* A bad --bench-filter is an error, before verify when the regex does not compile, and after it
+ * when the filter matches no benchmark; neither passes with an empty benchmark table. */
+static void test_report_bench_filter(void) {
+  char args[1024];
+  snprintf(args, sizeof args, "report --quick --bench-filter '(' --out %s", in_dir("rep_paren"));
+  CU_ASSERT_NOT_EQUAL(run_upf(args), 0);
+  ASSERT_STDERR("--bench-filter", args);
+  ASSERT_STDERR("not a valid regular expression", args);
+  CU_ASSERT(!exists(in_dir("rep_paren/verify.log")));
+  snprintf(args, sizeof args, "report --quick --bench-filter 'no_such_benchmark_x' --out %s", in_dir("rep_none"));
+  CU_ASSERT_NOT_EQUAL(run_upf(args), 0);
+  ASSERT_STDERR("--bench-filter 'no_such_benchmark_x' matches no benchmark", args);
+  CU_ASSERT(file_contains(in_dir("rep_none/summary.md"), "no benchmark matched"));
+  CU_ASSERT_EQUAL(run_upf("report --help"), 0);
+  CU_ASSERT(stdout_contains("--bench-filter REGEX"));
+}
+
+/* The report says where it ran (commit, date, host, device) in summary.md and in bench.json's
+ * context, shows progress on stderr, and leaves the rates of CPU rows empty. */
+static void test_report_stamps(void) {
+  char args[1024];
+  snprintf(args, sizeof args, "report --quick --bench-filter 'rmsnorm/cpu/' --out %s", in_dir("rep"));
+  CU_ASSERT_EQUAL(run_upf(args), 0);
+  const char *summary = in_dir("rep/summary.md"), *json = in_dir("rep/bench.json");
+  CU_ASSERT(file_contains(summary, "- commit: ") && !file_contains(summary, "- commit: \n"));
+  CU_ASSERT(file_contains(summary, "- date: 20"));
+  CU_ASSERT(file_contains(summary, "- host: ") && !file_contains(summary, "- host: \n"));
+  CU_ASSERT(file_contains(summary, "- device: "));
+  CU_ASSERT(file_contains(json, "\"commit\": \""));
+  CU_ASSERT(file_contains(json, "\"device\": \""));
+  CU_ASSERT(file_contains(json, "\"date\": \""));
+  CU_ASSERT(file_contains(json, "\"host_name\": \""));
+  /* The CPU row: median, spread and min, then three empty cells. */
+  CU_ASSERT(file_contains(summary, "| rmsnorm/cpu/bf16/llama/T:4096 | "));
+  CU_ASSERT(file_contains(summary, " ms |  |  |  |\n"));
+  ASSERT_STDERR("upf report: verify gemm", args);
+  ASSERT_STDERR("upf report: benchmarks matching", args);
+}
+
+/* `upf ops` lists every variant of every op that has them, the default marked; `upf verify
+ * --variant` selects one and refuses a name that is not one. */
+static void test_ops_and_variants(void) {
+  CU_ASSERT_EQUAL_FATAL(run_upf("ops"), 0);
+  int listed = 0;
+  char want[128];
+  for (int op = 0; op < UPF_OP_COUNT; op++) {
+    for (int i = 0; i < upf_variant_count((upf_op)op); i++) {
+      const char *name = upf_variant_name(upf_variant_of((upf_op)op, i));
+      snprintf(want, sizeof want, "  variant %-14s %s", name, i == 0 ? "(default)" : "");
+      CU_ASSERT(stdout_contains(want));
+      listed++;
+    }
+  }
+  CU_ASSERT(listed >= 2); /* variants.def has entries, so the loop checked something */
+  CU_ASSERT_EQUAL(run_upf("verify --help"), 0);
+  CU_ASSERT(stdout_contains("--variant op=name[,op=name"));
+  CU_ASSERT_EQUAL(run_upf("verify --backend cpu --variant attn.prefill=no-such-kernel"), 2);
+  ASSERT_STDERR("--variant", "verify --variant attn.prefill=no-such-kernel");
+  ASSERT_STDERR("no variant 'no-such-kernel'", "verify --variant attn.prefill=no-such-kernel");
+  const upf_variant second = upf_variant_of(UPF_OP_ATTN_PAGED, 1);
+  if (second != UPF_VARIANT_COUNT) {
+    char args[256];
+    snprintf(args, sizeof args, "verify attn.paged --quick --backend cpu --variant attn.paged=%s", upf_variant_name(second));
+    CU_ASSERT_EQUAL(run_upf(args), 0);
+    CU_ASSERT(stdout_contains("0 failed"));
+  }
 }
 
 void upf_register_cli_tests(void) {
   CU_pSuite suite = CU_add_suite("cli", cli_setup, cli_teardown);
   CU_add_test(suite, "select writes the library's mask", test_select_writes_the_library_mask);
-  CU_add_test(suite, "bad inputs exit non-zero and leave no file", test_bad_inputs_leave_no_file);
+  CU_add_test(suite, "bad inputs exit non-zero, name the input and leave no file", test_bad_inputs_leave_no_file);
+  CU_add_test(suite, "flags of every command: help, values, repeats, ranges, paths", test_flags_every_command);
+  CU_add_test(suite, "report: a bad or empty --bench-filter is an error", test_report_bench_filter);
+  CU_add_test(suite, "report: stamps, progress, no CPU rates", test_report_stamps);
+  CU_add_test(suite, "ops lists variants; verify --variant selects", test_ops_and_variants);
 }

@@ -3,9 +3,11 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "perf/bench.h"
 #include "tests/test_util.h"
+#include "uniprefill/backend.h"
 #include "uniprefill/bf16.h"
 #include "uniprefill/env.h"
 #include "uniprefill/rng.h"
@@ -120,6 +122,53 @@ static void test_tensor_descriptor(void) {
   CU_ASSERT_EQUAL(upf_dtype_parse("fp8", &d), UPF_ERR_DTYPE);
 }
 
+/* Strides and byte sizes are checked for overflow whatever the element count: a zero extent beside
+ * huge ones holds nothing, but its strides are not representable (signed overflow before the fix). */
+static void test_tensor_overflow(void) {
+  upf_tensor t;
+  const int64_t big = (int64_t)1 << 62;
+  const int64_t zero_first[3] = {0, big, big}, zero_last[3] = {big, big, 0}, one_huge[1] = {big};
+  CU_ASSERT_EQUAL(upf_tensor_init(&t, NULL, UPF_DTYPE_U8, 3, zero_first), UPF_ERR_SHAPE);
+  CU_ASSERT_PTR_NOT_NULL(strstr(upf_last_error(), "(0, 4611686018427387904, 4611686018427387904)"));
+  CU_ASSERT_PTR_NOT_NULL(strstr(upf_last_error(), "overflow"));
+  CU_ASSERT_EQUAL(upf_tensor_init(&t, NULL, UPF_DTYPE_U8, 3, zero_last), UPF_ERR_SHAPE);
+  /* 2^62 f32 elements are 2^64 bytes: refused, not wrapped to a 0-byte allocation. */
+  CU_ASSERT_EQUAL(upf_tensor_alloc(&t, UPF_DTYPE_F32, 1, one_huge), UPF_ERR_SHAPE);
+  CU_ASSERT_PTR_NULL(t.data);
+  CU_ASSERT_EQUAL(upf_tensor_init(&t, NULL, UPF_DTYPE_U8, 1, one_huge), UPF_OK);
+  /* The largest representable: strides exact, count 0 with a zero extent anywhere. */
+  const int64_t edge[2] = {0, INT64_MAX}, edge_rev[3] = {INT64_MAX, 1, 0};
+  CU_ASSERT_EQUAL_FATAL(upf_tensor_init(&t, NULL, UPF_DTYPE_U8, 2, edge), UPF_OK);
+  CU_ASSERT_EQUAL(t.stride[0], INT64_MAX);
+  CU_ASSERT_EQUAL(upf_tensor_numel(&t), 0);
+  CU_ASSERT_EQUAL_FATAL(upf_tensor_init(&t, NULL, UPF_DTYPE_U8, 3, edge_rev), UPF_OK);
+  CU_ASSERT_EQUAL(upf_tensor_numel(&t), 0);
+  CU_ASSERT_EQUAL(upf_tensor_init(&t, NULL, UPF_DTYPE_BF16, 2, edge), UPF_ERR_SHAPE); /* 2 bytes each */
+  /* A hand-built descriptor past 64 bits: numel says so instead of wrapping. */
+  t.ndim = 2, t.shape[0] = big, t.shape[1] = 4;
+  CU_ASSERT_EQUAL(upf_tensor_numel(&t), -1);
+  t.shape[1] = 0;
+  CU_ASSERT_EQUAL(upf_tensor_numel(&t), 0);
+}
+
+/* Where the CUDA backend cannot run, its probe says why in words a user can act on: on a machine
+ * without an NVIDIA driver, that no CUDA device is present, not that the driver is "insufficient". */
+static void test_cuda_probe_message(void) {
+  const char *backends = getenv("UPF_BACKENDS");
+  upf_status st = upf_backend_cuda()->probe();
+  if (st == UPF_OK)
+    return; /* a device is here: nothing to explain */
+  const char *msg = upf_last_error();
+  CU_ASSERT(!strncmp(msg, "cuda: ", 6));
+  CU_ASSERT(st == UPF_ERR_NO_DEVICE || st == UPF_ERR_UNSUPPORTED);
+  if (st == UPF_ERR_NO_DEVICE && !(backends && *backends) && access("/proc/driver/nvidia/version", F_OK) != 0) {
+    CU_ASSERT_PTR_NOT_NULL(strstr(msg, "no CUDA device present"));
+    CU_ASSERT_PTR_NULL(strstr(msg, "insufficient"));
+  }
+  if (st == UPF_ERR_UNSUPPORTED)
+    CU_ASSERT_PTR_NOT_NULL(strstr(msg, "CUDA=0"));
+}
+
 /* The benches' median by hand: odd and even counts (the upper middle), unsorted input, none; and the
  * steady-state timer's reps bound, checked before any device is touched. */
 static void test_bench_median(void) {
@@ -140,6 +189,8 @@ void upf_register_core_tests(void) {
   CU_add_test(suite, "rng is machine independent", test_rng_is_machine_independent);
   CU_add_test(suite, "status messages", test_status_messages);
   CU_add_test(suite, "tensor descriptor", test_tensor_descriptor);
+  CU_add_test(suite, "tensor strides and sizes never overflow", test_tensor_overflow);
   CU_add_test(suite, "env switch: values, fallback, typo named", test_env_switch);
   CU_add_test(suite, "bench median and the steady timer's bounds", test_bench_median);
+  CU_add_test(suite, "cuda probe names a missing device plainly", test_cuda_probe_message);
 }

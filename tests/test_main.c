@@ -1,8 +1,10 @@
-/* CUnit runner: registers every suite, runs them verbosely and ends with CUnit's run summary.
- * Exit status is non-zero when any test, assert or suite set-up failed. */
+/* CUnit runner: registers every suite, runs them (or the suites named on the command line)
+ * verbosely and ends with CUnit's run summary. Exit status is non-zero when any test, assert or
+ * suite set-up failed. */
 #include <CUnit/Basic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "tests/test_util.h"
 #include "uniprefill/backend.h"
@@ -52,18 +54,66 @@ void upf_test_verify_op(upf_op op, const upf_backend *be, int min_passed) {
   CU_ASSERT(ctx.passed > min_passed);
 }
 
+/* GPU tests found unusable at registration; reported after the suite filter, so that a run of
+ * other suites says nothing about them. */
+static struct {
+  CU_pSuite suite;
+  CU_pTest test;
+} skipped[256];
+static int num_skipped, skipped_lost;
+static char skip_reason[512];
+
 CU_pTest upf_test_add_gpu(CU_pSuite suite, const char *name, CU_TestFunc fn) {
   CU_pTest test = CU_add_test(suite, name, fn);
   const upf_backend *cuda = upf_backend_cuda();
   upf_status st = cuda->probe();
   if (test && st != UPF_OK) {
     CU_set_test_active(test, CU_FALSE);
-    printf("SKIPPED %s/%s: no usable CUDA device (%s)\n", suite->pName, name, upf_last_error());
+    snprintf(skip_reason, sizeof skip_reason, "%s", upf_last_error());
+    if (num_skipped < (int)(sizeof skipped / sizeof skipped[0]))
+      skipped[num_skipped].suite = suite, skipped[num_skipped++].test = test;
+    else
+      skipped_lost++;
   }
   return test;
 }
 
-int main(void) {
+/* The reason once, then each skipped test of an active suite by name. */
+static void report_skipped(void) {
+  int shown = 0;
+  for (int i = 0; i < num_skipped; i++) {
+    if (!skipped[i].suite->fActive)
+      continue;
+    if (!shown++)
+      printf("GPU tests skipped: %s\n", skip_reason);
+    printf("SKIPPED %s/%s\n", skipped[i].suite->pName, skipped[i].test->pName);
+  }
+  if (skipped_lost)
+    printf("SKIPPED %d more GPU tests\n", skipped_lost);
+}
+
+/* Arguments name the suites to run ("npy", "cli", "cuda backend"); none runs them all. */
+static int select_suites(int argc, char **argv) {
+  for (int i = 1; i < argc; i++)
+    if (!CU_get_suite(argv[i])) {
+      fprintf(stderr, "test_upf: no suite named '%s'; suites:", argv[i]);
+      for (CU_pSuite s = CU_get_registry()->pSuite; s; s = s->pNext)
+        fprintf(stderr, " '%s'", s->pName);
+      fprintf(stderr, "\n");
+      return 0;
+    }
+  if (argc < 2)
+    return 1;
+  for (CU_pSuite s = CU_get_registry()->pSuite; s; s = s->pNext) {
+    int wanted = 0;
+    for (int i = 1; i < argc; i++)
+      wanted |= !strcmp(s->pName, argv[i]);
+    CU_set_suite_active(s, wanted ? CU_TRUE : CU_FALSE);
+  }
+  return 1;
+}
+
+int main(int argc, char **argv) {
   if (CU_initialize_registry() != CUE_SUCCESS) {
     fprintf(stderr, "test_upf: cannot initialise the CUnit registry: %s\n", CU_get_error_msg());
     return 2;
@@ -75,7 +125,13 @@ int main(void) {
     CU_cleanup_registry();
     return 2;
   }
-  /* Inactive tests are the GPU tests skipped on a machine without a device: not failures. */
+  if (!select_suites(argc, argv)) {
+    CU_cleanup_registry();
+    return 2;
+  }
+  report_skipped();
+  /* Inactive tests are the GPU tests skipped on a machine without a device, and inactive suites
+   * the ones not asked for: neither is a failure. */
   CU_set_fail_on_inactive(CU_FALSE);
   CU_basic_set_mode(CU_BRM_VERBOSE);
   CU_basic_run_tests();

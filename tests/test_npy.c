@@ -3,11 +3,14 @@
  * buffers are sized exactly so that valgrind catches any read past the end). */
 #include <CUnit/CUnit.h>
 #include <dirent.h>
+#include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "uniprefill/npy.h"
@@ -263,6 +266,14 @@ static void test_malformed(void) {
              UPF_ERR_FORMAT, "64 bits");
   check_dict("{'descr': '<i4', 'fortran_order': False, 'shape': (1,1,1,1,1,1,1,1,1), }", z, 4, UPF_ERR_SHAPE,
              NULL);
+  /* No data, but strides past 64 bits: refused with the file named, whichever dim holds the 0. */
+  check_dict("{'descr': '|u1', 'fortran_order': False, 'shape': (0, 4611686018427387904, 4611686018427387904), }", z,
+             0, UPF_ERR_SHAPE, "overflow");
+  check_dict("{'descr': '<f4', 'fortran_order': False, 'shape': (9223372036854775807, 3, 0), }", z, 0,
+             UPF_ERR_SHAPE, "overflow");
+  check_dict("{'descr': '<f8', 'fortran_order': False, 'shape': (0, 9223372036854775807), }", z, 0, UPF_ERR_SHAPE,
+             "byte size");
+  check_dict("{'descr': '|u1', 'fortran_order': False, 'shape': (0, 9223372036854775807), }", z, 0, UPF_OK, NULL);
   check_dict("{'descr': '|b1', 'fortran_order': False, 'shape': (3,), }", two, 3, UPF_ERR_FORMAT, "bool");
   check_dict("{'descr': '<i4', 'fortran_order': False, 'shape': (3,), ", z, 12, UPF_ERR_FORMAT, NULL);
   check_dict("{'descr': '<i4", z, 12, UPF_ERR_FORMAT, "unterminated");
@@ -350,7 +361,7 @@ static void test_write_failures(void) {
   CU_ASSERT(!exists(dir));
   CU_ASSERT_EQUAL(count_entries(tmpdir), 0);
 
-  /* Renaming onto a directory fails after the data is written: the temporary must go. */
+  /* A directory at the output path is refused before anything is written. */
   path_in(dir, sizeof dir, "a_dir");
   CU_ASSERT_EQUAL_FATAL(mkdir(dir, 0700), 0);
   CU_ASSERT_EQUAL(upf_npy_write(dir, &t), UPF_ERR_IO);
@@ -381,6 +392,89 @@ static void test_write_failures(void) {
   remove(path);
   upf_tensor_free(&r);
   upf_tensor_free(&small);
+  upf_tensor_free(&t);
+}
+
+/* Reads `path` back and checks it holds the 2x3 i32 tensor of test_output_kinds (value v). */
+static int holds(const char *path, unsigned char v) {
+  upf_tensor r;
+  if (upf_npy_read(path, &r) != UPF_OK)
+    return 0;
+  int ok = r.dtype == UPF_DTYPE_I32 && r.ndim == 2 && r.shape[0] == 2 && r.shape[1] == 3 &&
+           ((unsigned char *)r.data)[0] == v && ((unsigned char *)r.data)[23] == v;
+  upf_tensor_free(&r);
+  return ok;
+}
+
+/* What sits at the output path decides how it is written: a symbolic link to a file is followed
+ * (the file replaced, the link kept), a FIFO is written through (never replaced by a regular file),
+ * a socket, a directory or a dangling link are refused. No temporary survives any of them. */
+static void test_output_kinds(void) {
+  char target[128], link[128], link2[128], fifo[128], sock[128], dangling[128], sub[128];
+  path_in(target, sizeof target, "target.npy");
+  path_in(link, sizeof link, "link.npy");
+  path_in(link2, sizeof link2, "link2.npy");
+  path_in(fifo, sizeof fifo, "fifo.npy");
+  path_in(sock, sizeof sock, "sock.npy");
+  path_in(dangling, sizeof dangling, "dangling.npy");
+  path_in(sub, sizeof sub, "sub");
+  const int64_t shape[2] = {2, 3};
+  upf_tensor t;
+  CU_ASSERT_EQUAL_FATAL(upf_tensor_alloc(&t, UPF_DTYPE_I32, 2, shape), UPF_OK);
+  struct stat st;
+
+  /* A link (relative, and a link to that link) to a regular file in another directory. */
+  CU_ASSERT_EQUAL_FATAL(mkdir(sub, 0700), 0);
+  char sub_target[160];
+  snprintf(sub_target, sizeof sub_target, "%s/t.npy", sub);
+  memset(t.data, 1, 24);
+  CU_ASSERT_EQUAL_FATAL(upf_npy_write(sub_target, &t), UPF_OK);
+  CU_ASSERT_EQUAL_FATAL(chmod(sub_target, 0640), 0);
+  CU_ASSERT_EQUAL_FATAL(symlink("sub/t.npy", link), 0);
+  CU_ASSERT_EQUAL_FATAL(symlink("link.npy", link2), 0);
+  memset(t.data, 2, 24);
+  CU_ASSERT_EQUAL(upf_npy_write(link2, &t), UPF_OK);
+  CU_ASSERT(lstat(link, &st) == 0 && S_ISLNK(st.st_mode));
+  CU_ASSERT(lstat(link2, &st) == 0 && S_ISLNK(st.st_mode));
+  CU_ASSERT(lstat(sub_target, &st) == 0 && S_ISREG(st.st_mode) && (st.st_mode & 07777) == 0640);
+  CU_ASSERT(holds(sub_target, 2));
+  CU_ASSERT_EQUAL(count_entries(sub), 1); /* the temporary went beside the target and is gone */
+
+  /* A FIFO with a reader: the bytes arrive through it and the FIFO stays a FIFO. */
+  CU_ASSERT_EQUAL_FATAL(mkfifo(fifo, 0600), 0);
+  int rd = open(fifo, O_RDONLY | O_NONBLOCK);
+  CU_ASSERT_FATAL(rd >= 0);
+  memset(t.data, 3, 24);
+  CU_ASSERT_EQUAL(upf_npy_write(fifo, &t), UPF_OK);
+  unsigned char buf[512];
+  ssize_t got = read(rd, buf, sizeof buf);
+  close(rd);
+  CU_ASSERT_EQUAL(got, 128 + 24);
+  upf_tensor r;
+  CU_ASSERT_EQUAL(upf_npy_parse(buf, got > 0 ? (size_t)got : 0, "fifo", &r), UPF_OK);
+  CU_ASSERT(r.data && ((unsigned char *)r.data)[0] == 3);
+  upf_tensor_free(&r);
+  CU_ASSERT(lstat(fifo, &st) == 0 && S_ISFIFO(st.st_mode));
+
+  /* A socket and a dangling link: refused, left as they are. */
+  int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  struct sockaddr_un addr = {.sun_family = AF_UNIX};
+  CU_ASSERT_FATAL(strlen(sock) < sizeof addr.sun_path);
+  memcpy(addr.sun_path, sock, strlen(sock) + 1);
+  CU_ASSERT_FATAL(fd >= 0 && bind(fd, (struct sockaddr *)&addr, sizeof addr) == 0);
+  CU_ASSERT_EQUAL(upf_npy_write(sock, &t), UPF_ERR_IO);
+  CU_ASSERT_PTR_NOT_NULL(strstr(upf_last_error(), "socket"));
+  CU_ASSERT(lstat(sock, &st) == 0 && S_ISSOCK(st.st_mode));
+  close(fd);
+  CU_ASSERT_EQUAL_FATAL(symlink("nowhere/x.npy", dangling), 0);
+  CU_ASSERT_EQUAL(upf_npy_write(dangling, &t), UPF_ERR_IO);
+  CU_ASSERT_PTR_NOT_NULL(strstr(upf_last_error(), "dangling.npy"));
+  CU_ASSERT(lstat(dangling, &st) == 0 && S_ISLNK(st.st_mode));
+
+  /* Nothing else appeared: sub, link, link2, fifo, sock, dangling. */
+  CU_ASSERT_EQUAL(count_entries(tmpdir), 6);
+  CU_ASSERT(!exists(target));
+  remove(sub_target), rmdir(sub), remove(link), remove(link2), remove(fifo), remove(sock), remove(dangling);
   upf_tensor_free(&t);
 }
 
@@ -417,4 +511,5 @@ void upf_register_npy_tests(void) {
   CU_add_test(s, "corrupt header bytes", test_corrupt_bytes);
   CU_add_test(s, "missing file and error names", test_read_missing);
   CU_add_test(s, "write failures leave no file", test_write_failures);
+  CU_add_test(s, "links followed, FIFOs written through, others refused", test_output_kinds);
 }

@@ -8,8 +8,9 @@
 #include "uniprefill/backend.h"
 #include "uniprefill/ops.h"
 
-/* Adds a test; if the CUDA backend is not usable here, the test is added inactive and a line
- * "SKIPPED suite/name: <reason>" is printed, so CUnit's summary counts it under Inactive. */
+/* Adds a test; if the CUDA backend is not usable here, the test is added inactive (CUnit's summary
+ * counts it under Inactive), and before the run the reason is printed once, then a line
+ * "SKIPPED suite/name" for each such test. */
 CU_pTest upf_test_add_gpu(CU_pSuite suite, const char *name, CU_TestFunc fn);
 
 /* UPF_TEST_QUICK=1: smaller cases (the Valgrind run). */

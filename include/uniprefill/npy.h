@@ -19,9 +19,11 @@ upf_status upf_npy_read(const char *path, upf_tensor *out);
  * error messages. */
 upf_status upf_npy_parse(const void *bytes, size_t size, const char *what, upf_tensor *out);
 
-/* Writes a contiguous host tensor. Writes to a temporary file beside `path` and renames it into
- * place, so a failed write never leaves a partial file at `path`. Picks format 1.0 unless the
- * header needs 2.0. */
+/* Writes a contiguous host tensor; picks format 1.0 unless the header needs 2.0. A new path or a
+ * regular file is written to a temporary beside it and renamed into place, so a failed write never
+ * leaves a partial file; through a symbolic link, the regular file it names is replaced that way
+ * and the link kept. A FIFO or character device (a pipe, /dev/stdout) is written through in place,
+ * never replaced. A directory, block device, socket or dangling link gives UPF_ERR_IO. */
 upf_status upf_npy_write(const char *path, const upf_tensor *t);
 
 #ifdef __cplusplus

@@ -39,9 +39,13 @@ const char *upf_dtype_name(upf_dtype dtype); /* "f32", "bf16", ... */
 /* Parses "f32"/"fp32"/"bf16"/...; returns UPF_ERR_DTYPE for anything else. */
 upf_status upf_dtype_parse(const char *name, upf_dtype *out);
 
+/* Product of the extents: 0 when any extent is 0 (whatever the others), -1 when an extent is
+ * negative or the product overflows 64 bits (a descriptor upf_tensor_init would refuse). */
 int64_t upf_tensor_numel(const upf_tensor *t);
 int upf_tensor_is_contiguous(const upf_tensor *t);
-/* Fills shape and row-major strides; data is left as given. */
+/* Fills shape and row-major strides; data is left as given. UPF_ERR_SHAPE when an extent is
+ * negative or a stride, the element count or the byte size would overflow 64 bits (checked also
+ * when an extent is 0), so every stride of an initialised tensor is exact. */
 upf_status upf_tensor_init(upf_tensor *t, void *data, upf_dtype dtype, int ndim, const int64_t *shape);
 /* Allocates a contiguous host tensor (64-byte aligned); free with upf_tensor_free. */
 upf_status upf_tensor_alloc(upf_tensor *t, upf_dtype dtype, int ndim, const int64_t *shape);

@@ -1,0 +1,191 @@
+/* The subcommands' shared argument parser and the check of their input and output paths. */
+#include "cli/args.h"
+
+#include <errno.h>
+#include <float.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+static int bad(const upf_arg_parser *p, const char *fmt, const char *a, const char *b) {
+  fprintf(stderr, "%s: ", p->command);
+  fprintf(stderr, fmt, a, b);
+  fprintf(stderr, " (see %s --help)\n", p->command);
+  return 0;
+}
+
+static upf_arg *find(upf_arg_parser *p, const char *name, size_t len) {
+  for (int i = 0; i < p->num_args; i++)
+    if (strlen(p->args[i].name) == len && !strncmp(p->args[i].name, name, len))
+      return &p->args[i];
+  return NULL;
+}
+
+const upf_arg *upf_args_find(const upf_arg_parser *p, const char *name) {
+  return find((upf_arg_parser *)p, name, strlen(name));
+}
+
+static int parse_int(const upf_arg_parser *p, upf_arg *a, const char *text) {
+  char *end;
+  errno = 0;
+  long long v = strtoll(text, &end, 10);
+  if (end == text || *end)
+    return bad(p, "%s: '%s' is not an integer", a->name, text);
+  int64_t lo = a->min || a->max ? a->min : INT32_MIN, hi = a->min || a->max ? a->max : INT32_MAX;
+  if (errno == ERANGE || v < lo || v > hi) {
+    fprintf(stderr, "%s: %s: %s is out of range [%lld, %lld] (see %s --help)\n", p->command, a->name, text,
+            (long long)lo, (long long)hi, p->command);
+    return 0;
+  }
+  *(int32_t *)a->dest = (int32_t)v;
+  return 1;
+}
+
+static int parse_float(const upf_arg_parser *p, upf_arg *a, const char *text) {
+  char *end;
+  errno = 0;
+  double v = strtod(text, &end);
+  if (end == text || *end)
+    return bad(p, "%s: '%s' is not a number", a->name, text);
+  if (isnan(v))
+    return bad(p, "%s: '%s' is not a number", a->name, text);
+  /* strtod's ERANGE is overflow, or underflow to a subnormal or zero: either way not the number given. */
+  if (errno == ERANGE || isinf(v) || fabs(v) > FLT_MAX || (v != 0.0 && fabs(v) < FLT_MIN))
+    return bad(p, "%s: %s is out of range (a float is about 1e-38 to 3e38 in magnitude, or 0)", a->name, text);
+  *(float *)a->dest = (float)v;
+  return 1;
+}
+
+static int is_help(const char *s) { return !strcmp(s, "--help") || !strcmp(s, "-h"); }
+
+upf_args_result upf_args_parse(upf_arg_parser *p, int argc, char **argv) {
+  p->num_positional = 0;
+  for (int i = 0; i < p->num_args; i++)
+    p->args[i].seen = 0;
+  /* --help wins wherever it stands: whatever else is wrong, the user asked how to use the command. */
+  for (int i = 0; i < argc; i++)
+    if (is_help(argv[i])) {
+      fputs(p->usage, stdout);
+      return UPF_ARGS_HELP;
+    }
+  for (int i = 0; i < argc; i++) {
+    const char *s = argv[i];
+    if (s[0] != '-' || !strcmp(s, "-")) {
+      if (p->num_positional == p->max_positional) {
+        bad(p, "unexpected argument '%s'%s", s,
+            p->max_positional ? "" : p->num_args ? " (this command takes only flags)" : " (this command takes none)");
+        return UPF_ARGS_BAD;
+      }
+      p->positional[p->num_positional++] = s;
+      continue;
+    }
+    const char *eq = s[1] == '-' ? strchr(s, '=') : NULL;
+    upf_arg *a = find(p, s, eq ? (size_t)(eq - s) : strlen(s));
+    if (!a) {
+      fprintf(stderr, "%s: unknown option %.*s (see %s --help)\n", p->command, eq ? (int)(eq - s) : (int)strlen(s), s,
+              p->command);
+      return UPF_ARGS_BAD;
+    }
+    if (a->seen) {
+      bad(p, "%s given twice%s", a->name, "");
+      return UPF_ARGS_BAD;
+    }
+    a->seen = 1;
+    if (a->kind == UPF_ARG_SWITCH) {
+      if (eq) {
+        bad(p, "%s takes no value (got '%s')", a->name, eq + 1);
+        return UPF_ARGS_BAD;
+      }
+      *(int *)a->dest = 1;
+      continue;
+    }
+    /* A following "--..." is the next flag, not this one's value: "--q --k k.npy" lacks q's value
+     * (a value that starts with "--" can still be given as --q=--odd-name). */
+    const char *val = eq ? eq + 1 : i + 1 < argc && !(argv[i + 1][0] == '-' && argv[i + 1][1] == '-') ? argv[++i] : NULL;
+    if (!val || !*val) {
+      bad(p, "%s needs a value%s", a->name, "");
+      return UPF_ARGS_BAD;
+    }
+    int ok = 1;
+    if (a->kind == UPF_ARG_STRING)
+      *(const char **)a->dest = val;
+    else if (a->kind == UPF_ARG_INT)
+      ok = parse_int(p, a, val);
+    else
+      ok = parse_float(p, a, val);
+    if (!ok)
+      return UPF_ARGS_BAD;
+  }
+  for (int i = 0; i < p->num_args; i++)
+    if (p->args[i].required && !p->args[i].seen) {
+      bad(p, "%s is required%s", p->args[i].name, "");
+      return UPF_ARGS_BAD;
+    }
+  return UPF_ARGS_OK;
+}
+
+int upf_args_exit_code(upf_args_result r) { return r == UPF_ARGS_HELP ? 0 : 2; }
+
+/* The file `path` names, resolved through links, "." and "..": realpath of the path when it exists,
+ * else realpath of its directory plus its last component. NULL when the directory does not exist
+ * (errno says why). */
+static char *canonical(const char *path) {
+  char *whole = realpath(path, NULL);
+  if (whole)
+    return whole;
+  const char *slash = strrchr(path, '/');
+  const char *base = slash ? slash + 1 : path;
+  char *dir = slash ? strndup(path, slash == path ? 1 : (size_t)(slash - path)) : strdup(".");
+  char *rdir = dir ? realpath(dir, NULL) : NULL;
+  int saved = errno;
+  free(dir);
+  if (!rdir) {
+    errno = saved;
+    return NULL;
+  }
+  size_t len = strlen(rdir) + strlen(base) + 2;
+  char *out = malloc(len);
+  if (out)
+    snprintf(out, len, "%s/%s", strcmp(rdir, "/") ? rdir : "", base);
+  free(rdir);
+  return out;
+}
+
+int upf_args_check_paths(const char *command, const upf_arg_path *paths, int n) {
+  char **canon = calloc((size_t)(n ? n : 1), sizeof *canon);
+  if (!canon) {
+    fprintf(stderr, "%s: out of memory checking the paths\n", command);
+    return 0;
+  }
+  int ok = 1;
+  for (int i = 0; i < n && ok; i++) {
+    const upf_arg_path *a = &paths[i];
+    if (!a->path)
+      continue;
+    canon[i] = canonical(a->path);
+    struct stat st;
+    if (a->is_output && !canon[i]) {
+      fprintf(stderr, "%s: %s %s: its directory does not exist or cannot be searched (%s)\n", command, a->flag,
+              a->path, strerror(errno));
+      ok = 0;
+    } else if (a->is_output && stat(a->path, &st) == 0 && S_ISDIR(st.st_mode)) {
+      fprintf(stderr, "%s: %s %s is a directory, not a file\n", command, a->flag, a->path);
+      ok = 0;
+    }
+    /* A missing input is not an error here: reading it says so, naming it. */
+    for (int j = 0; j < i && ok; j++) {
+      if ((a->is_output || paths[j].is_output) && canon[i] && canon[j] && !strcmp(canon[i], canon[j])) {
+        fprintf(stderr, "%s: %s and %s name one file (%s)%s\n", command, paths[j].flag, a->flag, a->path,
+                a->is_output && paths[j].is_output ? "" : ": the output would overwrite the input");
+        ok = 0;
+      }
+    }
+  }
+  for (int i = 0; i < n; i++)
+    free(canon[i]);
+  free(canon);
+  return ok;
+}
