@@ -17,5 +17,10 @@ int upf_cli_verify(const upf_backend *be, const char *filter, int quick, FILE *l
 /* `upf report`: verify + benchmarks + summary; its --help text. */
 int upf_cli_report(int argc, char **argv);
 extern const char upf_cli_report_usage[];
+/* `upf models` and `upf prefill` (cli/prefill.c). */
+int upf_cli_models(int argc, char **argv);
+int upf_cli_prefill(int argc, char **argv);
+extern const char upf_cli_models_usage[];
+extern const char upf_cli_prefill_usage[];
 
 #endif

@@ -226,10 +226,10 @@ static upf_status write_json(const char *path, const prefill_args *a, const upf_
   fprintf(f, "  \"memory_gib\": {\"weights\": %.4f, \"activations\": %.4f, \"selection\": %.4f, \"kv_dense\": %.4f},\n",
           plan->weights / (1 << 30), plan->activations / (1 << 30), plan->selection / (1 << 30),
           plan->kv_dense / (1 << 30));
-  fprintf(f, "  \"commit\": \"%s\",\n  \"command\": \"", commit);
+  fprintf(f, "  \"commit\": \"%s\",\n  \"command\": \"upf", commit);
   for (int i = 0; i < argc; i++)
     for (const char *s = argv[i]; ; s++) {
-      if (s == argv[i] && i)
+      if (s == argv[i])
         fputc(' ', f);
       if (!*s)
         break;

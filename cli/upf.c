@@ -239,11 +239,13 @@ static int cmd_select(int argc, char **argv) {
 /* ---- verify ---- */
 
 static const char verify_usage[] =
-    "usage: upf verify [all|<op or op-name prefix>] [--backend cpu|cuda] [--quick] [--log FILE]\n"
+    "usage: upf verify [all|model|<op or op-name prefix>] [--backend cpu|cuda] [--quick] [--log FILE]\n"
     "                  [--variant op=name[,op=name...]]\n"
     "  Checks every op of the backend (default: cuda if usable, else cpu) against the CPU reference;\n"
     "  on the cpu, the reference against golden cases and invariants. --variant runs the named kernel\n"
-    "  variants (upf ops lists them; UPF_VARIANT=op=name,... does the same) instead of the defaults.\n";
+    "  variants (upf ops lists them; UPF_VARIANT=op=name,... does the same) instead of the defaults.\n"
+    "  `model` (model.prefill) runs the tiny model of every family, dense and UniPrefill, f32 and bf16,\n"
+    "  against the CPU reference (after the ops under `all`; not on the cpu itself: see make test).\n";
 
 const upf_backend *upf_cli_default_backend(void) {
   const upf_backend *cuda = upf_backend_cuda();
@@ -272,11 +274,8 @@ static int cmd_verify(int argc, char **argv) {
   upf_args_result r = upf_args_parse(&p, argc, argv);
   if (r != UPF_ARGS_OK)
     return upf_args_exit_code(r);
-  int matches = !strcmp(filter, "all");
-  for (int op = 0; op < UPF_OP_COUNT && !matches; op++)
-    matches = !strncmp(upf_op_name((upf_op)op), filter, strlen(filter));
-  if (!matches) {
-    fprintf(stderr, "upf verify: '%s' names no op (see upf ops)\n", filter);
+  if (!upf_verify_filter_known(filter)) {
+    fprintf(stderr, "upf verify: '%s' names no op (see upf ops) and no end-to-end check (model.prefill)\n", filter);
     return 2;
   }
   upf_status st = variant ? upf_variant_select_spec(variant) : UPF_OK;
@@ -351,6 +350,8 @@ static const command commands[] = {
     {"verify", cmd_verify, verify_usage},
     {"report", upf_cli_report, upf_cli_report_usage},
     {"ops", cmd_ops, ops_usage},
+    {"models", upf_cli_models, upf_cli_models_usage},
+    {"prefill", upf_cli_prefill, upf_cli_prefill_usage},
 };
 
 static void usage(FILE *out) {
