@@ -17,6 +17,11 @@
 #     peers [sdpa|matmul|fla ...]         the PyTorch / FLA peer scripts of perf/peers on the benchmarks' shapes
 #     profile BENCH [--kernel REGEX] [--skip N] [--count N] [--set SET | --section S ... | --metrics LIST]
 #                                         ncu (clocks left alone) of one benchmark's kernel launches
+#     prefill [MODELS...] [--runs "T1 T2,T2 ..."] [--keep R1,R2] [--layers A:B] [--iters N]
+#                                         end-to-end TTFT (upf prefill, bf16, cuda): per model (default
+#                                         llama3.1-8b gemma3-12b) and run (a length, or a comma list: one
+#                                         batch; default "8192 32768 131072"), UniPrefill at each top-k keep
+#                                         ratio (default 0.5,0.3,0.2) with --ideal, which also times dense
 #     session [--quick]                   the standard full pass: verify, sanitize and test side by side, then
 #                                         bench alone on the GPU, then peers
 #   options of every device command:
@@ -212,6 +217,28 @@ do_verify() {
   for op in "${ops[@]}"; do note "$DIR/verify/verify-$op${quick:+-quick}.log"; done
 }
 
+# prefill MODELS: one process a (model, run, keep ratio): upf prefill --ideal prints and records dense
+# TTFT, the ideal at the kept counts, UniPrefill TTFT and the selection's share; JSON under prefill/.
+do_prefill() {
+  local cap=$1
+  shift
+  local models=("$@") m run r tag
+  [ ${#models[@]} -gt 0 ] || models=(llama3.1-8b gemma3-12b)
+  say "prefill ${models[*]}: runs '$RUNS', keep $KEEPS${LAYERS:+, layers $LAYERS} (cap $cap s each)"
+  for m in "${models[@]}"; do
+    for run in $RUNS; do
+      for r in ${KEEPS//,/ }; do
+        tag=$m-${run//,/+}${LAYERS:+-layers${LAYERS/:/-}}-keep$r
+        run "$DIR/prefill/$tag.log" "$cap" -- bin/upf prefill --model "$m" --lengths "$run" --mode uniprefill \
+          --select topk --keep "$r" --backend cuda --dtype bf16 --warmup 1 --iters "$ITERS" --ideal \
+          ${LAYERS:+--layers "$LAYERS"} --json "$DIR/prefill/$tag.json"
+        note "$DIR/prefill/$tag.log"
+        grep -E 'UniPrefill =' "$DIR/prefill/$tag.log" | sed "s/^ */$tag: /" | tee -a "$DIR/summary.txt"
+      done
+    done
+  done
+}
+
 # sanitize [OPS...] TOOLS: each tool over `upf verify OP --quick`, at most 8 processes at once.
 do_sanitize() {
   local tools=$1 cap=$2
@@ -380,13 +407,13 @@ shift
 case $CMD in
 -h | --help | help) usage; exit 0 ;;
 stage) stage "$@"; exit $? ;;
-verify | sanitize | test | bench | peers | profile | session) ;;
-*) die "unknown command $CMD (stage, verify, sanitize, test, bench, peers, profile, session; --help)" ;;
+verify | sanitize | test | bench | peers | profile | prefill | session) ;;
+*) die "unknown command $CMD (stage, verify, sanitize, test, bench, peers, profile, prefill, session; --help)" ;;
 esac
 
 NAME=$CMD BUNDLE="" CAP="" ENVS=() ARGS=()
 QUICK="" TOOLS=memcheck,racecheck,synccheck FILTER="" REPS="" AB="" BASE=""
-KERNEL="" SKIP=0 COUNT=1 NCUARGS=()
+KERNEL="" SKIP=0 COUNT=1 NCUARGS=() RUNS="8192 32768 131072" KEEPS=0.5,0.3,0.2 LAYERS="" ITERS=1
 while [ $# -gt 0 ]; do
   case $1 in
   --name) NAME=${2:?--name needs a value}; shift 2 ;;
@@ -402,6 +429,10 @@ while [ $# -gt 0 ]; do
   --kernel) KERNEL=${2:?--kernel needs a regex}; shift 2 ;;
   --skip) SKIP=${2:?--skip needs a number}; shift 2 ;;
   --count) COUNT=${2:?--count needs a number}; shift 2 ;;
+  --runs) RUNS=${2:?--runs needs lengths}; shift 2 ;;
+  --keep) KEEPS=${2:?--keep needs ratios}; shift 2 ;;
+  --layers) LAYERS=${2:?--layers needs A:B}; shift 2 ;;
+  --iters) ITERS=${2:?--iters needs a number}; shift 2 ;;
   --set | --section | --metrics) NCUARGS+=("$1" "${2:?$1 needs a value}"); shift 2 ;;
   -h | --help) usage; exit 0 ;;
   -*) die "$CMD: unknown option $1" ;;
@@ -416,6 +447,7 @@ case $CMD in
 verify) do_verify "$QUICK" "${CAP:-300}" "${ARGS[@]}" ;;
 sanitize) do_sanitize "$TOOLS" "${CAP:-300}" "${ARGS[@]}" ;;
 test) do_test "${CAP:-300}" ;;
+prefill) do_prefill "${CAP:-300}" "${ARGS[@]}" ;;
 bench)
   [ ${#ARGS[@]} -eq 0 ] || die "bench takes no operands (--filter REGEX)"
   [ -n "$FILTER" ] || [ -z "$AB$BASE" ] || die "bench: --ab and --base need --filter"
