@@ -5,15 +5,21 @@
 #include <float.h>
 #include <limits.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
-static int bad(const upf_arg_parser *p, const char *fmt, const char *a, const char *b) {
+/* "upf select: <message> (see upf select --help)" on stderr; returns 0. */
+static int bad(const upf_arg_parser *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int bad(const upf_arg_parser *p, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
   fprintf(stderr, "%s: ", p->command);
-  fprintf(stderr, fmt, a, b);
+  vfprintf(stderr, fmt, ap);
   fprintf(stderr, " (see %s --help)\n", p->command);
+  va_end(ap);
   return 0;
 }
 
@@ -35,11 +41,8 @@ static int parse_int(const upf_arg_parser *p, upf_arg *a, const char *text) {
   if (end == text || *end)
     return bad(p, "%s: '%s' is not an integer", a->name, text);
   int64_t lo = a->min || a->max ? a->min : INT32_MIN, hi = a->min || a->max ? a->max : INT32_MAX;
-  if (errno == ERANGE || v < lo || v > hi) {
-    fprintf(stderr, "%s: %s: %s is out of range [%lld, %lld] (see %s --help)\n", p->command, a->name, text,
-            (long long)lo, (long long)hi, p->command);
-    return 0;
-  }
+  if (errno == ERANGE || v < lo || v > hi)
+    return bad(p, "%s: %s is out of range [%lld, %lld]", a->name, text, (long long)lo, (long long)hi);
   *(int32_t *)a->dest = (int32_t)v;
   return 1;
 }
@@ -85,12 +88,11 @@ upf_args_result upf_args_parse(upf_arg_parser *p, int argc, char **argv) {
     const char *eq = s[1] == '-' ? strchr(s, '=') : NULL;
     upf_arg *a = find(p, s, eq ? (size_t)(eq - s) : strlen(s));
     if (!a) {
-      fprintf(stderr, "%s: unknown option %.*s (see %s --help)\n", p->command, eq ? (int)(eq - s) : (int)strlen(s), s,
-              p->command);
+      bad(p, "unknown option %.*s", eq ? (int)(eq - s) : (int)strlen(s), s);
       return UPF_ARGS_BAD;
     }
     if (a->seen) {
-      bad(p, "%s given twice%s", a->name, "");
+      bad(p, "%s given twice", a->name);
       return UPF_ARGS_BAD;
     }
     a->seen = 1;
@@ -104,9 +106,10 @@ upf_args_result upf_args_parse(upf_arg_parser *p, int argc, char **argv) {
     }
     /* A following "--..." is the next flag, not this one's value: "--q --k k.npy" lacks q's value
      * (a value that starts with "--" can still be given as --q=--odd-name). */
-    const char *val = eq ? eq + 1 : i + 1 < argc && !(argv[i + 1][0] == '-' && argv[i + 1][1] == '-') ? argv[++i] : NULL;
+    const int next_is_flag = i + 1 < argc && argv[i + 1][0] == '-' && argv[i + 1][1] == '-';
+    const char *val = eq ? eq + 1 : i + 1 < argc && !next_is_flag ? argv[++i] : NULL;
     if (!val || !*val) {
-      bad(p, "%s needs a value%s", a->name, "");
+      bad(p, "%s needs a value", a->name);
       return UPF_ARGS_BAD;
     }
     int ok = 1;
@@ -121,7 +124,7 @@ upf_args_result upf_args_parse(upf_arg_parser *p, int argc, char **argv) {
   }
   for (int i = 0; i < p->num_args; i++)
     if (p->args[i].required && !p->args[i].seen) {
-      bad(p, "%s is required%s", p->args[i].name, "");
+      bad(p, "%s is required", p->args[i].name);
       return UPF_ARGS_BAD;
     }
   return UPF_ARGS_OK;
@@ -166,13 +169,20 @@ int upf_args_check_paths(const char *command, const upf_arg_path *paths, int n) 
     if (!a->path)
       continue;
     canon[i] = canonical(a->path);
-    struct stat st;
+    /* What the writers accept (upf_npy_write): a new path, a regular file or a link to one, a FIFO
+     * or a character device. */
+    struct stat ls, st;
+    int exists = a->is_output && lstat(a->path, &ls) == 0, reaches = exists && stat(a->path, &st) == 0;
     if (a->is_output && !canon[i]) {
       fprintf(stderr, "%s: %s %s: its directory does not exist or cannot be searched (%s)\n", command, a->flag,
               a->path, strerror(errno));
       ok = 0;
-    } else if (a->is_output && stat(a->path, &st) == 0 && S_ISDIR(st.st_mode)) {
-      fprintf(stderr, "%s: %s %s is a directory, not a file\n", command, a->flag, a->path);
+    } else if (exists && !reaches) {
+      fprintf(stderr, "%s: %s %s is a symbolic link that leads nowhere\n", command, a->flag, a->path);
+      ok = 0;
+    } else if (reaches && !S_ISREG(st.st_mode) && !S_ISFIFO(st.st_mode) && !S_ISCHR(st.st_mode)) {
+      fprintf(stderr, "%s: %s %s is %s, not a file\n", command, a->flag, a->path,
+              S_ISDIR(st.st_mode) ? "a directory" : S_ISBLK(st.st_mode) ? "a block device" : "a socket");
       ok = 0;
     }
     /* A missing input is not an error here: reading it says so, naming it. */

@@ -315,8 +315,8 @@ int upf_cli_report(int argc, char **argv) {
       upf_cli_error(st, "report: benchmarks");
       bench_failed = 1;
     } else if (nres == 0) {
-      fprintf(stderr, "upf report: --bench-filter '%s' matches no benchmark (bench_upf --benchmark_list_tests lists them)\n",
-              filter);
+      fprintf(stderr, "upf report: --bench-filter '%s' matches no benchmark (bench_upf --benchmark_list_tests "
+                      "lists them)\n", filter);
       bench_failed = 1;
     } else {
       fprintf(stderr, "upf report: %d benchmarks done in %.0f s\n", nres, difftime(time(NULL), start));

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cli/args.h"
@@ -214,7 +215,9 @@ static int cmd_select(int argc, char **argv) {
   if (st == UPF_OK && (st = run_select(&a, be, &q, &k, &cu, &mask, &blocks, &kept)) != UPF_OK)
     select_blame(st, &a, what, sizeof what);
   /* Outputs are written only after the whole selection succeeded; each write is atomic, and a
-   * later failure removes the files written before it, so no partial result is left behind. */
+   * later failure removes the regular files written before it, so no partial result is left behind
+   * (a link, a FIFO or a device written through is left in place: removing it would remove the
+   * user's node, not our file). */
   const char *out_flag[3] = {"--out-mask", "--out-blocks", "--out-kept"};
   const char *out_path[3] = {a.out_mask, a.out_blocks, a.out_kept};
   const upf_tensor *out_tensor[3] = {&mask, &blocks, &kept};
@@ -227,9 +230,10 @@ static int cmd_select(int argc, char **argv) {
     else
       nwritten = i + 1;
   }
+  struct stat written;
   if (st != UPF_OK)
     for (int i = 0; i < nwritten; i++)
-      if (out_path[i])
+      if (out_path[i] && lstat(out_path[i], &written) == 0 && S_ISREG(written.st_mode))
         unlink(out_path[i]);
   upf_tensor_free(&q), upf_tensor_free(&k), upf_tensor_free(&cu);
   upf_tensor_free(&mask), upf_tensor_free(&blocks), upf_tensor_free(&kept);

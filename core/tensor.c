@@ -83,18 +83,20 @@ upf_status upf_tensor_init(upf_tensor *t, void *data, upf_dtype dtype, int ndim,
       return upf_fail(UPF_ERR_SHAPE, "tensor: negative extent %lld in dim %d", (long long)shape[i], i);
     t->shape[i] = shape[i];
   }
-  /* Every stride, the element count and the byte size must fit in 64 bits, also when an extent is
-   * 0: a (0, 2^62, 2^62) tensor holds nothing but its strides are still not representable, and code
-   * that indexes by stride (or a later reshape) would overflow on them. */
+  /* Row-major strides (0 left of a zero extent, as a contiguous layout gives). The product of the
+   * nonzero extents, times the element size, must fit in 64 bits whatever the element count: it
+   * bounds every stride, every partial product of extents code may form (T * H rows) and the byte
+   * size, so a (0, 2^62, 2^62) tensor, which holds nothing, is still refused. */
   char buf[UPF_MAX_DIMS * 22 + 4];
-  int64_t stride = 1, bytes;
+  int64_t stride = 1, nonzero = 1, bytes;
   for (int i = ndim - 1; i >= 0; i--) {
     t->stride[i] = stride;
-    if (__builtin_mul_overflow(stride, shape[i] ? shape[i] : 1, &stride))
-      return upf_fail(UPF_ERR_SHAPE, "tensor: the strides of shape %s overflow 64 bits",
+    if (__builtin_mul_overflow(nonzero, shape[i] ? shape[i] : 1, &nonzero))
+      return upf_fail(UPF_ERR_SHAPE, "tensor: the extents of shape %s multiply past 64 bits (strides overflow)",
                       upf_tensor_shape_str(t, buf, sizeof buf));
+    stride *= shape[i]; /* 0, or the nonzero product just checked */
   }
-  if (__builtin_mul_overflow(stride, (int64_t)upf_dtype_size(dtype), &bytes))
+  if (__builtin_mul_overflow(nonzero, (int64_t)upf_dtype_size(dtype), &bytes))
     return upf_fail(UPF_ERR_SHAPE, "tensor: the byte size of a %s tensor of shape %s overflows 64 bits",
                     upf_dtype_name(dtype), upf_tensor_shape_str(t, buf, sizeof buf));
   return UPF_OK;

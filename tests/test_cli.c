@@ -259,6 +259,11 @@ static void test_flags_every_command(void) {
   ASSERT_STDERR("--out-mask", args);
   ASSERT_STDERR("does not exist", args);
   CU_ASSERT(!stderr_contains("of 2301 tokens"));
+  CU_ASSERT_EQUAL_FATAL(symlink("nowhere/m.npy", in_dir("dangling.npy")), 0);
+  snprintf(args, sizeof args, "select --q %s --k %s --cu-seqlens %s --out-mask %s", q, k, cu, in_dir("dangling.npy"));
+  CU_ASSERT_EQUAL(run_upf(args), 2);
+  ASSERT_STDERR("leads nowhere", args);
+  CU_ASSERT(!stderr_contains("of 2301 tokens"));
   snprintf(args, sizeof args, "verify --quick --log %s/none/v.log", dir);
   CU_ASSERT_EQUAL(run_upf(args), 2);
   ASSERT_STDERR("--log", args);
@@ -331,7 +336,8 @@ static void test_ops_and_variants(void) {
   const upf_variant second = upf_variant_of(UPF_OP_ATTN_PAGED, 1);
   if (second != UPF_VARIANT_COUNT) {
     char args[256];
-    snprintf(args, sizeof args, "verify attn.paged --quick --backend cpu --variant attn.paged=%s", upf_variant_name(second));
+    snprintf(args, sizeof args, "verify attn.paged --quick --backend cpu --variant attn.paged=%s",
+             upf_variant_name(second));
     CU_ASSERT_EQUAL(run_upf(args), 0);
     CU_ASSERT(stdout_contains("0 failed"));
   }

@@ -144,6 +144,11 @@ static void test_tensor_overflow(void) {
   CU_ASSERT_EQUAL_FATAL(upf_tensor_init(&t, NULL, UPF_DTYPE_U8, 3, edge_rev), UPF_OK);
   CU_ASSERT_EQUAL(upf_tensor_numel(&t), 0);
   CU_ASSERT_EQUAL(upf_tensor_init(&t, NULL, UPF_DTYPE_BF16, 2, edge), UPF_ERR_SHAPE); /* 2 bytes each */
+  /* A zero extent inside keeps the contiguous row-major strides (0 to its left). */
+  const int64_t inner_zero[3] = {2, 0, 3};
+  CU_ASSERT_EQUAL_FATAL(upf_tensor_init(&t, NULL, UPF_DTYPE_F32, 3, inner_zero), UPF_OK);
+  CU_ASSERT(t.stride[0] == 0 && t.stride[1] == 3 && t.stride[2] == 1);
+  CU_ASSERT(upf_tensor_is_contiguous(&t));
   /* A hand-built descriptor past 64 bits: numel says so instead of wrapping. */
   t.ndim = 2, t.shape[0] = big, t.shape[1] = 4;
   CU_ASSERT_EQUAL(upf_tensor_numel(&t), -1);
