@@ -11,7 +11,9 @@
 
 static const char *const tiny[] = {"llama-tiny", "gemma3-tiny", "qwen3-next-tiny"};
 #define NUM_TINY 3
-static const int32_t lengths[] = {200, 24, 1, 120};
+/* A long request, one shorter than sink + L, a one-token row and a medium one (smaller under Valgrind). */
+static const int32_t full_lengths[] = {200, 24, 1, 120}, quick_lengths[] = {72, 24, 1, 48};
+static const int32_t *lengths = full_lengths;
 
 static upf_prefill_options options(const upf_model_config *cfg, upf_prefill_mode mode) {
   upf_prefill_options o = {.mode = mode, .select = cfg->select};
@@ -272,6 +274,8 @@ static void test_bad_input(void) {
 }
 
 void upf_register_model_tests(void) {
+  if (upf_test_quick())
+    lengths = quick_lengths;
   CU_pSuite suite = CU_add_suite("model", NULL, NULL);
   CU_add_test(suite, "uniprefill at p=1 equals dense bit for bit", test_p1_equals_dense);
   CU_add_test(suite, "drops: kept counts, chained drops, replay", test_drops_and_replay);

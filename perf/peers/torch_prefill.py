@@ -299,7 +299,7 @@ class Attention:
         if best is None:
             raise RuntimeError(f"no SDPA backend runs the full attention of {c.name} at T={t}: {found}")
         name, gqa = best.split("/")
-        self.sdpa_mode = (SDPBackend[name], gqa)
+        self.sdpa_mode = (getattr(SDPBackend, name), gqa)
         return {"sdpa_probe_s": found, "sdpa_backend": best}
 
 
