@@ -10,7 +10,9 @@
 #include "uniprefill/model.h"
 #include "uniprefill/model_config.h"
 
-/* The selection a tiny config uses: blocks, sink and observation window scaled down with the prompts
+/* The tiny configs end with a full-attention layer after their second drop layer, so a chained drop
+ * is followed by attention over the twice-compacted batch in every family.
+ * The selection a tiny config uses: blocks, sink and observation window scaled down with the prompts
  * the tests run (a few hundred tokens), and p low enough that random weights' near-uniform attention
  * still drops blocks. */
 static upf_select_params tiny_select(void) {
@@ -127,8 +129,8 @@ static upf_model_config llama_tiny(void) {
 static upf_model_config gemma3_tiny(void) {
   upf_model_config c = gemma3_12b();
   c.name = "gemma3-tiny";
-  c.summary = "tiny Gemma-3: 6 layers, every 3rd global, others window 32, H 128, GQA 4/2 of D 32, GeGLU 256";
-  c.hidden = 128, c.num_layers = 6, c.vocab = 512, c.q_heads = 4, c.kv_heads = 2, c.head_dim = 32, c.inter = 256;
+  c.summary = "tiny Gemma-3: 9 layers, every 3rd global, others window 32, H 128, GQA 4/2 of D 32, GeGLU 256";
+  c.hidden = 128, c.num_layers = 9, c.vocab = 512, c.q_heads = 4, c.kv_heads = 2, c.head_dim = 32, c.inter = 256;
   c.full_attn_interval = 3, c.window = 32;
   c.attn.scale = 0.0f; /* query_pre_attn_scalar = head_dim, as on the 12B */
   c.embed_scale = sqrtf(128.0f);
@@ -141,8 +143,8 @@ static upf_model_config gemma3_tiny(void) {
 static upf_model_config qwen3_next_tiny(void) {
   upf_model_config c = qwen3_next_80b();
   c.name = "qwen3-next-tiny";
-  c.summary = "tiny Qwen3-Next: 8 layers, every 4th gated attention, others Gated DeltaNet, MoE 8/2 + shared, H 128";
-  c.hidden = 128, c.num_layers = 8, c.vocab = 512, c.q_heads = 4, c.kv_heads = 2, c.head_dim = 32;
+  c.summary = "tiny Qwen3-Next: 12 layers, every 4th gated attention, others Gated DeltaNet, MoE 8/2 + shared, H 128";
+  c.hidden = 128, c.num_layers = 12, c.vocab = 512, c.q_heads = 4, c.kv_heads = 2, c.head_dim = 32;
   c.rope_full.rotary_dim = 8, c.rope_sliding.rotary_dim = 8; /* partial rotary 0.25 of 32 */
   c.moe.hidden = 128, c.moe.num_experts = 8, c.moe.top_k = 2, c.moe.inter = 64, c.moe.shared_inter = 64;
   c.gdn_key_heads = 2, c.gdn_value_heads = 4, c.gdn_key_dim = 32, c.gdn_value_dim = 32;

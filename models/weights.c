@@ -197,9 +197,17 @@ upf_status upf_model_init_seeded(upf_model *m, const upf_model_config *cfg, cons
                     layer_end, cfg->num_layers);
   m->cfg = cfg, m->be = be, m->dtype = dtype, m->layer_begin = layer_begin, m->layer_end = layer_end;
   tensor_spec *specs = malloc(MAX_SPECS * sizeof *specs);
-  void *host = malloc((size_t)FILL_CHUNK * sizeof(float));
+  const int n = specs ? model_specs(m, specs) : 0;
+  int64_t staging = 1; /* elements: the largest tensor, at most one chunk */
+  for (int i = 0; i < n; i++) {
+    int64_t numel = 1;
+    for (int d = 0; d < specs[i].ndim; d++)
+      numel *= specs[i].shape[d];
+    staging = numel > staging ? numel : staging;
+  }
+  staging = staging < FILL_CHUNK ? staging : FILL_CHUNK;
+  void *host = malloc((size_t)staging * sizeof(float));
   upf_status st = specs && host ? UPF_OK : upf_fail(UPF_ERR_NOMEM, "model %s: host staging", cfg->name);
-  const int n = st == UPF_OK ? model_specs(m, specs) : 0;
   for (int i = 0; i < n && st == UPF_OK; i++) {
     tensor_spec *s = &specs[i];
     const upf_dtype dt = s->f32_only ? UPF_DTYPE_F32 : dtype;
