@@ -13,7 +13,6 @@
 #include "cli/cli.h"
 #include "uniprefill/model.h"
 #include "uniprefill/npy.h"
-#include "uniprefill/rng.h"
 
 const char upf_cli_models_usage[] =
     "usage: upf models\n"
@@ -83,9 +82,9 @@ static upf_status measure_ideal(const upf_model *m, const int32_t *cu, int32_t B
                                 ideal_times *out) {
   const int stages = uni->num_drops + 1;
   upf_prefill_result *st_res = calloc((size_t)stages, sizeof *st_res);
-  int32_t *lens = malloc((size_t)B * sizeof *lens), *cu_s = malloc((size_t)(B + 1) * sizeof *cu_s);
+  int32_t *cu_s = malloc((size_t)(B + 1) * sizeof *cu_s);
   int32_t *ids = malloc((size_t)(cu[B] > 0 ? cu[B] : 1) * sizeof *ids);
-  upf_status st = st_res && lens && cu_s && ids ? UPF_OK : upf_fail(UPF_ERR_NOMEM, "ideal: host arrays");
+  upf_status st = st_res && cu_s && ids ? UPF_OK : upf_fail(UPF_ERR_NOMEM, "ideal: host arrays");
   const upf_prefill_options dense = {.mode = UPF_PREFILL_DENSE, .select = m->cfg->select};
   for (int s = 0; s < stages && st == UPF_OK; s++) {
     cu_s[0] = 0;
@@ -114,7 +113,7 @@ static upf_status measure_ideal(const upf_model *m, const int32_t *cu, int32_t B
   }
   for (int s = 0; st_res && s < stages; s++)
     upf_prefill_result_free(&st_res[s]);
-  free(st_res), free(lens), free(cu_s), free(ids);
+  free(st_res), free(cu_s), free(ids);
   return st;
 }
 
@@ -289,10 +288,7 @@ static int build_batch(const prefill_args *a, const upf_model_config *cfg, int32
     free(lens);
     *B = n;
     *ids = malloc((size_t)(*cu)[n] * sizeof **ids);
-    upf_rng rng;
-    upf_rng_seed(&rng, (uint64_t)a->seed ^ 0x1d5ull);
-    for (int64_t t = 0; t < (*cu)[n]; t++)
-      (*ids)[t] = (int32_t)upf_rng_below(&rng, (uint64_t)cfg->vocab);
+    upf_model_seeded_ids((uint64_t)a->seed, cfg->vocab, (*cu)[n], *ids);
     return 1;
   }
   upf_tensor t_ids, t_cu;

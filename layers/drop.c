@@ -8,7 +8,7 @@
 #include "layers/layers.h"
 
 /* Kept index, new cu_seqlens and counts of a replayed host mask, after checking it fits the batch. */
-static upf_status replay_plan(const upf_model *m, const upf_select_params *params, const uint8_t *mask, int64_t len,
+static upf_status replay_plan(const upf_select_params *params, const uint8_t *mask, int64_t len,
                               const upf_tokens *tok, int32_t *kept_index, int32_t *new_cu, int64_t *kept_total) {
   const int32_t *cu = tok->cu_seqlens_host;
   if (len != tok->num_tokens)
@@ -30,7 +30,6 @@ static upf_status replay_plan(const upf_model *m, const upf_select_params *param
     }
     new_cu[r + 1] = (int32_t)n_kept;
   }
-  (void)m;
   *kept_total = n_kept;
   return UPF_OK;
 }
@@ -57,7 +56,7 @@ upf_status upf_layer_drop(const upf_model *m, const upf_select_params *params, c
                                                                  : upf_fail(UPF_ERR_NOMEM, "drop: host arrays");
   int64_t kept_total = 0;
   if (st == UPF_OK && replay_mask) {
-    st = replay_plan(m, params, replay_mask, replay_len, tok, kept_host, new_cu, &kept_total);
+    st = replay_plan(params, replay_mask, replay_len, tok, kept_host, new_cu, &kept_total);
     if (st == UPF_OK)
       memcpy(mask, replay_mask, (size_t)T);
     if (st == UPF_OK && kept_total)

@@ -8,6 +8,7 @@
 
 #include "uniprefill/bf16.h"
 #include "uniprefill/model.h"
+#include "uniprefill/rng.h"
 
 /* How a tensor's seeded values are drawn: uniform in [offset - amp, offset + amp). */
 typedef struct {
@@ -258,4 +259,11 @@ upf_status upf_model_for_each_tensor(upf_model *m, upf_model_tensor_fn fn, void 
     st = fn(specs[i].name, specs[i].t, user);
   free(specs);
   return st;
+}
+
+void upf_model_seeded_ids(uint64_t seed, int32_t vocab, int64_t n, int32_t *ids) {
+  upf_rng rng;
+  upf_rng_seed(&rng, seed ^ 0x1d5ull);
+  for (int64_t t = 0; t < n; t++)
+    ids[t] = (int32_t)upf_rng_below(&rng, (uint64_t)vocab);
 }

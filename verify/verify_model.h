@@ -3,15 +3,12 @@
 #define UNIPREFILL_VERIFY_MODEL_H
 
 #include "uniprefill/model.h"
-#include "uniprefill/rng.h"
 #include "verify/verify.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* Token ids (n) uniform in [0, vocab) from the seed. */
-void upf_model_seeded_ids(uint64_t seed, int32_t vocab, int64_t n, int32_t *ids);
 /* Builds the seeded model of cfg on be (all layers), prefills requests of the given lengths with seeded
  * ids, frees the model. res as upf_model_prefill fills it. */
 upf_status upf_model_run_seeded(const upf_model_config *cfg, const upf_backend *be, upf_dtype dtype, uint64_t seed,

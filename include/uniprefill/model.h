@@ -132,6 +132,8 @@ typedef struct {
 upf_status upf_model_init_seeded(upf_model *m, const upf_model_config *cfg, const upf_backend *be, upf_dtype dtype,
                                  uint64_t seed, int32_t layer_begin, int32_t layer_end);
 void upf_model_free(upf_model *m);
+/* Token ids (n) uniform in [0, vocab) from a seed: the prompts of seeded runs (upf prefill --lengths). */
+void upf_model_seeded_ids(uint64_t seed, int32_t vocab, int64_t n, int32_t *ids);
 
 /* Visits every tensor of the model with its GGUF name (the model's layer range only). */
 typedef upf_status (*upf_model_tensor_fn)(const char *name, upf_tensor *t, void *user);
