@@ -194,7 +194,7 @@ static void test_bad_inputs_leave_no_file(void) {
 
 /* The shared flag parser, as every subcommand sees it. */
 static void test_flags_every_command(void) {
-  static const char *const commands[] = {"select", "verify", "report", "ops"};
+  static const char *const commands[] = {"select", "verify", "report", "ops", "models", "prefill"};
   char args[2048], want[64];
   for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
     snprintf(args, sizeof args, "%s --help", commands[i]);
@@ -343,6 +343,91 @@ static void test_ops_and_variants(void) {
   }
 }
 
+/* Bytes of a file (at most cap), -1 when it cannot be read. */
+static long read_all(const char *path, char *buf, long cap) {
+  FILE *f = fopen(path, "rb");
+  if (!f)
+    return -1;
+  long n = (long)fread(buf, 1, (size_t)cap, f);
+  fclose(f);
+  return n;
+}
+
+/* upf prefill on a tiny model: outputs, dumped masks replayed to the same logits, and bad input that
+ * exits non-zero, names the input and writes no output. */
+static void test_prefill(void) {
+  char args[2048];
+  const char *logits = in_dir("logits.npy"), *replayed = in_dir("logits-replayed.npy"), *json = in_dir("prefill.json");
+  const char *masks = in_dir("masks");
+  CU_ASSERT_EQUAL_FATAL(mkdir(masks, 0755), 0);
+  const char *base = "prefill --model llama-tiny --backend cpu --dtype f32 --mode uniprefill --lengths 120,20,1";
+  snprintf(args, sizeof args, "%s --out-logits %s --dump-masks %s --json %s", base, logits, masks, json);
+  CU_ASSERT_EQUAL_FATAL(run_upf(args), 0);
+  CU_ASSERT(stdout_contains("drop layer  2: 141 ->"));
+  CU_ASSERT(file_contains(json, "\"tokens_kept\""));
+  CU_ASSERT(file_contains(json, "\"partial_model\": false"));
+  upf_tensor t;
+  CU_ASSERT_EQUAL_FATAL(upf_npy_read(logits, &t), UPF_OK);
+  CU_ASSERT(t.ndim == 2 && t.shape[0] == 3 && t.shape[1] == 512 && t.dtype == UPF_DTYPE_F32);
+  upf_tensor_free(&t);
+  CU_ASSERT(exists(in_dir("masks/layer2.npy")) && exists(in_dir("masks/layer4.npy")));
+  snprintf(args, sizeof args, "%s --out-logits %s --replay-masks %s", base, replayed, masks);
+  CU_ASSERT_EQUAL(run_upf(args), 0);
+  static char a[1 << 14], b[1 << 14];
+  const long na = read_all(logits, a, sizeof a), nb = read_all(replayed, b, sizeof b);
+  CU_ASSERT(na > 0 && na == nb && memcmp(a, b, (size_t)na) == 0);
+
+  /* a mask of the wrong length for its layer */
+  upf_tensor short_mask;
+  const int64_t shape[1] = {7};
+  CU_ASSERT_EQUAL_FATAL(upf_tensor_alloc(&short_mask, UPF_DTYPE_U8, 1, shape), UPF_OK);
+  memset(short_mask.data, 1, 7);
+  const char *bad_masks = in_dir("bad-masks");
+  CU_ASSERT_EQUAL_FATAL(mkdir(bad_masks, 0755), 0);
+  CU_ASSERT_EQUAL(upf_npy_write(in_dir("bad-masks/layer2.npy"), &short_mask), UPF_OK);
+  CU_ASSERT_EQUAL(upf_npy_write(in_dir("bad-masks/layer4.npy"), &short_mask), UPF_OK);
+  upf_tensor_free(&short_mask);
+  /* ids outside the vocabulary */
+  upf_tensor ids;
+  const int64_t ids_shape[1] = {3};
+  CU_ASSERT_EQUAL_FATAL(upf_tensor_alloc(&ids, UPF_DTYPE_I32, 1, ids_shape), UPF_OK);
+  ((int32_t *)ids.data)[0] = 1, ((int32_t *)ids.data)[1] = 512, ((int32_t *)ids.data)[2] = 3;
+  CU_ASSERT_EQUAL(upf_npy_write(in_dir("ids-bad.npy"), &ids), UPF_OK);
+  upf_tensor_free(&ids);
+
+  const char *out = in_dir("must-not-exist.npy");
+  char bad_replay[512], bad_ids[512];
+  snprintf(bad_replay, sizeof bad_replay, "--mode uniprefill --lengths 120,20,1 --replay-masks %s", bad_masks);
+  snprintf(bad_ids, sizeof bad_ids, "--token-ids %s", in_dir("ids-bad.npy"));
+  const struct {
+    const char *args, *message;
+  } bad[] = {
+      {"--model llama-huge --lengths 10", "is not one of"},
+      {"--model llama-tiny --lengths 100,0", "--lengths '100,0'"},
+      {"--model llama-tiny --lengths 10 --token-ids x.npy", "exactly one of --lengths and --token-ids"},
+      {"--model llama-tiny --mode uniprefill --lengths 100 --select topk --keep 1.5", "--keep 1.5"},
+      {"--model llama-tiny --mode uniprefill --lengths 100 --select topk --keep 0", "--keep 0"},
+      {"--model llama-tiny --mode uniprefill --lengths 100 --p 1.5", "--p 1.5"},
+      {"--model llama-tiny --lengths 100 --p 0.5", "need --mode uniprefill"},
+      {"--model llama-tiny --lengths 100 --layers 3:2", "--layers '3:2'"},
+      {"--model llama-tiny --lengths 100 --dtype f16", "--dtype 'f16'"},
+      {"--model llama-tiny --mode fast --lengths 100", "--mode 'fast'"},
+      {bad_ids, "outside the vocabulary"},
+      {bad_replay, "replay mask: 7 entries, the layer has 141 tokens"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    snprintf(args, sizeof args, "prefill %s%s --backend cpu --dtype f32 --out-logits %s",
+             strstr(bad[i].args, "--model") ? "" : "--model llama-tiny ", bad[i].args, out);
+    if (strstr(bad[i].args, "--dtype"))
+      snprintf(args, sizeof args, "prefill %s --backend cpu --out-logits %s", bad[i].args, out);
+    CU_ASSERT_NOT_EQUAL(run_upf(args), 0);
+    ASSERT_STDERR(bad[i].message, args);
+    CU_ASSERT(!exists(out));
+  }
+  CU_ASSERT_EQUAL(run_upf("models"), 0);
+  CU_ASSERT(stdout_contains("qwen3-next-tiny") && stdout_contains("drop layers: 7 11 15 19 23 27"));
+}
+
 void upf_register_cli_tests(void) {
   CU_pSuite suite = CU_add_suite("cli", cli_setup, cli_teardown);
   CU_add_test(suite, "select writes the library's mask", test_select_writes_the_library_mask);
@@ -351,4 +436,5 @@ void upf_register_cli_tests(void) {
   CU_add_test(suite, "report: a bad or empty --bench-filter is an error", test_report_bench_filter);
   CU_add_test(suite, "report: stamps, progress, no CPU rates", test_report_stamps);
   CU_add_test(suite, "ops lists variants; verify --variant selects", test_ops_and_variants);
+  CU_add_test(suite, "prefill: outputs, masks dumped and replayed, bad input", test_prefill);
 }
