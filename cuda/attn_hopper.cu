@@ -1,10 +1,11 @@
 /* The Hopper prefill (sm_90a: wgmma, warp-specialised producer and consumers; the FlashAttention-3
- * form): attn.prefill for bf16, D = 128, over contiguous K/V with 16-byte rows (the
- * attn.prefill=wgmma2-nopp variant, the default; attn.prefill=fa2 sends the same shapes to the FA2
- * kernel, which every other bf16 head dim and the paged rows take).
+ * form): attn.prefill for bf16, D = 128 and D = 256 (without soft-cap), over contiguous K/V with 16-byte
+ * rows (the attn.prefill=wgmma2-nopp variant, the default; attn.prefill=fa2 sends the same shapes to the
+ * FA2 kernel, which every other bf16 head dim, soft-capped D = 256 and the paged rows take).
  *
- * attn_wgmma2_kernel: the FA2 kernel's plan (FA_BM = 128 query rows of one request and one q head,
- * heaviest tiles first; cuda/attn.cu). CTA = 2 consumer warpgroups (64 rows each) + a producer
+ * attn_wgmma2_kernel<D>: one kernel body, its tile shape a function of D (w2_tile); described below at
+ * D = 128, then what changes at D = 256. The FA2 kernel's plan (FA_BM = 128 query rows of one request
+ * and one q head, heaviest tiles first; cuda/attn.cu). CTA = 2 consumer warpgroups (64 rows each) + a producer
  * warpgroup; setmaxnreg moves registers from the producer (24) to the consumers (240): with the
  * launch's 384 threads ptxas caps every thread at 168.
  *  - the producer's 4 warps copy K and V tiles of W2_BN = 128 keys by cp.async into a W2_NS = 3 stage
@@ -37,7 +38,25 @@
  *    the whole kernel at the launch's 168 registers, with spills.)
  * Shared memory: Q 32 KB + 3 x 64 KB ring + 12 barriers + 1 KB alignment slack = 230,496 bytes (of
  * 232,448). The default over the FA2 kernel because it runs at about 1.0x of cuDNN's rate at 32K and
- * 128K where the FA2 kernel reaches 0.45x (perf/NOTES.md). */
+ * 128K where the FA2 kernel reaches 0.45x (perf/NOTES.md).
+ *
+ * D = 256 (Gemma-3's global layers; FlashAttention-3's hdim-256 shape: 128 x 80 tiles, 2 consumer
+ * warpgroups, P V with P from registers, intra-warpgroup overlap):
+ *  - registers decide the tile. A consumer thread holds O (64 x 256 fp32 per warpgroup: 128
+ *    registers), S (64 x BN: BN / 2) and P (BN / 4) at once (P V(t - 1) runs while S(t) is computed
+ *    and softmaxed), within setmaxnreg's 240: BN = 80 leaves 52 for the rest (BN = 128 would need
+ *    224). The query block stays FA_BM = 128 rows (the plan's; 64-row warpgroups as at D = 128).
+ *  - shared memory decides the ring: Q 64 KB (128 x 256 bf16) + W2_NS = 2 stages of K and V (80 x
+ *    256 bf16 = 40 KB a tile) + 8 barriers + 1 KB slack = 230,464 bytes; a third stage (+80 KB) does
+ *    not fit, nor does BN = 96 with two. Two stages keep each of K and V one round ahead (K(t + 1)
+ *    is copied once S(t - 1) released its stage, V(t + 1) once P V(t - 1) did).
+ *  - per 64 dims a tile is BN rows x 128 bytes (10 swizzle atoms of 1024 bytes at BN = 80), the four
+ *    64-dim blocks W2_BLOCK_BYTES apart; a producer lane copies 5 rows x 4 chunks of each K and V
+ *    tile and 8 rows x 4 chunks of Q. S by 16 wgmma m64n80k16 (both operands in shared memory), P V
+ *    by 5 m64n256k16 (P from registers, V MN-major: the next 64 dims W2_BLOCK_BYTES further).
+ *  - no soft-cap: tanhf's temporaries on top of those 188 accumulator registers spill (24 bytes);
+ *    soft-capped D = 256 (Gemma-2) stays on the FA2 kernel (wgmma2_takes). Sliding windows are the
+ *    same masks and plan as at D = 128. */
 #include <math.h>
 
 #include <type_traits>
@@ -85,7 +104,8 @@ template <int D> struct w2_shape {
   static_assert(BN <= 256 && BN % 8 == 0, "a wgmma N of the S tile (8-row swizzle atoms, 1024 bytes)");
   static_assert(NS >= 2, "a round holds tiles t - 1 and t");
   static_assert(SMEM <= W2_SMEM_MAX, "shared memory");
-  static_assert(1024 + Q_BYTES + (size_t)NS * STAGE_BYTES < (1u << 18), "descriptor address field (14 bits of addr >> 4)");
+  /* every shared address (past the 1 KB the system reserves) fits the descriptors' 14-bit addr >> 4 */
+  static_assert(1024 + SMEM <= (1u << 18), "descriptor address field");
 };
 
 /* fa_exponents' masking without the scale: logits stay raw (soft-capped: the base-2 exponent
@@ -139,6 +159,7 @@ __global__ void __launch_bounds__(W2_THREADS, 1) attn_wgmma2_kernel(const __grid
   constexpr uint32_t W2_Q_WG_BYTES = W::Q_WG_BYTES, W2_Q_BYTES = W::Q_BYTES, W2_BLOCK_BYTES = W::BLOCK_BYTES;
   constexpr uint32_t W2_TILE_BYTES = W::TILE_BYTES, W2_STAGE_BYTES = W::STAGE_BYTES;
   constexpr int KS = D / 16, NT = W2_BN / 8, DT = D / 8, PK = W2_BN / 16;
+  static_assert((D == 128 && W2_BN == 128) || (D == 256 && W2_BN == 80), "the wgmma shapes of issue_s, issue_pv");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const uint32_t sraw = (uint32_t)__cvta_generic_to_shared(smem_raw);
   const uint32_t sbase = (sraw + 1023u) & ~1023u; /* swizzle atoms need 1024-byte alignment */
