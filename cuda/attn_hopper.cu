@@ -48,8 +48,9 @@
  *    224). The query block stays FA_BM = 128 rows (the plan's; 64-row warpgroups as at D = 128).
  *  - shared memory decides the ring: Q 64 KB (128 x 256 bf16) + W2_NS = 2 stages of K and V (80 x
  *    256 bf16 = 40 KB a tile) + 8 barriers + 1 KB slack = 230,464 bytes; a third stage (+80 KB) does
- *    not fit, nor does BN = 96 with two. Two stages keep each of K and V one round ahead (K(t + 1)
- *    is copied once S(t - 1) released its stage, V(t + 1) once P V(t - 1) did).
+ *    not fit, nor does BN = 96 with two. Two stages keep each of K and V one round ahead: the
+ *    producer copies V(t + 1) once P V(t - 1) released its stage (end of round t) and K(t + 2) right
+ *    after, S(t) having released K(t)'s stage early in round t.
  *  - per 64 dims a tile is BN rows x 128 bytes (10 swizzle atoms of 1024 bytes at BN = 80), the four
  *    64-dim blocks W2_BLOCK_BYTES apart; a producer lane copies 5 rows x 4 chunks of each K and V
  *    tile and 8 rows x 4 chunks of Q. S by 16 wgmma m64n80k16 (both operands in shared memory), P V
