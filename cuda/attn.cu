@@ -4,13 +4,14 @@
  * The kernels, by family (each file opens with its design):
  *   cuda/attn_ffma.cu    FFMA, every dtype and head dim up to 256; split-KV parts and their merge.
  *   cuda/attn_fa2.cu     FlashAttention-2 on mma.sync: bf16 prefill at D = 64/128/256.
- *   cuda/attn_hopper.cu  FlashAttention-3 form on wgmma: bf16 D = 128 prefill over contiguous K/V.
+ *   cuda/attn_hopper.cu  FlashAttention-3 form on wgmma: bf16 D = 128 and 256 prefill over contiguous K/V.
  *   cuda/attn_decode.cu  decode rows on mma.sync: paged bf16 at D = 64/128/256.
  * What they share (the plan's structs, the mma.sync softmax step) is cuda/attn_kernels.cuh.
  *
  * Choice: bf16 rows with D = 64/128/256 and 16-byte rows (mma_ok) take the tensor cores, everything else
- * (f32, other head dims, unaligned views) the FFMA kernel. attn.prefill's bf16 D = 128 over contiguous
- * K/V goes to the attn.prefill variant in effect (wgmma2-nopp, the default, or fa2); attn.paged sends
+ * (f32, other head dims, unaligned views) the FFMA kernel. attn.prefill's bf16 D = 128 and D = 256 (D =
+ * 256 without soft-cap: wgmma2_takes) over contiguous K/V goes to the attn.prefill variant in effect
+ * (wgmma2-nopp, the default, or fa2); attn.paged sends
  * requests of at least MMA_MIN_Q_ROWS query rows (prefill against the cache) to the FA2 kernel and the
  * rest (decode steps, short runs) to the attn.paged variant in effect (mma, the default, or ffma): two
  * launches writing disjoint rows. Variants: include/uniprefill/variants.def (`upf ops`), selected with
@@ -61,13 +62,13 @@ struct req_info {
 
 size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 
-/* The kernel that takes bf16 D = 128 prefill over contiguous K/V (attn.prefill's variants). */
+/* The kernel that takes bf16 D = 128 and 256 prefill over contiguous K/V (attn.prefill's variants). */
 enum prefill_kernel { PREFILL_WGMMA, PREFILL_FA2 };
 /* The kernel that takes the paged rows of short query runs (attn.paged's variants). */
 enum decode_kernel { DECODE_MMA, DECODE_FFMA };
 
 /* The attn.prefill variant in effect. wgmma2-nopp is the default: about 2x the FA2 kernel's rate on
- * Hopper at Llama shapes (perf/NOTES.md). */
+ * Hopper at Llama shapes (D = 128; perf/NOTES.md). */
 upf_status prefill_kernel_chosen(prefill_kernel *k) {
   upf_variant v;
   UPF_TRY(upf_variant_current(UPF_OP_ATTN_PREFILL, &v));
@@ -214,8 +215,8 @@ int tile_heavier_first(const void *x, const void *y) {
 }
 
 /* The prefill plan: tiles of FA_BM query rows per (request, q head), no split (a prefill has rows enough
- * to fill the GPU), heaviest first, on the FA2 kernel or (contiguous bf16 D = 128, kernel =
- * PREFILL_WGMMA) the wgmma kernel. */
+ * to fill the GPU), heaviest first, on the FA2 kernel or (contiguous, kernel = PREFILL_WGMMA, the shapes
+ * of wgmma2_takes: bf16 D = 128, D = 256 without soft-cap) the wgmma kernel. */
 upf_status mma_plan_and_run(attn_args &a, const req_info *reqs, int32_t num_reqs, bool paged, prefill_kernel kernel) {
   constexpr int32_t bm = FA_BM;
   int64_t ntiles = 0;
@@ -248,7 +249,7 @@ upf_status mma_plan_and_run(attn_args &a, const req_info *reqs, int32_t num_reqs
   free(tiles);
   UPF_TRY(st);
   a.tiles = (const attn_tile *)ws;
-  if (kernel == PREFILL_WGMMA && !paged && a.d == 128)
+  if (kernel == PREFILL_WGMMA && !paged && wgmma2_takes(a))
     return launch_wgmma2(a, (int)ntiles);
   return launch_fa2(a, paged, (int)ntiles);
 }
@@ -335,7 +336,7 @@ extern "C" upf_status upf_cuda_attn_prefill(const upf_attn_varlen *b, const upf_
   upf_status st = UPF_OK;
   if (mma_ok(q, k, v, out)) {
     prefill_kernel kernel = PREFILL_FA2;
-    if (q->shape[2] == 128)
+    if (wgmma2_takes(a))
       st = prefill_kernel_chosen(&kernel);
     if (st == UPF_OK)
       st = mma_plan_and_run(a, reqs, b->num_reqs, false, kernel);

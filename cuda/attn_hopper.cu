@@ -1,10 +1,11 @@
 /* The Hopper prefill (sm_90a: wgmma, warp-specialised producer and consumers; the FlashAttention-3
- * form): attn.prefill for bf16, D = 128, over contiguous K/V with 16-byte rows (the
- * attn.prefill=wgmma2-nopp variant, the default; attn.prefill=fa2 sends the same shapes to the FA2
- * kernel, which every other bf16 head dim and the paged rows take).
+ * form): attn.prefill for bf16, D = 128 and D = 256 (without soft-cap), over contiguous K/V with 16-byte
+ * rows (the attn.prefill=wgmma2-nopp variant, the default; attn.prefill=fa2 sends the same shapes to the
+ * FA2 kernel, which every other bf16 head dim, soft-capped D = 256 and the paged rows take).
  *
- * attn_wgmma2_kernel: the FA2 kernel's plan (FA_BM = 128 query rows of one request and one q head,
- * heaviest tiles first; cuda/attn.cu). CTA = 2 consumer warpgroups (64 rows each) + a producer
+ * attn_wgmma2_kernel<D>: one kernel body, its tile shape a function of D (w2_tile); described below at
+ * D = 128, then what changes at D = 256. The FA2 kernel's plan (FA_BM = 128 query rows of one request
+ * and one q head, heaviest tiles first; cuda/attn.cu). CTA = 2 consumer warpgroups (64 rows each) + a producer
  * warpgroup; setmaxnreg moves registers from the producer (24) to the consumers (240): with the
  * launch's 384 threads ptxas caps every thread at 168.
  *  - the producer's 4 warps copy K and V tiles of W2_BN = 128 keys by cp.async into a W2_NS = 3 stage
@@ -37,8 +38,30 @@
  *    the whole kernel at the launch's 168 registers, with spills.)
  * Shared memory: Q 32 KB + 3 x 64 KB ring + 12 barriers + 1 KB alignment slack = 230,496 bytes (of
  * 232,448). The default over the FA2 kernel because it runs at about 1.0x of cuDNN's rate at 32K and
- * 128K where the FA2 kernel reaches 0.45x (perf/NOTES.md). */
+ * 128K where the FA2 kernel reaches 0.45x (perf/NOTES.md).
+ *
+ * D = 256 (Gemma-3's global layers; FlashAttention-3's hdim-256 shape: 128 x 80 tiles, 2 consumer
+ * warpgroups, P V with P from registers, intra-warpgroup overlap):
+ *  - registers decide the tile. A consumer thread holds O (64 x 256 fp32 per warpgroup: 128
+ *    registers), S (64 x BN: BN / 2) and P (BN / 4) at once (P V(t - 1) runs while S(t) is computed
+ *    and softmaxed), within setmaxnreg's 240: BN = 80 leaves 52 for the rest (BN = 128 would need
+ *    224). The query block stays FA_BM = 128 rows (the plan's; 64-row warpgroups as at D = 128).
+ *  - shared memory decides the ring: Q 64 KB (128 x 256 bf16) + W2_NS = 2 stages of K and V (80 x
+ *    256 bf16 = 40 KB a tile) + 8 barriers + 1 KB slack = 230,464 bytes; a third stage (+80 KB) does
+ *    not fit, nor does BN = 96 with two. Two stages keep each of K and V one round ahead: the
+ *    producer copies V(t + 1) once P V(t - 1) released its stage (end of round t) and K(t + 2) right
+ *    after, S(t) having released K(t)'s stage early in round t.
+ *  - per 64 dims a tile is BN rows x 128 bytes (10 swizzle atoms of 1024 bytes at BN = 80), the four
+ *    64-dim blocks W2_BLOCK_BYTES apart; a producer lane copies 5 rows x 4 chunks of each K and V
+ *    tile and 8 rows x 4 chunks of Q. S by 16 wgmma m64n80k16 (both operands in shared memory), P V
+ *    by 5 m64n256k16 (P from registers, V MN-major: the next 64 dims W2_BLOCK_BYTES further).
+ *  - no soft-cap: tanhf's temporaries on top of those 188 accumulator registers spill (24 bytes);
+ *    soft-capped D = 256 (Gemma-2) stays on the FA2 kernel (wgmma2_takes). Sliding windows are the
+ *    same masks and plan as at D = 128. */
 #include <math.h>
+
+#include <type_traits>
+#include <utility>
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -51,20 +74,40 @@
 namespace upf_attn {
 namespace {
 
-constexpr int W2_D = 128;
 constexpr int W2_THREADS = 3 * 128; /* 2 consumer warpgroups + the producer's */
-constexpr int W2_BN = 128;
-constexpr int W2_NS = 3;
 constexpr int W2_CONSUMER_REGS = 240, W2_PRODUCER_REGS = 24;
 constexpr uint64_t W2_WAIT_LIMIT_NS = 4000000000ull; /* a wait takes microseconds; 4 s: something is wrong */
-constexpr uint32_t W2_Q_WG_BYTES = 64 * W2_D * 2;        /* one warpgroup's 64 Q rows */
-constexpr uint32_t W2_Q_BYTES = 2 * W2_Q_WG_BYTES;
-constexpr uint32_t W2_TILE_BYTES = W2_BN * W2_D * 2;     /* one K (or V) tile */
-constexpr uint32_t W2_STAGE_BYTES = 2 * W2_TILE_BYTES;   /* K then V */
-constexpr size_t W2_SMEM = 1024 + W2_Q_BYTES + (size_t)W2_NS * W2_STAGE_BYTES + 4 * W2_NS * 8;
+constexpr size_t W2_SMEM_MAX = 232448;               /* sm_90's opt-in shared memory a CTA (227 KB) */
 static_assert(2 * 128 * W2_CONSUMER_REGS + 128 * W2_PRODUCER_REGS == W2_THREADS * 168, "setmaxnreg budget");
-static_assert(W2_NS >= 2, "a round holds tiles t - 1 and t");
 static_assert(FA_BM == 2 * 64, "the two consumer warpgroups of 64 rows cover the plan's tiles");
+
+/* The shape of the kernel at head dim D: BN keys a K/V tile, NS ring stages (see the file header). */
+template <int D> struct w2_tile;
+template <> struct w2_tile<128> { static constexpr int BN = 128, NS = 3; };
+template <> struct w2_tile<256> { static constexpr int BN = 80, NS = 2; };
+
+/* Whether the kernel at head dim D takes soft-capped logits: not at D = 256, where tanhf's temporaries
+ * beside the 188 accumulator registers (O 128, S 40, P 20) spill; soft-capped D = 256 (Gemma-2) takes
+ * the FA2 kernel (wgmma2_takes). */
+template <int D> constexpr bool w2_softcap() { return D == 128; }
+
+template <int D> struct w2_shape {
+  static constexpr int BN = w2_tile<D>::BN, NS = w2_tile<D>::NS;
+  static constexpr int DB = D / 64;                          /* 64-dim (128-byte) blocks of a row */
+  static constexpr int NJ = BN / 16;                         /* rows a producer lane copies of a tile */
+  static constexpr uint32_t Q_WG_BYTES = 64 * D * 2;         /* one warpgroup's 64 Q rows */
+  static constexpr uint32_t Q_BYTES = 2 * Q_WG_BYTES;
+  static constexpr uint32_t BLOCK_BYTES = BN * 128;          /* one 64-dim block of a K (or V) tile */
+  static constexpr uint32_t TILE_BYTES = BN * D * 2;         /* one K (or V) tile */
+  static constexpr uint32_t STAGE_BYTES = 2 * TILE_BYTES;    /* K then V */
+  static constexpr size_t SMEM = 1024 + Q_BYTES + (size_t)NS * STAGE_BYTES + 4 * NS * 8;
+  static_assert(D % 64 == 0 && BN % 16 == 0, "whole 128-byte rows of a block, whole 16-key k-steps");
+  static_assert(BN <= 256 && BN % 8 == 0, "a wgmma N of the S tile (8-row swizzle atoms, 1024 bytes)");
+  static_assert(NS >= 2, "a round holds tiles t - 1 and t");
+  static_assert(SMEM <= W2_SMEM_MAX, "shared memory");
+  /* every shared address (past the 1 KB the system reserves) fits the descriptors' 14-bit addr >> 4 */
+  static_assert(1024 + SMEM <= (1u << 18), "descriptor address field");
+};
 
 /* fa_exponents' masking without the scale: logits stay raw (soft-capped: the base-2 exponent
  * cap2 tanh(s mul)); where `masked`, keys past kv_hi, after the row's position or before its window
@@ -91,6 +134,16 @@ __device__ __forceinline__ void fa_logits_masked(float (&s)[NT][4], bool capped,
   }
 }
 
+/* f(std::integral_constant<int, b>{}) for b = 0 .. N - 1, unrolled in the source: the producer's
+ * per-row chunks (a #pragma unroll loop is unrolled later in the compiler and changed the D = 128
+ * kernel's code). */
+template <typename F, int... B> __device__ __forceinline__ void w2_each_impl(F &&f, std::integer_sequence<int, B...>) {
+  (f(std::integral_constant<int, B>{}), ...);
+}
+template <int N, typename F> __device__ __forceinline__ void w2_each(F &&f) {
+  w2_each_impl(f, std::make_integer_sequence<int, N>{});
+}
+
 /* 2^x by one MUFU.EX2 (flushes subnormal results to 0; 2^-inf = 0). */
 __device__ __forceinline__ float ex2_approx(float x) {
   float y;
@@ -98,10 +151,16 @@ __device__ __forceinline__ float ex2_approx(float x) {
   return y;
 }
 
+template <int D>
 __global__ void __launch_bounds__(W2_THREADS, 1) attn_wgmma2_kernel(const __grid_constant__ attn_args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace upf_wgmma;
-  constexpr int KS = W2_D / 16, NT = W2_BN / 8, DT = W2_D / 8, PK = W2_BN / 16;
+  using W = w2_shape<D>;
+  constexpr int W2_BN = W::BN, W2_NS = W::NS, DB = W::DB, NJ = W::NJ;
+  constexpr uint32_t W2_Q_WG_BYTES = W::Q_WG_BYTES, W2_Q_BYTES = W::Q_BYTES, W2_BLOCK_BYTES = W::BLOCK_BYTES;
+  constexpr uint32_t W2_TILE_BYTES = W::TILE_BYTES, W2_STAGE_BYTES = W::STAGE_BYTES;
+  constexpr int KS = D / 16, NT = W2_BN / 8, DT = D / 8, PK = W2_BN / 16;
+  static_assert((D == 128 && W2_BN == 128) || (D == 256 && W2_BN == 80), "the wgmma shapes of issue_s, issue_pv");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const uint32_t sraw = (uint32_t)__cvta_generic_to_shared(smem_raw);
   const uint32_t sbase = (sraw + 1023u) & ~1023u; /* swizzle atoms need 1024-byte alignment */
@@ -132,13 +191,13 @@ __global__ void __launch_bounds__(W2_THREADS, 1) attn_wgmma2_kernel(const __grid
 
   if (warp >= 8) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(W2_PRODUCER_REGS));
-    /* Producer lane pl copies rows r + 16 j (j < 8, r = pl / 8) of Q (the CTA's 128 rows) and of every
-     * K and V tile (128 keys), and of each row the 16-byte chunks c and c + 8 (c = pl % 8: dims
-     * 8c .. 8c + 7 and 64 + 8c ..), 128 bytes apart in global memory (an immediate offset off one
-     * pointer) and one 64-dims block apart in shared memory. With 128-byte rows and 1024-byte 8-row
-     * groups, row R lands at (R / 8) * 1024 + (R % 8) * 128, chunk c ^ (R % 8) (the 128-byte swizzle);
-     * rows 16 apart keep R % 8 = r % 8, so row r + 16 j lands at kvoff + j * 2048 (Q: in warpgroup
-     * j / 4's block, at kvoff + (j % 4) * 2048). */
+    /* Producer lane pl copies rows r + 16 j (r = pl / 8; j < 8 of Q, the CTA's 128 rows; j < NJ of
+     * every K and V tile of W2_BN keys), and of each row the 16-byte chunks c + 8 b (c = pl % 8, block
+     * b < DB: dims 64 b + 8c .. 64 b + 8c + 7), 128 bytes apart in global memory (immediate offsets off
+     * one pointer) and one 64-dims block apart in shared memory (Q: 64 * 128 bytes, a tile:
+     * W2_BLOCK_BYTES). With 128-byte rows and 1024-byte 8-row groups, row R lands at (R / 8) * 1024 +
+     * (R % 8) * 128, chunk c ^ (R % 8) (the 128-byte swizzle); rows 16 apart keep R % 8 = r % 8, so row
+     * r + 16 j lands at kvoff + j * 2048 (Q: in warpgroup j / 4's block, at kvoff + (j % 4) * 2048). */
     const int pl = (int)threadIdx.x - 256, c = pl & 7, r = pl >> 3;
     const uint32_t kvoff = (uint32_t)(r >> 3) * 1024 + (uint32_t)(r & 7) * 128 + ((uint32_t)(c ^ (r & 7)) << 4);
     /* Byte pointers to a lane's row and the byte step to its next (16 rows on): one 64-bit add a row
@@ -152,8 +211,7 @@ __global__ void __launch_bounds__(W2_THREADS, 1) attn_wgmma2_kernel(const __grid
       for (int j = 0; j < 8; j++) {
         const bool ok = 16 * j < qin; /* rows past the request: zeros (never written) */
         const uint32_t qdst = qbase + (uint32_t)(j >> 2) * W2_Q_WG_BYTES + (uint32_t)(j & 3) * 2048 + kvoff;
-        cp_async16_to(qdst, ok ? qp : (const char *)Q, ok);
-        cp_async16_to(qdst + 64 * 128, ok ? qp + 128 : (const char *)Q, ok);
+        w2_each<DB>([&](auto b) { cp_async16_to(qdst + b * (64 * 128), ok ? qp + b * 128 : (const char *)Q, ok); });
         advance(qp, qstep);
       }
     }
@@ -176,22 +234,22 @@ __global__ void __launch_bounds__(W2_THREADS, 1) attn_wgmma2_kernel(const __grid
       const uint32_t kdst = ring + st * W2_STAGE_BYTES + kvoff, vdst = kdst + W2_TILE_BYTES;
       /* Every row of the tile a key (all tiles but a range's last): no predicates. Else rows past the
        * range are zero-filled (src-size 0; the pointer then only needs to be a valid address, and the
-       * rows of a range's last tile lie before the next tile's first, which the 8 adds reach anyway). */
-      const bool full = nin > 16 * 7;
+       * rows of a range's last tile lie before the next tile's first, which the NJ adds reach anyway). */
+      const bool full = nin > 16 * (NJ - 1);
       auto copy_tile = [&](uint32_t dst, const char *&p, int64_t step, const bf16_t *base) {
         if (full) {
 #pragma unroll
-          for (int j = 0; j < 8; j++) {
-            cp_async16_full(dst + j * 2048, p);
-            cp_async16_full(dst + j * 2048 + W2_TILE_BYTES / 2, p + 128);
+          for (int j = 0; j < NJ; j++) {
+            w2_each<DB>([&](auto b) { cp_async16_full(dst + j * 2048 + b * W2_BLOCK_BYTES, p + b * 128); });
             advance(p, step);
           }
         } else {
 #pragma unroll
-          for (int j = 0; j < 8; j++) {
+          for (int j = 0; j < NJ; j++) {
             const bool in = 16 * j < nin;
-            cp_async16_to(dst + j * 2048, in ? p : (const char *)base, in);
-            cp_async16_to(dst + j * 2048 + W2_TILE_BYTES / 2, in ? p + 128 : (const char *)base, in);
+            w2_each<DB>([&](auto b) {
+              cp_async16_to(dst + j * 2048 + b * W2_BLOCK_BYTES, in ? p + b * 128 : (const char *)base, in);
+            });
             advance(p, step);
           }
         }
@@ -225,7 +283,8 @@ __global__ void __launch_bounds__(W2_THREADS, 1) attn_wgmma2_kernel(const __grid
   const int wpos_first = (wrow0 < tile.q_len ? wrow0 : tile.q_len - 1) + off;
   const int wpos_last = (wrow0 + 15 < tile.q_len ? wrow0 + 15 : tile.q_len - 1) + off;
   const int wlo_last = a.window > 0 ? wpos_last - a.window + 1 : 0;
-  const bool capped = a.softcap > 0.0f;
+  /* w2_softcap<D>() false: wgmma2_takes keeps soft-capped cases away, and the tanh path is compiled out. */
+  const bool capped = w2_softcap<D>() && a.softcap > 0.0f;
   const float mul = capped ? a.scale / a.softcap : a.scale * FA_LOG2E;
   const float cap2 = a.softcap * FA_LOG2E;
   const float mul2 = capped ? 1.0f : mul; /* logit (after fa_logits_masked) -> base-2 exponent */
@@ -258,19 +317,31 @@ __global__ void __launch_bounds__(W2_THREADS, 1) attn_wgmma2_kernel(const __grid
   /* Descriptors are built once per operand and advanced by adding (byte offset >> 4) to the address
    * field: every operand lies below 2^18 bytes, so the 14-bit field never carries. */
   const uint64_t desc_q = desc_kmajor_sw128(qwg);
+  /* k-step ks = dims 16 ks .. 16 ks + 15: 64-dim block ks / 4, 32 bytes a step inside its 128-byte rows. */
   auto issue_s = [&](uint32_t st) { /* S = Q K^T of the tile in stage st, one commit group */
     const uint64_t desc_k = desc_kmajor_sw128(ring + st * W2_STAGE_BYTES);
 #pragma unroll
-    for (int ks = 0; ks < KS; ks++)
-      wgmma_m64n128k16_ss(s, desc_q + (uint64_t)(((ks >> 2) * (64 * 128) + (ks & 3) * 32) >> 4),
-                          desc_k + (uint64_t)(((ks >> 2) * (W2_BN * 128) + (ks & 3) * 32) >> 4), ks);
+    for (int ks = 0; ks < KS; ks++) {
+      const uint64_t dq = desc_q + (uint64_t)(((ks >> 2) * (64 * 128) + (ks & 3) * 32) >> 4);
+      const uint64_t dk = desc_k + (uint64_t)(((ks >> 2) * W2_BLOCK_BYTES + (ks & 3) * 32) >> 4);
+      if constexpr (D == 128)
+        wgmma_m64n128k16_ss(s, dq, dk, ks);
+      else
+        wgmma_m64n80k16_ss(s, dq, dk, ks);
+    }
     wg_commit();
   };
-  auto issue_pv = [&](uint32_t st) { /* O += P V (stage st), one commit group; k-step kk = keys 16 kk .. 16 kk + 15 */
-    const uint64_t desc_v = desc_mnmajor_sw128(ring + st * W2_STAGE_BYTES + W2_TILE_BYTES, W2_BN * 128);
+  /* O += P V (stage st), one commit group; k-step kk = keys 16 kk .. 16 kk + 15 (two 8-row groups, 2048
+   * bytes); the MN-major V's next 64 dims are a block (W2_BLOCK_BYTES) further. */
+  auto issue_pv = [&](uint32_t st) {
+    const uint64_t desc_v = desc_mnmajor_sw128(ring + st * W2_STAGE_BYTES + W2_TILE_BYTES, W2_BLOCK_BYTES);
 #pragma unroll
-    for (int kk = 0; kk < PK; kk++)
-      wgmma_m64n128k16_tb(o, pa[kk], desc_v + (uint64_t)((kk * 2048) >> 4), 1);
+    for (int kk = 0; kk < PK; kk++) {
+      if constexpr (D == 128)
+        wgmma_m64n128k16_tb(o, pa[kk], desc_v + (uint64_t)((kk * 2048) >> 4), 1);
+      else
+        wgmma_m64n256k16_tb(o, pa[kk], desc_v + (uint64_t)((kk * 2048) >> 4), 1);
+    }
     wg_commit();
   };
   auto release = [&](uint32_t bars, uint32_t st) { /* this warp's wgmma reads of stage st's K (V) are complete */
@@ -379,12 +450,21 @@ __global__ void __launch_bounds__(W2_THREADS, 1) attn_wgmma2_kernel(const __grid
 #endif
 }
 
+template <int D> upf_status launch_wgmma2_d(attn_args &a, int ntiles) {
+  static bool attr_set;
+  return launch_prefill_tiles(attn_wgmma2_kernel<D>, W2_THREADS, w2_shape<D>::SMEM, false, &attr_set,
+                              "attn_wgmma2_kernel", a, ntiles);
+}
+
 } // namespace
 
+bool wgmma2_takes(const attn_args &a) { return a.d == 128 || (a.d == 256 && a.softcap == 0.0f); }
+
 upf_status launch_wgmma2(attn_args &a, int ntiles) {
-  static bool attr_set;
-  return launch_prefill_tiles(attn_wgmma2_kernel, W2_THREADS, W2_SMEM, false, &attr_set, "attn_wgmma2_kernel", a,
-                              ntiles);
+  if (!wgmma2_takes(a))
+    return upf_fail(UPF_ERR_UNSUPPORTED, "attn.prefill (cuda): the wgmma kernel takes D = 128, or 256 without "
+                    "soft-cap, not D=%d softcap=%g", a.d, (double)a.softcap);
+  return a.d == 128 ? launch_wgmma2_d<128>(a, ntiles) : launch_wgmma2_d<256>(a, ntiles);
 }
 
 } // namespace upf_attn

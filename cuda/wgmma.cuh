@@ -2,8 +2,8 @@
  * score kernel): mbarriers, cp.async into the swizzled ring, wgmma fences, shared-memory descriptors and
  * the two wgmma shapes they use (A from registers, B from a shared-memory descriptor). Include only from
  * .cu files built for sm_90a with the wgmma code inside #if defined(__CUDA_ARCH_FEAT_SM90_ALL). The
- * prefill's wgmma2 variant adds an all-shared-memory shape (m64n128k16, A and B descriptors), named
- * barriers and a time-bounded mbarrier wait. */
+ * prefill's wgmma2 variant adds all-shared-memory shapes (m64n128k16 and, for D = 256, m64n80k16: A and B
+ * descriptors), the D = 256 P V shape (m64n256k16), named barriers and a time-bounded mbarrier wait. */
 #ifndef UNIPREFILL_CUDA_WGMMA_CUH
 #define UNIPREFILL_CUDA_WGMMA_CUH
 
@@ -159,6 +159,42 @@ __device__ __forceinline__ void wgmma_m64n128k16_ss(float (&d)[16][4], uint64_t 
                "}\n"
                : UPF_WGMMA_D32(d, 0), UPF_WGMMA_D32(d, 8)
                : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+/* The D = 256 prefill's two shapes. S: D (64 x 80, f32) (+)= A (64 x 16, K-major descriptor) * B (K-major,
+ * 80 x 16, descriptor)^T, both operands from shared memory. */
+__device__ __forceinline__ void wgmma_m64n80k16_ss(float (&d)[10][4], uint64_t desc_a, uint64_t desc_b,
+                                                   int scale_d) {
+  asm volatile("{\n"
+               ".reg .pred p;\n"
+               "setp.ne.b32 p, %42, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n80k16.f32.bf16.bf16 "
+               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+               "%32, %33, %34, %35, %36, %37, %38, %39}, "
+               "%40, %41, p, 1, 1, 0, 0;\n"
+               "}\n"
+               : UPF_WGMMA_D32(d, 0), UPF_WGMMA_D4(d, 8), UPF_WGMMA_D4(d, 9)
+               : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+/* O: D (64 x 256, f32) (+)= A (64 x 16 bf16, registers) * B (16 x 256, MN-major descriptor: imm-trans-b 1). */
+__device__ __forceinline__ void wgmma_m64n256k16_tb(float (&d)[32][4], const uint32_t (&a)[4], uint64_t desc,
+                                                    int scale_d) {
+  asm volatile("{\n"
+               ".reg .pred p;\n"
+               "setp.ne.b32 p, %133, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+               "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+               "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+               "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+               "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+               "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+               "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
+               "{%128, %129, %130, %131}, %132, p, 1, 1, 1;\n"
+               "}\n"
+               : UPF_WGMMA_D32(d, 0), UPF_WGMMA_D32(d, 8), UPF_WGMMA_D32(d, 16), UPF_WGMMA_D32(d, 24)
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d));
 }
 #undef UPF_WGMMA_D32
 #undef UPF_WGMMA_D4

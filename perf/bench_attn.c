@@ -58,6 +58,7 @@ static attn_bench_case cases[] = {
     {"attn_prefill/cuda/bf16/gemma_swa1024", A_PREFILL, 1, BF, 1, 65536, 65536, 16, 8, 256, 1024, 0, 0},
     {"attn_prefill/cuda/bf16/gemma_global", A_PREFILL, 1, BF, 1, 8192, 8192, 16, 8, 256, 0, 0, 0},
     {"attn_prefill/cuda/bf16/gemma_global", A_PREFILL, 1, BF, 1, 32768, 32768, 16, 8, 256, 0, 0, 0},
+    {"attn_prefill/cuda/bf16/gemma_global", A_PREFILL, 1, BF, 1, 131072, 131072, 16, 8, 256, 0, 0, 0},
     /* global causal with as many visible (query, key) pairs as the window-1024 cases at 4K, 16K, 64K:
      * T (T + 1) / 2 = 1024 * 1025 / 2 + (T_window - 1024) * 1024 (within 0.01%) */
     {"attn_prefill/cuda/bf16/gemma_global_eqkeys", A_PREFILL, 1, BF, 1, 2709, 2709, 16, 8, 256, 0, 0, 0},
@@ -230,12 +231,12 @@ static upf_op case_op(const attn_bench_case *c) {
 }
 
 /* The op variant that picks the kernel of a CUDA case (cuda/attn.cu): attn.prefill's for bf16 D = 128
- * prefill, attn.paged's for bf16 decode rows (fewer than 16 query rows a request) at D = 64/128/256;
+ * and D = 256 prefill (the cases have no soft-cap, which at D = 256 leaves the variant), attn.paged's for bf16 decode rows (fewer than 16 query rows a request) at D = 64/128/256;
  * UPF_OP_COUNT for cases with one kernel. */
 static upf_op case_variant_op(const attn_bench_case *c) {
   if (c->dt != UPF_DTYPE_BF16)
     return UPF_OP_COUNT;
-  if (c->kind == A_PREFILL && c->d == 128)
+  if (c->kind == A_PREFILL && (c->d == 128 || c->d == 256))
     return UPF_OP_ATTN_PREFILL;
   if (c->kind == A_PAGED && c->q_len < 16 && (c->d == 64 || c->d == 128 || c->d == 256))
     return UPF_OP_ATTN_PAGED;

@@ -334,6 +334,13 @@ static const attn_case prefill_cases[] = {
     /* windowed D = 256 in the quick set (the sanitizers' run): the FA2 kernel's window masks at D = 256 */
     {"window 100, softcap 30, D=256, GQA 2, cached", 3, {17, 200, 130}, {0, 50, 300}, 8, 4, 256, 100, 30.0f, 0, 0,
      AC_QUICK},
+    /* D = 256 without soft-cap (the wgmma kernel's 128-row query and 80-key tiles under the default
+     * variant): single tokens, lengths at, one past and between tile multiples, kv > q, a window, one
+     * long row */
+    {"D=256, GQA 2, ragged 1..300, cached", 6, {1, 80, 81, 129, 161, 300}, {0, 0, 7, 0, 160, 1}, 8, 4, 256, 0, 0,
+     0.0625f, 0, AC_QUICK},
+    {"D=256, window 100, GQA 4, cached", 3, {17, 200, 130}, {0, 50, 300}, 8, 2, 256, 100, 0, 0, 0, AC_QUICK},
+    {"D=256, long row 4200, GQA 2", 1, {4200}, {0}, 2, 1, 256, 0, 0, 0, 0, 0},
 };
 
 static const attn_case paged_cases[] = {
@@ -367,12 +374,12 @@ static const attn_case paged_cases[] = {
 #define PAGED_DECODE_ROWS 16
 
 /* Whether the variant of op in effect picks the kernel of case c in dtype dt: attn.prefill's for bf16
- * at D = 128, attn.paged's for bf16 requests of short query runs (decode steps) at D = 64/128/256. */
+ * at D = 128 and at D = 256 without soft-cap (cuda/attn.cu's wgmma2_takes), attn.paged's for bf16 requests of short query runs (decode steps) at D = 64/128/256. */
 static int variant_picks_kernel(upf_op op, const attn_case *c, upf_dtype dt) {
   if (dt != UPF_DTYPE_BF16)
     return 0;
   if (op == UPF_OP_ATTN_PREFILL)
-    return c->d == 128;
+    return c->d == 128 || (c->d == 256 && c->softcap == 0.0f);
   if (c->d != 64 && c->d != 128 && c->d != 256)
     return 0;
   for (int r = 0; r < c->nreq; r++)
