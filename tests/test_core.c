@@ -188,14 +188,16 @@ static void test_bench_median(void) {
   CU_ASSERT_DOUBLE_EQUAL(m, 0.0, 0.0);
 }
 
-void upf_register_core_tests(void) {
-  CU_pSuite suite = CU_add_suite("core", NULL, NULL);
-  CU_add_test(suite, "bf16 round to nearest even", test_bf16_round_to_nearest_even);
-  CU_add_test(suite, "rng is machine independent", test_rng_is_machine_independent);
-  CU_add_test(suite, "status messages", test_status_messages);
-  CU_add_test(suite, "tensor descriptor", test_tensor_descriptor);
-  CU_add_test(suite, "tensor strides and sizes never overflow", test_tensor_overflow);
-  CU_add_test(suite, "env switch: values, fallback, typo named", test_env_switch);
-  CU_add_test(suite, "bench median and the steady timer's bounds", test_bench_median);
-  CU_add_test(suite, "cuda probe names a missing device plainly", test_cuda_probe_message);
-}
+static CU_TestInfo core_tests[] = {
+    {"bf16 round to nearest even", test_bf16_round_to_nearest_even},
+    {"rng is machine independent", test_rng_is_machine_independent},
+    {"status messages", test_status_messages},
+    {"tensor descriptor", test_tensor_descriptor},
+    {"tensor strides and sizes never overflow", test_tensor_overflow},
+    {"env switch: values, fallback, typo named", test_env_switch},
+    {"bench median and the steady timer's bounds", test_bench_median},
+    {"cuda probe names a missing device plainly", test_cuda_probe_message},
+    CU_TEST_INFO_NULL,
+};
+
+void upf_register_core_tests(void) { upf_test_suite("core", NULL, NULL, core_tests); }
