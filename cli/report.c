@@ -16,6 +16,7 @@
 #include "cli/args.h"
 #include "cli/cli.h"
 #include "perf/bench.h"
+#include "uniprefill/provenance.h"
 #include "uniprefill/variant.h"
 #include "verify/verify.h"
 
@@ -38,30 +39,9 @@ typedef struct {
   char commit[64], date[40], host[256], device[512], variants[512];
 } report_stamp;
 
-/* First line a shell command prints, without the newline; "" when it prints nothing or fails. */
-static void first_line_of(const char *cmd, char *buf, size_t cap) {
-  buf[0] = '\0';
-  FILE *p = popen(cmd, "r");
-  if (!p)
-    return;
-  if (!fgets(buf, (int)cap, p))
-    buf[0] = '\0';
-  buf[strcspn(buf, "\n")] = '\0';
-  if (pclose(p) != 0)
-    buf[0] = '\0';
-}
-
 static void make_stamp(report_stamp *s) {
-  /* The checkout's commit, "-dirty" when tracked files differ from it (numbers then cannot be
-   * reproduced from the hash alone); outside a checkout, $UPF_COMMIT. */
-  char dirty[8];
-  first_line_of("git rev-parse --short HEAD 2>/dev/null", s->commit, sizeof s->commit);
-  first_line_of("git status --porcelain --untracked-files=no 2>/dev/null | head -c 1", dirty, sizeof dirty);
-  if (s->commit[0] && dirty[0] && strlen(s->commit) + 7 < sizeof s->commit)
-    strcat(s->commit, "-dirty");
-  const char *env = getenv("UPF_COMMIT");
-  if (!s->commit[0])
-    snprintf(s->commit, sizeof s->commit, "%s", env && *env ? env : "unknown (not a git checkout, UPF_COMMIT unset)");
+  if (!upf_source_commit(s->commit, sizeof s->commit))
+    snprintf(s->commit, sizeof s->commit, "unknown (not a git checkout, UPF_COMMIT unset)");
   time_t now = time(NULL);
   struct tm tm;
   if (!localtime_r(&now, &tm) || !strftime(s->date, sizeof s->date, "%Y-%m-%dT%H:%M:%S%z", &tm))

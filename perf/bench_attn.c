@@ -230,6 +230,7 @@ static upf_op case_op(const attn_bench_case *c) {
   return c->kind == A_PREFILL ? UPF_OP_ATTN_PREFILL : c->kind == A_PAGED ? UPF_OP_ATTN_PAGED : UPF_OP_KV_CACHE_WRITE;
 }
 
+#ifdef UPF_HAVE_CUDA
 /* The op variant that picks the kernel of a CUDA case (cuda/attn.cu): attn.prefill's for bf16 D = 128
  * and D = 256 prefill (the cases have no soft-cap, which at D = 256 leaves the variant), attn.paged's for bf16 decode rows (fewer than 16 query rows a request) at D = 64/128/256;
  * UPF_OP_COUNT for cases with one kernel. */
@@ -242,6 +243,7 @@ static upf_op case_variant_op(const attn_bench_case *c) {
     return UPF_OP_ATTN_PAGED;
   return UPF_OP_COUNT;
 }
+#endif
 
 static void set_work_counters(upf_bench_state *st, const attn_bench_case *c) {
   double f = case_flops(c);

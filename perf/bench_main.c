@@ -10,35 +10,8 @@
 
 #include "perf/bench.h"
 #include "uniprefill/backend.h"
+#include "uniprefill/provenance.h"
 #include "uniprefill/variant.h"
-
-/* First line a shell command prints, without the newline; "" when it prints nothing or fails. */
-static void command_output(const char *cmd, char *buf, size_t cap) {
-  buf[0] = '\0';
-  FILE *p = popen(cmd, "r");
-  if (!p)
-    return;
-  if (!fgets(buf, (int)cap, p))
-    buf[0] = '\0';
-  buf[strcspn(buf, "\n")] = '\0';
-  if (pclose(p) != 0)
-    buf[0] = '\0';
-}
-
-/* The commit the binary was run from: git if this is a checkout (with "-dirty" when tracked files
- * differ from it, since such numbers are not reproducible from the hash alone), else $UPF_COMMIT. */
-static void commit_id(char *buf, size_t cap) {
-  char dirty[8];
-  command_output("git rev-parse --short HEAD 2>/dev/null", buf, cap);
-  if (buf[0]) {
-    command_output("git status --porcelain --untracked-files=no 2>/dev/null | head -c 1", dirty, sizeof dirty);
-    if (dirty[0] && strlen(buf) + 7 < cap)
-      strcat(buf, "-dirty");
-    return;
-  }
-  const char *env = getenv("UPF_COMMIT");
-  snprintf(buf, cap, "%s", env && *env ? env : "unknown");
-}
 
 /* argv as a shell would need it to run the same thing again (single quotes where needed). */
 static char *command_line(int argc, char **argv) {
@@ -105,7 +78,8 @@ static upf_status add_context(int full_argc, char **full_argv) {
 #else
   upf_bench_add_context("build", "CUDA=0");
 #endif
-  commit_id(buf, sizeof buf);
+  if (!upf_source_commit(buf, sizeof buf))
+    snprintf(buf, sizeof buf, "unknown");
   upf_bench_add_context("commit", buf);
   /* Which kernel of every op with variants ran: "attn.prefill=wgmma2-nopp,moe.ffn=bucketed". A case
    * that times a variant by name says so in its name and label. */

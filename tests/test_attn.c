@@ -317,15 +317,16 @@ static void test_attn_verify_names_variant(void) {
   }
 }
 
-void upf_register_attn_tests(void) {
-  CU_pSuite suite = CU_add_suite("attention (cpu reference)", NULL, NULL);
-  CU_add_test(suite, "by hand: one and two keys, uniform, window 1, soft-cap, GQA, scales, flops", test_attn_by_hand);
-  CU_add_test(suite, "paged (P = 1, 16, 64) == contiguous, via the cache write", test_attn_paged_equals_contiguous);
-  CU_add_test(suite, "cached prefill == last rows; window >= length == causal",
-              test_attn_cached_prefill_and_long_window);
-  CU_add_test(suite, "rounded output == fp64 truth rounded", test_attn_truth_matches);
-  CU_add_test(suite, "attention verify entries pass on the cpu (goldens, bad inputs)", test_attn_verify_entries_cpu);
-  CU_add_test(suite, "attention verify cases through the harness (cpu twin)", test_attn_verify_cases_on_cpu_twin);
-  CU_add_test(suite, "verify lines name the attn.prefill / attn.paged variant in effect where it picks the kernel",
-              test_attn_verify_names_variant);
-}
+static CU_TestInfo attn_tests[] = {
+    {"by hand: one and two keys, uniform, window 1, soft-cap, GQA, scales, flops", test_attn_by_hand},
+    {"paged (P = 1, 16, 64) == contiguous, via the cache write", test_attn_paged_equals_contiguous},
+    {"cached prefill == last rows; window >= length == causal", test_attn_cached_prefill_and_long_window},
+    {"rounded output == fp64 truth rounded", test_attn_truth_matches},
+    {"attention verify entries pass on the cpu (goldens, bad inputs)", test_attn_verify_entries_cpu},
+    {"attention verify cases through the harness (cpu twin)", test_attn_verify_cases_on_cpu_twin},
+    {"verify lines name the attn.prefill / attn.paged variant in effect where it picks the kernel",
+     test_attn_verify_names_variant},
+    CU_TEST_INFO_NULL,
+};
+
+void upf_register_attn_tests(void) { upf_test_suite("attention (cpu reference)", NULL, NULL, attn_tests); }

@@ -428,13 +428,15 @@ static void test_prefill(void) {
   CU_ASSERT(stdout_contains("qwen3-next-tiny") && stdout_contains("drop layers: 7 11 15 19 23 27"));
 }
 
-void upf_register_cli_tests(void) {
-  CU_pSuite suite = CU_add_suite("cli", cli_setup, cli_teardown);
-  CU_add_test(suite, "select writes the library's mask", test_select_writes_the_library_mask);
-  CU_add_test(suite, "bad inputs exit non-zero, name the input and leave no file", test_bad_inputs_leave_no_file);
-  CU_add_test(suite, "flags of every command: help, values, repeats, ranges, paths", test_flags_every_command);
-  CU_add_test(suite, "report: a bad or empty --bench-filter is an error", test_report_bench_filter);
-  CU_add_test(suite, "report: stamps, progress, no CPU rates", test_report_stamps);
-  CU_add_test(suite, "ops lists variants; verify --variant selects", test_ops_and_variants);
-  CU_add_test(suite, "prefill: outputs, masks dumped and replayed, bad input", test_prefill);
-}
+static CU_TestInfo cli_tests[] = {
+    {"select writes the library's mask", test_select_writes_the_library_mask},
+    {"bad inputs exit non-zero, name the input and leave no file", test_bad_inputs_leave_no_file},
+    {"flags of every command: help, values, repeats, ranges, paths", test_flags_every_command},
+    {"report: a bad or empty --bench-filter is an error", test_report_bench_filter},
+    {"report: stamps, progress, no CPU rates", test_report_stamps},
+    {"ops lists variants; verify --variant selects", test_ops_and_variants},
+    {"prefill: outputs, masks dumped and replayed, bad input", test_prefill},
+    CU_TEST_INFO_NULL,
+};
+
+void upf_register_cli_tests(void) { upf_test_suite("cli", cli_setup, cli_teardown, cli_tests); }

@@ -1,6 +1,7 @@
 /* Core: bf16 rounding, the seeded RNG's portability, status messages, environment switches, tensor descriptors. */
 #include <CUnit/CUnit.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -10,6 +11,7 @@
 #include "uniprefill/backend.h"
 #include "uniprefill/bf16.h"
 #include "uniprefill/env.h"
+#include "uniprefill/provenance.h"
 #include "uniprefill/rng.h"
 #include "uniprefill/tensor.h"
 
@@ -188,14 +190,42 @@ static void test_bench_median(void) {
   CU_ASSERT_DOUBLE_EQUAL(m, 0.0, 0.0);
 }
 
-void upf_register_core_tests(void) {
-  CU_pSuite suite = CU_add_suite("core", NULL, NULL);
-  CU_add_test(suite, "bf16 round to nearest even", test_bf16_round_to_nearest_even);
-  CU_add_test(suite, "rng is machine independent", test_rng_is_machine_independent);
-  CU_add_test(suite, "status messages", test_status_messages);
-  CU_add_test(suite, "tensor descriptor", test_tensor_descriptor);
-  CU_add_test(suite, "tensor strides and sizes never overflow", test_tensor_overflow);
-  CU_add_test(suite, "env switch: values, fallback, typo named", test_env_switch);
-  CU_add_test(suite, "bench median and the steady timer's bounds", test_bench_median);
-  CU_add_test(suite, "cuda probe names a missing device plainly", test_cuda_probe_message);
+/* Outside a checkout the commit is $UPF_COMMIT, and nothing when that is unset; inside this one it is
+ * git's short hash. */
+static void test_source_commit(void) {
+  char cwd[4096], buf[64];
+  CU_ASSERT_PTR_NOT_NULL_FATAL(getcwd(cwd, sizeof cwd));
+  int in_checkout = upf_source_commit(buf, sizeof buf);
+  const char *saved = getenv("UPF_COMMIT");
+  char keep[128];
+  snprintf(keep, sizeof keep, "%s", saved ? saved : "");
+  CU_ASSERT_EQUAL_FATAL(chdir("/"), 0);
+  setenv("UPF_COMMIT", "abc1234", 1);
+  CU_ASSERT_EQUAL(upf_source_commit(buf, sizeof buf), 1);
+  CU_ASSERT_STRING_EQUAL(buf, "abc1234");
+  unsetenv("UPF_COMMIT");
+  CU_ASSERT_EQUAL(upf_source_commit(buf, sizeof buf), 0);
+  CU_ASSERT_STRING_EQUAL(buf, "");
+  if (saved)
+    setenv("UPF_COMMIT", keep, 1);
+  CU_ASSERT_EQUAL_FATAL(chdir(cwd), 0);
+  if (in_checkout) { /* a short hash of hex digits, maybe "-dirty" */
+    CU_ASSERT_EQUAL(upf_source_commit(buf, sizeof buf), 1);
+    CU_ASSERT(strspn(buf, "0123456789abcdef") >= 7);
+  }
 }
+
+static CU_TestInfo core_tests[] = {
+    {"bf16 round to nearest even", test_bf16_round_to_nearest_even},
+    {"rng is machine independent", test_rng_is_machine_independent},
+    {"status messages", test_status_messages},
+    {"tensor descriptor", test_tensor_descriptor},
+    {"tensor strides and sizes never overflow", test_tensor_overflow},
+    {"env switch: values, fallback, typo named", test_env_switch},
+    {"bench median and the steady timer's bounds", test_bench_median},
+    {"cuda probe names a missing device plainly", test_cuda_probe_message},
+    {"source commit: git, else $UPF_COMMIT, else none", test_source_commit},
+    CU_TEST_INFO_NULL,
+};
+
+void upf_register_core_tests(void) { upf_test_suite("core", NULL, NULL, core_tests); }

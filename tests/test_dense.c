@@ -511,26 +511,27 @@ static void test_verify_entries_cpu(void) {
     upf_test_verify_op((upf_op)op, upf_backend_cpu(), 0);
 }
 
-void upf_register_dense_tests(void) {
-  CU_pSuite suite = CU_add_suite("dense ops (cpu reference)", NULL, NULL);
-  CU_add_test(suite, "gemm by hand, strided views, M=0", test_gemm_by_hand);
-  CU_add_test(suite, "gemm bad inputs", test_gemm_bad_inputs);
-  CU_add_test(suite, "silu / tanh gelu and act_mul by hand", test_activations_by_hand);
-  CU_add_test(suite, "gated ffn by hand and its fp64 truth", test_ffn_by_hand);
-  CU_add_test(suite, "rmsnorm plain, zero-centred, eps, in place, fused add", test_norms_by_hand);
-  CU_add_test(suite, "rms_add rounds the residual before the norm", test_rms_add_rounds_residual);
-  CU_add_test(suite, "qk norm on a strided view", test_qk_norm_by_hand);
-  CU_add_test(suite, "rope frequencies: default, linear, llama3, partial", test_rope_frequencies);
-  CU_add_test(suite, "rope by hand, partial, q+k", test_rope_by_hand);
-  CU_add_test(suite, "rope at position 131071", test_rope_large_positions);
-  CU_add_test(suite, "gated output by hand (strided gate)", test_gated_output_by_hand);
-  CU_add_test(suite, "embed by hand, bad id names its position", test_embed_by_hand);
-  CU_add_test(suite, "logits of the last tokens by hand", test_logits_by_hand);
-  CU_add_test(suite, "double to bf16 rounds once", test_single_rounding);
-  CU_add_test(suite, "model constants", test_model_constants);
-  CU_add_test(suite, "verify harness catches wrong values, stray writes, clobbered inputs",
-              test_harness_catches_errors);
-  CU_add_test(suite, "long-reduction fallback through the harness", test_harness_long_reduction);
-  CU_add_test(suite, "dense verify entries pass on the cpu", test_verify_entries_cpu);
-  CU_add_test(suite, "dense verify cases through the harness (cpu twin)", test_verify_cases_on_cpu_twin);
-}
+static CU_TestInfo dense_tests[] = {
+    {"gemm by hand, strided views, M=0", test_gemm_by_hand},
+    {"gemm bad inputs", test_gemm_bad_inputs},
+    {"silu / tanh gelu and act_mul by hand", test_activations_by_hand},
+    {"gated ffn by hand and its fp64 truth", test_ffn_by_hand},
+    {"rmsnorm plain, zero-centred, eps, in place, fused add", test_norms_by_hand},
+    {"rms_add rounds the residual before the norm", test_rms_add_rounds_residual},
+    {"qk norm on a strided view", test_qk_norm_by_hand},
+    {"rope frequencies: default, linear, llama3, partial", test_rope_frequencies},
+    {"rope by hand, partial, q+k", test_rope_by_hand},
+    {"rope at position 131071", test_rope_large_positions},
+    {"gated output by hand (strided gate)", test_gated_output_by_hand},
+    {"embed by hand, bad id names its position", test_embed_by_hand},
+    {"logits of the last tokens by hand", test_logits_by_hand},
+    {"double to bf16 rounds once", test_single_rounding},
+    {"model constants", test_model_constants},
+    {"verify harness catches wrong values, stray writes, clobbered inputs", test_harness_catches_errors},
+    {"long-reduction fallback through the harness", test_harness_long_reduction},
+    {"dense verify entries pass on the cpu", test_verify_entries_cpu},
+    {"dense verify cases through the harness (cpu twin)", test_verify_cases_on_cpu_twin},
+    CU_TEST_INFO_NULL,
+};
+
+void upf_register_dense_tests(void) { upf_test_suite("dense ops (cpu reference)", NULL, NULL, dense_tests); }

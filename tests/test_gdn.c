@@ -525,22 +525,23 @@ static void test_chunked_bf16_meets_tolerances(void) {
   upf_test_verify_op(UPF_OP_GDN_SCAN, &emulation, 2);
 }
 
-void upf_register_gdn_tests(void) {
-  CU_pSuite suite = CU_add_suite("gated deltanet (cpu reference)", NULL, NULL);
-  CU_add_test(suite, "gates g, beta and the l2 norm by hand", test_gates_and_l2norm);
-  CU_add_test(suite, "scan Dk=Dv=2 by hand", test_scan_by_hand_2x2);
-  CU_add_test(suite, "scan g=0 beta=0 keeps the state", test_scan_keeps_state);
-  CU_add_test(suite, "scan beta=1 unit k overwrites the memory along k", test_scan_overwrites_along_k);
-  CU_add_test(suite, "conv1d and its step by hand", test_conv_by_hand);
-  CU_add_test(suite, "conv prefill n then m steps == prefill n+m", test_conv_prefill_then_steps);
-  CU_add_test(suite, "gated norm by hand, in place", test_gated_norm_by_hand);
-  CU_add_test(suite, "chunked (WY) scan == recurrent scan", test_chunked_equals_recurrent);
-  CU_add_test(suite, "scan bad inputs", test_bad_inputs);
-  CU_add_test(suite, "qwen3-next linear-attention constants", test_model_constants);
-  CU_add_test(suite, "gdn verify entries pass on the cpu", test_verify_entries_cpu);
-  CU_add_test(suite, "gdn verify cases through the harness (cpu twin)", test_verify_cases_on_cpu_twin);
-  CU_add_test(suite, "the cuda chunked scan's bf16 arithmetic on the host meets the verify tolerances",
-              test_chunked_bf16_meets_tolerances);
-  CU_add_test(suite, "the cuda scan's fp32 arithmetic on the host meets the verify tolerances",
-              test_fp32_state_meets_tolerances);
-}
+static CU_TestInfo gdn_tests[] = {
+    {"gates g, beta and the l2 norm by hand", test_gates_and_l2norm},
+    {"scan Dk=Dv=2 by hand", test_scan_by_hand_2x2},
+    {"scan g=0 beta=0 keeps the state", test_scan_keeps_state},
+    {"scan beta=1 unit k overwrites the memory along k", test_scan_overwrites_along_k},
+    {"conv1d and its step by hand", test_conv_by_hand},
+    {"conv prefill n then m steps == prefill n+m", test_conv_prefill_then_steps},
+    {"gated norm by hand, in place", test_gated_norm_by_hand},
+    {"chunked (WY) scan == recurrent scan", test_chunked_equals_recurrent},
+    {"scan bad inputs", test_bad_inputs},
+    {"qwen3-next linear-attention constants", test_model_constants},
+    {"gdn verify entries pass on the cpu", test_verify_entries_cpu},
+    {"gdn verify cases through the harness (cpu twin)", test_verify_cases_on_cpu_twin},
+    {"the cuda chunked scan's bf16 arithmetic on the host meets the verify tolerances",
+     test_chunked_bf16_meets_tolerances},
+    {"the cuda scan's fp32 arithmetic on the host meets the verify tolerances", test_fp32_state_meets_tolerances},
+    CU_TEST_INFO_NULL,
+};
+
+void upf_register_gdn_tests(void) { upf_test_suite("gated deltanet (cpu reference)", NULL, NULL, gdn_tests); }

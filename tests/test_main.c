@@ -55,6 +55,13 @@ void upf_test_verify_op(upf_op op, const upf_backend *be, int min_passed) {
   CU_ASSERT(ctx.passed > min_passed);
 }
 
+CU_pSuite upf_test_suite(const char *name, CU_InitializeFunc init, CU_CleanupFunc clean, const CU_TestInfo *tests) {
+  CU_pSuite suite = CU_add_suite(name, init, clean);
+  for (const CU_TestInfo *t = tests; suite && t->pName; t++)
+    CU_add_test(suite, t->pName, t->pTestFunc);
+  return suite;
+}
+
 /* GPU tests found unusable at registration; reported after the suite filter, so that a run of
  * other suites says nothing about them. */
 static struct {

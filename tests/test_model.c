@@ -295,17 +295,21 @@ static void test_bad_input(void) {
   CU_ASSERT_PTR_NOT_NULL(strstr(upf_last_error(), "request 1"));
 }
 
+static CU_TestInfo model_tests[] = {
+    {"uniprefill at p=1 equals dense bit for bit", test_p1_equals_dense},
+    {"drops: kept counts, chained drops, replay", test_drops_and_replay},
+    {"batch invariance", test_batch_invariance},
+    {"top-k keep ratio", test_keep_ratio},
+    {"drop step: positions, cu_seqlens, refused masks", test_drop_step_positions},
+    {"bad input", test_bad_input},
+    {"model verify on the CPU twin", test_model_verify_twin},
+    CU_TEST_INFO_NULL,
+};
+
 void upf_register_model_tests(void) {
   if (upf_test_quick())
     lengths = quick_lengths;
-  CU_pSuite suite = CU_add_suite("model", NULL, NULL);
-  CU_add_test(suite, "uniprefill at p=1 equals dense bit for bit", test_p1_equals_dense);
-  CU_add_test(suite, "drops: kept counts, chained drops, replay", test_drops_and_replay);
-  CU_add_test(suite, "batch invariance", test_batch_invariance);
-  CU_add_test(suite, "top-k keep ratio", test_keep_ratio);
-  CU_add_test(suite, "drop step: positions, cu_seqlens, refused masks", test_drop_step_positions);
-  CU_add_test(suite, "bad input", test_bad_input);
-  CU_add_test(suite, "model verify on the CPU twin", test_model_verify_twin);
+  CU_pSuite suite = upf_test_suite("model", NULL, NULL, model_tests);
   upf_test_add_gpu(suite, "model verify on CUDA", test_model_verify_cuda);
   upf_test_add_gpu(suite, "batch invariance on CUDA", test_batch_invariance_cuda);
 }

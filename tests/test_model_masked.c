@@ -175,10 +175,12 @@ static void test_llama(void) { check_config("llama-tiny"); }
 static void test_gemma3(void) { check_config("gemma3-tiny"); }
 static void test_qwen3_next(void) { check_config("qwen3-next-tiny"); }
 
-void upf_register_model_masked_tests(void) {
-  CU_pSuite suite = CU_add_suite("model masked path", NULL, NULL);
-  CU_add_test(suite, "conv1d over a compacted sequence, by hand", test_conv_compacted_hand);
-  CU_add_test(suite, "llama-tiny: naive = dense, masked = compacted", test_llama);
-  CU_add_test(suite, "gemma3-tiny: naive = dense, masked = compacted, window over kept keys", test_gemma3);
-  CU_add_test(suite, "qwen3-next-tiny: naive = dense, masked = compacted, conv over kept tokens", test_qwen3_next);
-}
+static CU_TestInfo masked_tests[] = {
+    {"conv1d over a compacted sequence, by hand", test_conv_compacted_hand},
+    {"llama-tiny: naive = dense, masked = compacted", test_llama},
+    {"gemma3-tiny: naive = dense, masked = compacted, window over kept keys", test_gemma3},
+    {"qwen3-next-tiny: naive = dense, masked = compacted, conv over kept tokens", test_qwen3_next},
+    CU_TEST_INFO_NULL,
+};
+
+void upf_register_model_masked_tests(void) { upf_test_suite("model masked path", NULL, NULL, masked_tests); }

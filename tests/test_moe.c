@@ -251,16 +251,18 @@ static void test_errors_and_empty(void) {
   upf_moe_problem_free(&pb);
 }
 
-void upf_register_moe_tests(void) {
-  CU_pSuite suite = CU_add_suite("moe (cpu reference)", NULL, NULL);
-  CU_add_test(suite, "golden route: tie to the lower index, renormalised weights", test_golden_route);
-  CU_add_test(suite, "golden permutations: empty and full experts", test_golden_permute);
-  CU_add_test(suite, "golden layer with the shared expert", test_golden_ffn);
-  CU_add_test(suite, "router rank order and weights by hand", test_route_token_by_hand);
-  CU_add_test(suite, "permutation invariants over ragged T", test_permutation_invariants);
-  CU_add_test(suite, "layer equals the per-token evaluation", test_layer_against_naive);
-  CU_add_test(suite, "routing compare applies the marginal rule", test_routing_marginal_rule);
-  CU_add_test(suite, "FLOP and weight counts of Qwen3-Next", test_flops);
-  CU_add_test(suite, "unfused traffic model by hand", test_unfused_traffic);
-  CU_add_test(suite, "empty batch and bad inputs", test_errors_and_empty);
-}
+static CU_TestInfo moe_tests[] = {
+    {"golden route: tie to the lower index, renormalised weights", test_golden_route},
+    {"golden permutations: empty and full experts", test_golden_permute},
+    {"golden layer with the shared expert", test_golden_ffn},
+    {"router rank order and weights by hand", test_route_token_by_hand},
+    {"permutation invariants over ragged T", test_permutation_invariants},
+    {"layer equals the per-token evaluation", test_layer_against_naive},
+    {"routing compare applies the marginal rule", test_routing_marginal_rule},
+    {"FLOP and weight counts of Qwen3-Next", test_flops},
+    {"unfused traffic model by hand", test_unfused_traffic},
+    {"empty batch and bad inputs", test_errors_and_empty},
+    CU_TEST_INFO_NULL,
+};
+
+void upf_register_moe_tests(void) { upf_test_suite("moe (cpu reference)", NULL, NULL, moe_tests); }

@@ -13,6 +13,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "tests/test_util.h"
 #include "uniprefill/npy.h"
 
 static char tmpdir[64];
@@ -498,18 +499,18 @@ static int suite_clean(void) {
   return rmdir(tmpdir) == 0 ? 0 : -1;
 }
 
-void upf_register_npy_tests(void) {
-  CU_pSuite s = CU_add_suite("npy", suite_init, suite_clean);
-  if (!s)
-    return;
-  CU_add_test(s, "round trip every dtype and shape", test_roundtrip);
-  CU_add_test(s, "byte-exact numpy.save output", test_numpy_bytes);
-  CU_add_test(s, "version 2.0 and 3.0 headers", test_parse_v2_v3);
-  CU_add_test(s, "header spelling variants", test_header_variants);
-  CU_add_test(s, "malformed files", test_malformed);
-  CU_add_test(s, "every truncation length", test_every_truncation);
-  CU_add_test(s, "corrupt header bytes", test_corrupt_bytes);
-  CU_add_test(s, "missing file and error names", test_read_missing);
-  CU_add_test(s, "write failures leave no file", test_write_failures);
-  CU_add_test(s, "links followed, FIFOs written through, others refused", test_output_kinds);
-}
+static CU_TestInfo npy_tests[] = {
+    {"round trip every dtype and shape", test_roundtrip},
+    {"byte-exact numpy.save output", test_numpy_bytes},
+    {"version 2.0 and 3.0 headers", test_parse_v2_v3},
+    {"header spelling variants", test_header_variants},
+    {"malformed files", test_malformed},
+    {"every truncation length", test_every_truncation},
+    {"corrupt header bytes", test_corrupt_bytes},
+    {"missing file and error names", test_read_missing},
+    {"write failures leave no file", test_write_failures},
+    {"links followed, FIFOs written through, others refused", test_output_kinds},
+    CU_TEST_INFO_NULL,
+};
+
+void upf_register_npy_tests(void) { upf_test_suite("npy", suite_init, suite_clean, npy_tests); }

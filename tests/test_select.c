@@ -307,21 +307,23 @@ static void test_bad_inputs(void) {
   upf_select_problem_free(&pb);
 }
 
-void upf_register_select_tests(void) {
-  CU_pSuite suite = CU_add_suite("select (cpu reference)", NULL, NULL);
-  CU_add_test(suite, "golden part_gemm", test_golden_part_gemm);
-  CU_add_test(suite, "golden block_softmax", test_golden_block_softmax);
-  CU_add_test(suite, "golden block_reduce", test_golden_block_reduce);
-  CU_add_test(suite, "golden topp + prefix == p", test_golden_topp);
-  CU_add_test(suite, "golden topp ties", test_golden_ties);
-  CU_add_test(suite, "golden topk", test_golden_topk);
-  CU_add_test(suite, "golden expand", test_golden_expand);
-  CU_add_test(suite, "golden pipeline", test_golden_pipeline);
-  CU_add_test(suite, "golden compact", test_golden_compact);
-  CU_add_test(suite, "stage functions by hand", test_stage_functions_by_hand);
-  CU_add_test(suite, "invariants over seeded problems", test_invariants_seeded);
-  CU_add_test(suite, "ties prefer the larger block index", test_ties_prefer_larger_index);
-  CU_add_test(suite, "deterministic", test_deterministic);
-  CU_add_test(suite, "golden regression (frozen mask)", test_golden_regression);
-  CU_add_test(suite, "bad inputs return their status", test_bad_inputs);
-}
+static CU_TestInfo select_tests[] = {
+    {"golden part_gemm", test_golden_part_gemm},
+    {"golden block_softmax", test_golden_block_softmax},
+    {"golden block_reduce", test_golden_block_reduce},
+    {"golden topp + prefix == p", test_golden_topp},
+    {"golden topp ties", test_golden_ties},
+    {"golden topk", test_golden_topk},
+    {"golden expand", test_golden_expand},
+    {"golden pipeline", test_golden_pipeline},
+    {"golden compact", test_golden_compact},
+    {"stage functions by hand", test_stage_functions_by_hand},
+    {"invariants over seeded problems", test_invariants_seeded},
+    {"ties prefer the larger block index", test_ties_prefer_larger_index},
+    {"deterministic", test_deterministic},
+    {"golden regression (frozen mask)", test_golden_regression},
+    {"bad inputs return their status", test_bad_inputs},
+    CU_TEST_INFO_NULL,
+};
+
+void upf_register_select_tests(void) { upf_test_suite("select (cpu reference)", NULL, NULL, select_tests); }

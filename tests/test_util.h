@@ -1,5 +1,6 @@
-/* Helpers shared by the CUnit suites: registering tests that need a CUDA device (reported as
- * skipped, by name, where there is none) and the quick mode used under Valgrind. */
+/* Helpers shared by the CUnit suites: registering a suite from its table of tests, registering tests
+ * that need a CUDA device (reported as skipped, by name, where there is none) and the quick mode used
+ * under Valgrind. */
 #ifndef UNIPREFILL_TEST_UTIL_H
 #define UNIPREFILL_TEST_UTIL_H
 
@@ -7,6 +8,10 @@
 
 #include "uniprefill/backend.h"
 #include "uniprefill/ops.h"
+
+/* Adds a suite and the tests of `tests` (ended by CU_TEST_INFO_NULL) in order; returns the suite
+ * (NULL when CUnit refused it) for tests added after. */
+CU_pSuite upf_test_suite(const char *name, CU_InitializeFunc init, CU_CleanupFunc clean, const CU_TestInfo *tests);
 
 /* Adds a test; if the CUDA backend is not usable here, the test is added inactive (CUnit's summary
  * counts it under Inactive), and before the run the reason is printed once, then a line

@@ -118,11 +118,13 @@ static void test_verify_iterates_variants(void) {
   CU_ASSERT_EQUAL(once.passed, per_variant);
 }
 
-void upf_register_verify_tests(void) {
-  CU_pSuite suite = CU_add_suite("verify harness", NULL, NULL);
-  CU_add_test(suite, "compare catches NaN, Inf and budget overruns", test_compare_catches_errors);
-  CU_add_test(suite, "guard bytes catch an overrun", test_guard_bytes_catch_overrun);
-  CU_add_test(suite, "decision compare applies the marginal rule", test_decision_compare_marginal_rule);
-  CU_add_test(suite, "cpu reference passes verify (quick)", test_cpu_verify_run);
-  CU_add_test(suite, "verify runs each variant of an op, named", test_verify_iterates_variants);
-}
+static CU_TestInfo verify_tests[] = {
+    {"compare catches NaN, Inf and budget overruns", test_compare_catches_errors},
+    {"guard bytes catch an overrun", test_guard_bytes_catch_overrun},
+    {"decision compare applies the marginal rule", test_decision_compare_marginal_rule},
+    {"cpu reference passes verify (quick)", test_cpu_verify_run},
+    {"verify runs each variant of an op, named", test_verify_iterates_variants},
+    CU_TEST_INFO_NULL,
+};
+
+void upf_register_verify_tests(void) { upf_test_suite("verify harness", NULL, NULL, verify_tests); }

@@ -13,22 +13,28 @@ upf_tolerance upf_tolerance_for(upf_dtype input_dtype) {
   return (upf_tolerance){.rtol = 1e-5, .atol = 1e-5, .nmse_max = 1e-7};
 }
 
+int upf_compare_nonfinite(double got, double ref, int ref_is_truth, int64_t i, int64_t *first_bad,
+                          const char **fault) {
+  const char *what = NULL;
+  if (isnan(got) || isnan(ref))
+    what = isnan(got) ? "NaN in result" : ref_is_truth ? "NaN in truth" : "NaN in reference";
+  else if (isinf(got) || isinf(ref))
+    what = got == ref ? NULL : ref_is_truth ? "Inf where the truth differs" : "Inf where the reference differs";
+  else
+    return 0;
+  if (what && *first_bad < 0)
+    *first_bad = i, *fault = what;
+  return 1;
+}
+
 void upf_compare_f32(const float *got, const double *ref, int64_t n, upf_tolerance tol, upf_check *check) {
   double err2 = 0.0, ref2 = 0.0, max_abs = 0.0, budget = 0.0;
   int64_t worst = -1, first_bad = -1;
   const char *bad_kind = NULL;
   for (int64_t i = 0; i < n; i++) {
     double a = got[i], r = ref[i];
-    if (isnan(a) || isnan(r)) {
-      if (first_bad < 0)
-        first_bad = i, bad_kind = isnan(a) ? "NaN in result" : "NaN in reference";
+    if (upf_compare_nonfinite(a, r, 0, i, &first_bad, &bad_kind))
       continue;
-    }
-    if (isinf(a) || isinf(r)) {
-      if (a != r && first_bad < 0)
-        first_bad = i, bad_kind = "Inf where the reference differs";
-      continue;
-    }
     double e = fabs(a - r);
     err2 += e * e;
     ref2 += r * r;

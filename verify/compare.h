@@ -36,6 +36,13 @@ typedef struct {
  * and detail; does not touch op/variant/dtype/shape. */
 void upf_compare_f32(const float *got, const double *ref, int64_t n, upf_tolerance tol, upf_check *check);
 
+/* SPEC 7's NaN/Inf rule for element i against its reference: 0 when both are finite (their values
+ * are compared), else 1; a breach (NaN on either side, or an Inf the reference does not have) at the
+ * first such i sets *first_bad = i and *fault to its name ("NaN in result", "NaN in <reference>",
+ * "Inf where the <reference> differs", the reference named "truth" when ref_is_truth). */
+int upf_compare_nonfinite(double got, double ref, int ref_is_truth, int64_t i, int64_t *first_bad,
+                          const char **fault);
+
 /* Exact comparison of byte/int arrays; detail names the first mismatch. */
 void upf_compare_exact(const void *got, const void *ref, int64_t n, size_t elem_size, upf_check *check);
 

@@ -16,16 +16,8 @@ void upf_compare_long_reduction(const float *got, const float *baseline, const d
   const char *bad_kind = NULL;
   for (int64_t i = 0; i < n; i++) {
     double a = got[i], b = baseline[i], t = truth[i];
-    if (isnan(a) || isnan(t)) {
-      if (first_bad < 0)
-        first_bad = i, bad_kind = isnan(a) ? "NaN in result" : "NaN in truth";
+    if (upf_compare_nonfinite(a, t, 1, i, &first_bad, &bad_kind))
       continue;
-    }
-    if (isinf(a) || isinf(t)) {
-      if (a != t && first_bad < 0)
-        first_bad = i, bad_kind = "Inf where the truth differs";
-      continue;
-    }
     double e = fabs(a - t);
     err_got = e > err_got ? e : err_got;
     if (isfinite(b) && fabs(b - t) > err_base)

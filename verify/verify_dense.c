@@ -454,28 +454,125 @@ static void errors_for(upf_verify_ctx *ctx, upf_op op) {
 /* ================================================================================================ */
 /* Seeded cases against the CPU reference (backend under test only).                               */
 
+/* Every op's seeded cases are a table of shapes and parameters; one runner, dense_cases, walks a
+ * table: for each case in the run's set and each (input, output) dtype pair it seeds the inputs
+ * (upf_verify_case_seed of the op, the case index and the dtypes), lets the op's build function lay
+ * out the buffers, and verifies through the harness. */
+
+/* The head of every case: its name (the check's variant column) and whether it is in the quick set. */
+typedef struct {
+  const char *name;
+  unsigned flags;
+} dense_head;
+
+/* Parameters of an op call that a case derives rather than holds. */
+typedef enum { NORM_RMS, NORM_RMS_ADD, NORM_QK } norm_kind;
+
+typedef struct {
+  norm_kind kind;
+  upf_norm_params p;
+  int inplace;
+} norm_ctx;
+
+typedef struct {
+  upf_rope_params p;
+  int no_k;
+} rope_ctx;
+
+typedef struct {
+  int32_t cu[7];
+  int32_t num_reqs;
+  upf_norm_params p;
+} logits_ctx;
+
+/* What a build hands the runner: the op call, its fp64 truth where a reduction is long (else NULL),
+ * the call's parameters (in the table or in `own`) and the check's shape column. */
+typedef struct {
+  upf_dcase_fn fn;
+  upf_dcase_truth_fn truth;
+  const void *params;
+  union {
+    norm_ctx norm;
+    rope_ctx rope;
+    logits_ctx logits;
+    float scale;
+  } own;
+  char shape[96];
+} dense_run;
+
+/* Lays out case `c` for input dtype `in` (output `out`) in dc, filling from rng in a fixed order. */
+typedef upf_status (*dense_build_fn)(const void *c, upf_dtype in, upf_dtype out, upf_rng *rng, upf_dcase *dc,
+                                     dense_run *run);
+
+typedef struct {
+  const char *op;
+  const void *cases; /* an array of case structs, each opening with a dense_head */
+  size_t size;       /* of one case */
+  int count;
+  const upf_dtype (*dtypes)[2]; /* the (input, output) pairs every case runs with */
+  int ndtypes;
+  int seed_out;                 /* the seed's variant number is in + 4 * out (else in) */
+  int (*runs_in)(const void *c, upf_dtype in); /* NULL: every pair */
+  dense_build_fn build;
+} dense_kind;
+
+#define DENSE_CASES(table) (table), sizeof(table)[0], (int)(sizeof(table) / sizeof(table)[0])
+#define DENSE_DTYPES(pairs) (pairs), (int)(sizeof(pairs) / sizeof(pairs)[0])
+
+static const upf_dtype same_dtypes[][2] = {{UPF_DTYPE_F32, UPF_DTYPE_F32}, {UPF_DTYPE_BF16, UPF_DTYPE_BF16}};
+
+static void dense_cases(upf_verify_ctx *ctx, const dense_kind *k) {
+  for (int i = 0; i < k->count; i++) {
+    const void *c = (const char *)k->cases + (size_t)i * k->size;
+    const dense_head *head = c;
+    if (!upf_verify_case_wanted(ctx, head->flags & DC_QUICK))
+      continue;
+    for (int d = 0; d < k->ndtypes; d++) {
+      upf_dtype in = k->dtypes[d][0], out = k->dtypes[d][1];
+      if (k->runs_in && !k->runs_in(c, in))
+        continue;
+      upf_dcase dc;
+      upf_dcase_init(&dc, in);
+      upf_rng rng;
+      upf_rng_seed(&rng, upf_verify_case_seed(k->op, i, (uint64_t)(k->seed_out ? in + 4 * out : in)));
+      dense_run run;
+      memset(&run, 0, sizeof run);
+      if (k->build(c, in, out, &rng, &dc, &run) != UPF_OK) {
+        record_setup_failure(ctx, k->op, head->name, in);
+      } else {
+        upf_check proto;
+        char variant[64];
+        snprintf(variant, sizeof variant, "%s%s%s", head->name, out != in ? " -> " : "",
+                 out != in ? upf_dtype_name(out) : "");
+        upf_dense_check_init(&proto, k->op, variant, in, "%s", run.shape);
+        upf_dcase_verify(ctx, &dc, run.fn, run.truth, run.params, &proto);
+      }
+      upf_dcase_free(&dc);
+    }
+  }
+}
+
 /* ---- GEMM ---- */
 
 typedef struct {
-  const char *name;
+  dense_head head;
   int64_t T, K, N;
   int64_t pad_a, pad_c; /* a and c as views into wider parents (row stride K+pad, column offset pad/2) */
-  unsigned flags;
 } gemm_case;
 
 static const gemm_case gemm_cases[] = {
-    {"llama qkv_proj", 1, 4096, 6144, 0, 0, DC_QUICK},
-    {"llama qkv_proj", 17, 4096, 6144, 0, 0, 0},
-    {"llama qkv_proj", 577, 4096, 6144, 0, 0, 0},
-    {"llama o_proj", 4096, 4096, 4096, 0, 0, 0},
-    {"llama gate_up_proj", 577, 4096, 28672, 0, 0, 0},
-    {"llama down_proj", 577, 14336, 4096, 0, 0, 0},
-    {"llama down_proj", 4096, 14336, 4096, 0, 0, 0},
-    {"gemma gate_up_proj", 17, 3840, 30720, 0, 0, 0},
-    {"qwen3-next o_proj", 577, 4096, 2048, 0, 0, 0},
-    {"ragged T=32K, small dims", 32768, 512, 768, 0, 0, 0},
-    {"odd, strided a and c", 33, 100, 72, 28, 24, DC_QUICK},
-    {"decode row, odd", 1, 17, 5, 0, 3, DC_QUICK},
+    {{"llama qkv_proj", DC_QUICK}, 1, 4096, 6144, 0, 0},
+    {{"llama qkv_proj", 0}, 17, 4096, 6144, 0, 0},
+    {{"llama qkv_proj", 0}, 577, 4096, 6144, 0, 0},
+    {{"llama o_proj", 0}, 4096, 4096, 4096, 0, 0},
+    {{"llama gate_up_proj", 0}, 577, 4096, 28672, 0, 0},
+    {{"llama down_proj", 0}, 577, 14336, 4096, 0, 0},
+    {{"llama down_proj", 0}, 4096, 14336, 4096, 0, 0},
+    {{"gemma gate_up_proj", 0}, 17, 3840, 30720, 0, 0},
+    {{"qwen3-next o_proj", 0}, 577, 4096, 2048, 0, 0},
+    {{"ragged T=32K, small dims", 0}, 32768, 512, 768, 0, 0},
+    {{"odd, strided a and c", DC_QUICK}, 33, 100, 72, 28, 24},
+    {{"decode row, odd", DC_QUICK}, 1, 17, 5, 0, 3},
 };
 
 static upf_status gemm_fn(const upf_backend *be, upf_dviews v, const void *ctx) {
@@ -486,41 +583,35 @@ static upf_status gemm_truth(upf_dviews v, const void *ctx, double *truth) {
   return ref_gemm_f64(&v[0][0], &v[1][0], truth);
 }
 
-static void gemm_run(upf_verify_ctx *ctx, int index, upf_dtype in, upf_dtype out) {
-  const gemm_case *c = &gemm_cases[index];
-  const char *op = "gemm";
-  upf_dcase dc;
-  upf_dcase_init(&dc, in);
-  upf_rng rng;
-  upf_rng_seed(&rng, upf_verify_case_seed(op, index, (uint64_t)(in + 4 * out)));
+static upf_status gemm_build(const void *cv, upf_dtype in, upf_dtype out, upf_rng *rng, upf_dcase *dc,
+                             dense_run *run) {
+  const gemm_case *c = cv;
   int64_t wa = c->K + c->pad_a, wc = c->N + c->pad_c;
-  upf_dbuf *a = upf_dcase_add(&dc, "a", in, c->T * wa, 0);
-  upf_dbuf *b = a ? upf_dcase_add(&dc, "b", in, c->K * c->N, 0) : NULL;
-  upf_dbuf *cc = b ? upf_dcase_add(&dc, "c", out, c->T * wc, 1) : NULL;
-  if (!cc) {
-    upf_fail(UPF_ERR_NOMEM, "gemm case buffers");
-    record_setup_failure(ctx, op, c->name, in);
-    upf_dcase_free(&dc);
-    return;
-  }
+  upf_dbuf *a = upf_dcase_add(dc, "a", in, c->T * wa, 0);
+  upf_dbuf *b = a ? upf_dcase_add(dc, "b", in, c->K * c->N, 0) : NULL;
+  upf_dbuf *cc = b ? upf_dcase_add(dc, "c", out, c->T * wc, 1) : NULL;
+  if (!cc)
+    return upf_fail(UPF_ERR_NOMEM, "gemm case buffers");
   const int64_t sa[2] = {c->T, c->K}, ss_a[2] = {wa, 1}, sb[2] = {c->K, c->N}, sc[2] = {c->T, c->N}, ss_c[2] = {wc, 1};
   upf_dbuf_view(a, 0, "a", 2, sa, ss_a, c->pad_a / 2);
   upf_dbuf_view(b, 0, "b", 2, sb, NULL, 0);
   upf_dbuf_view(cc, 0, "c", 2, sc, ss_c, c->pad_c / 2);
-  upf_dbuf_fill_normal(a, &rng, 0.0f, 1.0f);
-  upf_dbuf_fill_normal(b, &rng, 0.0f, 1.0f / sqrtf((float)c->K)); /* outputs of unit scale, as trained weights give */
-  upf_dbuf_fill_normal(cc, &rng, 0.0f, 1.0f); /* the padding must come back untouched */
+  upf_dbuf_fill_normal(a, rng, 0.0f, 1.0f);
+  upf_dbuf_fill_normal(b, rng, 0.0f, 1.0f / sqrtf((float)c->K)); /* outputs of unit scale, as trained weights give */
+  upf_dbuf_fill_normal(cc, rng, 0.0f, 1.0f); /* the padding must come back untouched */
   for (int64_t t = 0; t < c->T; t++)
     for (int64_t j = 0; j < c->N; j++) /* poison what the op must write */
       upf_dbuf_set(cc, t * wc + c->pad_c / 2 + j, NAN);
-  upf_check proto;
-  char variant[64];
-  snprintf(variant, sizeof variant, "%s%s", c->name, out != in ? " -> f32" : "");
-  upf_dense_check_init(&proto, op, variant, in, "M=%lld K=%lld N=%lld", (long long)c->T, (long long)c->K,
-                       (long long)c->N);
-  upf_dcase_verify(ctx, &dc, gemm_fn, c->K >= 4096 ? gemm_truth : NULL, NULL, &proto);
-  upf_dcase_free(&dc);
+  run->fn = gemm_fn;
+  run->truth = c->K >= 4096 ? gemm_truth : NULL;
+  snprintf(run->shape, sizeof run->shape, "M=%lld K=%lld N=%lld", (long long)c->T, (long long)c->K, (long long)c->N);
+  return UPF_OK;
 }
+
+static const upf_dtype gemm_dtypes[][2] = {
+    {UPF_DTYPE_F32, UPF_DTYPE_F32}, {UPF_DTYPE_BF16, UPF_DTYPE_BF16}, {UPF_DTYPE_BF16, UPF_DTYPE_F32}};
+
+static const dense_kind gemm_kind = {"gemm", DENSE_CASES(gemm_cases), DENSE_DTYPES(gemm_dtypes), 1, NULL, gemm_build};
 
 void upf_verify_gemm(upf_verify_ctx *ctx) {
   golden_gemm(ctx, UPF_DTYPE_F32, UPF_DTYPE_F32);
@@ -564,76 +655,63 @@ void upf_verify_gemm(upf_verify_ctx *ctx) {
     }
     return;
   }
-  for (int i = 0; i < (int)(sizeof gemm_cases / sizeof gemm_cases[0]); i++) {
-    if (!upf_verify_case_wanted(ctx, gemm_cases[i].flags & DC_QUICK))
-      continue;
-    gemm_run(ctx, i, UPF_DTYPE_F32, UPF_DTYPE_F32);
-    gemm_run(ctx, i, UPF_DTYPE_BF16, UPF_DTYPE_BF16);
-    gemm_run(ctx, i, UPF_DTYPE_BF16, UPF_DTYPE_F32);
-  }
+  dense_cases(ctx, &gemm_kind);
 }
 
 /* ---- activation-and-multiply ---- */
 
 typedef struct {
-  const char *name;
+  dense_head head;
   int64_t T, inter;
   upf_act act;
   float std;   /* of gate and up */
   int64_t pad; /* gate_up and h as views into wider parents */
-  unsigned flags;
 } act_case;
 
 static const act_case act_cases[] = {
-    {"llama swiglu", 1, 14336, UPF_ACT_SILU, 2.5f, 0, DC_QUICK},
-    {"llama swiglu", 17, 14336, UPF_ACT_SILU, 2.5f, 0, DC_QUICK},
-    {"llama swiglu", 577, 14336, UPF_ACT_SILU, 2.5f, 0, 0},
-    {"llama swiglu", 4096, 14336, UPF_ACT_SILU, 2.5f, 0, 0},
-    {"gemma geglu", 17, 15360, UPF_ACT_GELU_TANH, 2.5f, 0, DC_QUICK},
-    {"gemma geglu", 577, 15360, UPF_ACT_GELU_TANH, 2.5f, 0, 0},
-    {"gemma geglu", 4096, 15360, UPF_ACT_GELU_TANH, 2.5f, 0, 0},
-    {"ragged T=32K swiglu", 32768, 1024, UPF_ACT_SILU, 2.5f, 0, 0},
-    {"ragged T=32K geglu", 32768, 1024, UPF_ACT_GELU_TANH, 2.5f, 0, 0},
-    {"wide range (exp overflow) swiglu", 577, 512, UPF_ACT_SILU, 40.0f, 0, DC_QUICK},
-    {"wide range geglu", 577, 512, UPF_ACT_GELU_TANH, 40.0f, 0, DC_QUICK},
-    {"odd I=20, strided", 17, 20, UPF_ACT_SILU, 2.5f, 6, DC_QUICK},
-    {"odd I=20, strided", 17, 20, UPF_ACT_GELU_TANH, 2.5f, 6, DC_QUICK},
+    {{"llama swiglu", DC_QUICK}, 1, 14336, UPF_ACT_SILU, 2.5f, 0},
+    {{"llama swiglu", DC_QUICK}, 17, 14336, UPF_ACT_SILU, 2.5f, 0},
+    {{"llama swiglu", 0}, 577, 14336, UPF_ACT_SILU, 2.5f, 0},
+    {{"llama swiglu", 0}, 4096, 14336, UPF_ACT_SILU, 2.5f, 0},
+    {{"gemma geglu", DC_QUICK}, 17, 15360, UPF_ACT_GELU_TANH, 2.5f, 0},
+    {{"gemma geglu", 0}, 577, 15360, UPF_ACT_GELU_TANH, 2.5f, 0},
+    {{"gemma geglu", 0}, 4096, 15360, UPF_ACT_GELU_TANH, 2.5f, 0},
+    {{"ragged T=32K swiglu", 0}, 32768, 1024, UPF_ACT_SILU, 2.5f, 0},
+    {{"ragged T=32K geglu", 0}, 32768, 1024, UPF_ACT_GELU_TANH, 2.5f, 0},
+    {{"wide range (exp overflow) swiglu", DC_QUICK}, 577, 512, UPF_ACT_SILU, 40.0f, 0},
+    {{"wide range geglu", DC_QUICK}, 577, 512, UPF_ACT_GELU_TANH, 40.0f, 0},
+    {{"odd I=20, strided", DC_QUICK}, 17, 20, UPF_ACT_SILU, 2.5f, 6},
+    {{"odd I=20, strided", DC_QUICK}, 17, 20, UPF_ACT_GELU_TANH, 2.5f, 6},
 };
 
 static upf_status act_fn(const upf_backend *be, upf_dviews v, const void *ctx) {
   return be->ffn_act_mul(&v[0][0], *(const upf_act *)ctx, &v[1][0]);
 }
 
-static void act_run(upf_verify_ctx *ctx, int index, upf_dtype dt) {
-  const act_case *c = &act_cases[index];
-  const char *op = "ffn.act_mul";
-  upf_dcase dc;
-  upf_dcase_init(&dc, dt);
-  upf_rng rng;
-  upf_rng_seed(&rng, upf_verify_case_seed(op, index, (uint64_t)dt));
+static upf_status act_build(const void *cv, upf_dtype dt, upf_dtype out, upf_rng *rng, upf_dcase *dc,
+                            dense_run *run) {
+  const act_case *c = cv;
   int64_t win = 2 * c->inter + c->pad, wout = c->inter + c->pad;
-  upf_dbuf *gu = upf_dcase_add(&dc, "gate_up", dt, c->T * win, 0);
-  upf_dbuf *h = gu ? upf_dcase_add(&dc, "h", dt, c->T * wout, 1) : NULL;
-  if (!h) {
-    record_setup_failure(ctx, op, c->name, dt);
-    upf_dcase_free(&dc);
-    return;
-  }
+  upf_dbuf *gu = upf_dcase_add(dc, "gate_up", dt, c->T * win, 0);
+  upf_dbuf *h = gu ? upf_dcase_add(dc, "h", dt, c->T * wout, 1) : NULL;
+  if (!h)
+    return upf_fail(UPF_ERR_NOMEM, "ffn.act_mul case buffers");
   const int64_t sin_[2] = {c->T, 2 * c->inter}, ssin[2] = {win, 1}, sout[2] = {c->T, c->inter}, ssout[2] = {wout, 1};
   upf_dbuf_view(gu, 0, "gate_up", 2, sin_, ssin, c->pad);
   upf_dbuf_view(h, 0, "h", 2, sout, ssout, c->pad / 2);
-  upf_dbuf_fill_normal(gu, &rng, 0.0f, c->std);
-  upf_dbuf_fill_normal(h, &rng, 0.0f, 1.0f);
+  upf_dbuf_fill_normal(gu, rng, 0.0f, c->std);
+  upf_dbuf_fill_normal(h, rng, 0.0f, 1.0f);
   for (int64_t t = 0; t < c->T; t++)
     for (int64_t i = 0; i < c->inter; i++)
       upf_dbuf_set(h, t * wout + c->pad / 2 + i, NAN);
-  upf_check proto;
-  char variant[64];
-  snprintf(variant, sizeof variant, "%s", c->name);
-  upf_dense_check_init(&proto, op, variant, dt, "T=%lld I=%lld", (long long)c->T, (long long)c->inter);
-  upf_dcase_verify(ctx, &dc, act_fn, NULL, &c->act, &proto);
-  upf_dcase_free(&dc);
+  run->fn = act_fn;
+  run->params = &c->act;
+  snprintf(run->shape, sizeof run->shape, "T=%lld I=%lld", (long long)c->T, (long long)c->inter);
+  return UPF_OK;
 }
+
+static const dense_kind act_kind = {"ffn.act_mul", DENSE_CASES(act_cases), DENSE_DTYPES(same_dtypes), 0, NULL,
+                                    act_build};
 
 void upf_verify_ffn_act_mul(upf_verify_ctx *ctx) {
   for (int d = 0; d < NUM_DTYPES; d++) {
@@ -641,37 +719,33 @@ void upf_verify_ffn_act_mul(upf_verify_ctx *ctx) {
     golden_act_mul(ctx, both_dtypes[d], UPF_ACT_GELU_TANH);
   }
   errors_for(ctx, UPF_OP_FFN_ACT_MUL);
-  for (int i = 0; i < (int)(sizeof act_cases / sizeof act_cases[0]); i++)
-    if (upf_verify_case_wanted(ctx, act_cases[i].flags & DC_QUICK))
-      for (int d = 0; d < NUM_DTYPES; d++)
-        act_run(ctx, i, both_dtypes[d]);
+  dense_cases(ctx, &act_kind);
 }
 
 /* ---- the gated FFN ---- */
 
 typedef struct {
-  const char *name;
+  dense_head head;
   int64_t T, H, inter;
   upf_act act;
   int out_f32; /* bf16 inputs, f32 output */
   int64_t pad; /* x and y as views into wider parents */
-  unsigned flags;
 } ffn_case;
 
 static const ffn_case ffn_cases[] = {
-    {"llama swiglu", 1, 4096, 14336, UPF_ACT_SILU, 0, 0, 0},
-    {"llama swiglu", 17, 4096, 14336, UPF_ACT_SILU, 0, 0, 0},
-    {"llama swiglu", 577, 4096, 14336, UPF_ACT_SILU, 0, 0, 0},
-    {"llama swiglu", 4096, 4096, 14336, UPF_ACT_SILU, 0, 0, 0},
-    {"llama swiglu -> f32", 577, 4096, 14336, UPF_ACT_SILU, 1, 0, 0},
-    {"gemma geglu", 17, 3840, 15360, UPF_ACT_GELU_TANH, 0, 0, 0},
-    {"gemma geglu", 577, 3840, 15360, UPF_ACT_GELU_TANH, 0, 0, 0},
-    {"ragged T=32K swiglu, small dims", 32768, 256, 512, UPF_ACT_SILU, 0, 0, 0},
-    {"ragged T=32K geglu, small dims", 32768, 256, 512, UPF_ACT_GELU_TANH, 0, 0, 0},
-    {"small swiglu", 17, 512, 1024, UPF_ACT_SILU, 0, 0, DC_QUICK},
-    {"small geglu -> f32", 33, 256, 512, UPF_ACT_GELU_TANH, 1, 0, DC_QUICK},
-    {"odd H=24 I=20, strided x y", 5, 24, 20, UPF_ACT_SILU, 0, 8, DC_QUICK},
-    {"odd H=24 I=20, strided x y", 5, 24, 20, UPF_ACT_GELU_TANH, 0, 8, DC_QUICK},
+    {{"llama swiglu", 0}, 1, 4096, 14336, UPF_ACT_SILU, 0, 0},
+    {{"llama swiglu", 0}, 17, 4096, 14336, UPF_ACT_SILU, 0, 0},
+    {{"llama swiglu", 0}, 577, 4096, 14336, UPF_ACT_SILU, 0, 0},
+    {{"llama swiglu", 0}, 4096, 4096, 14336, UPF_ACT_SILU, 0, 0},
+    {{"llama swiglu -> f32", 0}, 577, 4096, 14336, UPF_ACT_SILU, 1, 0},
+    {{"gemma geglu", 0}, 17, 3840, 15360, UPF_ACT_GELU_TANH, 0, 0},
+    {{"gemma geglu", 0}, 577, 3840, 15360, UPF_ACT_GELU_TANH, 0, 0},
+    {{"ragged T=32K swiglu, small dims", 0}, 32768, 256, 512, UPF_ACT_SILU, 0, 0},
+    {{"ragged T=32K geglu, small dims", 0}, 32768, 256, 512, UPF_ACT_GELU_TANH, 0, 0},
+    {{"small swiglu", DC_QUICK}, 17, 512, 1024, UPF_ACT_SILU, 0, 0},
+    {{"small geglu -> f32", DC_QUICK}, 33, 256, 512, UPF_ACT_GELU_TANH, 1, 0},
+    {{"odd H=24 I=20, strided x y", DC_QUICK}, 5, 24, 20, UPF_ACT_SILU, 0, 8},
+    {{"odd H=24 I=20, strided x y", DC_QUICK}, 5, 24, 20, UPF_ACT_GELU_TANH, 0, 8},
 };
 
 static upf_status ffn_fn(const upf_backend *be, upf_dviews v, const void *ctx) {
@@ -682,43 +756,47 @@ static upf_status ffn_truth(upf_dviews v, const void *ctx, double *truth) {
   return ref_ffn_f64(&v[1][0], &v[2][0], &v[3][0], *(const upf_act *)ctx, truth);
 }
 
-static void ffn_run(upf_verify_ctx *ctx, int index, upf_dtype dt) {
-  const ffn_case *c = &ffn_cases[index];
-  const char *op = "ffn.gated";
+static upf_status ffn_build(const void *cv, upf_dtype dt, upf_dtype out_pair, upf_rng *rng, upf_dcase *dc,
+                            dense_run *run) {
+  const ffn_case *c = cv;
   upf_dtype out = c->out_f32 ? UPF_DTYPE_F32 : dt;
-  upf_dcase dc;
-  upf_dcase_init(&dc, dt);
-  upf_rng rng;
-  upf_rng_seed(&rng, upf_verify_case_seed(op, index, (uint64_t)dt));
   int64_t w = c->H + c->pad;
-  upf_dbuf *y = upf_dcase_add(&dc, "y", out, c->T * w, 1);
-  upf_dbuf *x = y ? upf_dcase_add(&dc, "x", dt, c->T * w, 0) : NULL;
-  upf_dbuf *wgu = x ? upf_dcase_add(&dc, "w_gate_up", dt, c->H * 2 * c->inter, 0) : NULL;
-  upf_dbuf *wd = wgu ? upf_dcase_add(&dc, "w_down", dt, c->inter * c->H, 0) : NULL;
-  if (!wd) {
-    record_setup_failure(ctx, op, c->name, dt);
-    upf_dcase_free(&dc);
-    return;
-  }
+  upf_dbuf *y = upf_dcase_add(dc, "y", out, c->T * w, 1);
+  upf_dbuf *x = y ? upf_dcase_add(dc, "x", dt, c->T * w, 0) : NULL;
+  upf_dbuf *wgu = x ? upf_dcase_add(dc, "w_gate_up", dt, c->H * 2 * c->inter, 0) : NULL;
+  upf_dbuf *wd = wgu ? upf_dcase_add(dc, "w_down", dt, c->inter * c->H, 0) : NULL;
+  if (!wd)
+    return upf_fail(UPF_ERR_NOMEM, "ffn.gated case buffers");
   const int64_t sx[2] = {c->T, c->H}, ssx[2] = {w, 1}, sgu[2] = {c->H, 2 * c->inter}, sd[2] = {c->inter, c->H};
   upf_dbuf_view(y, 0, "y", 2, sx, ssx, c->pad / 2);
   upf_dbuf_view(x, 0, "x", 2, sx, ssx, c->pad / 2);
   upf_dbuf_view(wgu, 0, "w_gate_up", 2, sgu, NULL, 0);
   upf_dbuf_view(wd, 0, "w_down", 2, sd, NULL, 0);
-  upf_dbuf_fill_normal(x, &rng, 0.0f, 1.0f);
-  upf_dbuf_fill_normal(wgu, &rng, 0.0f, 1.0f / sqrtf((float)c->H));
-  upf_dbuf_fill_normal(wd, &rng, 0.0f, 1.0f / sqrtf((float)c->inter));
-  upf_dbuf_fill_normal(y, &rng, 0.0f, 1.0f);
+  upf_dbuf_fill_normal(x, rng, 0.0f, 1.0f);
+  upf_dbuf_fill_normal(wgu, rng, 0.0f, 1.0f / sqrtf((float)c->H));
+  upf_dbuf_fill_normal(wd, rng, 0.0f, 1.0f / sqrtf((float)c->inter));
+  upf_dbuf_fill_normal(y, rng, 0.0f, 1.0f);
   for (int64_t t = 0; t < c->T; t++)
     for (int64_t i = 0; i < c->H; i++)
       upf_dbuf_set(y, t * w + c->pad / 2 + i, NAN);
-  upf_check proto;
-  upf_dense_check_init(&proto, op, c->name, dt, "T=%lld H=%lld I=%lld %s", (long long)c->T, (long long)c->H,
-                       (long long)c->inter, upf_act_name(c->act));
-  int long_reduction = c->H >= 4096 || c->inter >= 4096;
-  upf_dcase_verify(ctx, &dc, ffn_fn, long_reduction ? ffn_truth : NULL, &c->act, &proto);
-  upf_dcase_free(&dc);
+  run->fn = ffn_fn;
+  run->truth = c->H >= 4096 || c->inter >= 4096 ? ffn_truth : NULL;
+  run->params = &c->act;
+  snprintf(run->shape, sizeof run->shape, "T=%lld H=%lld I=%lld %s", (long long)c->T, (long long)c->H,
+           (long long)c->inter, upf_act_name(c->act));
+  return UPF_OK;
 }
+
+/* A case with an f32 output takes bf16 inputs only. */
+static int ffn_runs_in(const void *cv, upf_dtype in) {
+  const ffn_case *c = cv;
+  return !c->out_f32 || in == UPF_DTYPE_BF16;
+}
+
+static const upf_dtype ffn_dtypes[][2] = {{UPF_DTYPE_BF16, UPF_DTYPE_BF16}, {UPF_DTYPE_F32, UPF_DTYPE_F32}};
+
+static const dense_kind ffn_kind = {"ffn.gated", DENSE_CASES(ffn_cases), DENSE_DTYPES(ffn_dtypes), 0, ffn_runs_in,
+                                    ffn_build};
 
 /* The reference's FFN equals its own gemm -> act_mul -> gemm chain. */
 static void ffn_chain_invariant(upf_verify_ctx *ctx, upf_dtype dt) {
@@ -787,21 +865,13 @@ void upf_verify_ffn_gated(upf_verify_ctx *ctx) {
     ffn_chain_invariant(ctx, UPF_DTYPE_BF16);
     return;
   }
-  for (int i = 0; i < (int)(sizeof ffn_cases / sizeof ffn_cases[0]); i++) {
-    if (!upf_verify_case_wanted(ctx, ffn_cases[i].flags & DC_QUICK))
-      continue;
-    ffn_run(ctx, i, UPF_DTYPE_BF16);
-    if (!ffn_cases[i].out_f32)
-      ffn_run(ctx, i, UPF_DTYPE_F32);
-  }
+  dense_cases(ctx, &ffn_kind);
 }
 
 /* ---- norms ---- */
 
-typedef enum { NORM_RMS, NORM_RMS_ADD, NORM_QK } norm_kind;
-
 typedef struct {
-  const char *name;
+  dense_head head;
   int64_t T, N;   /* rows and the normalised extent (QK: N = D) */
   int64_t Hq, Hkv; /* QK: heads of q and k inside a fused qkv row with Hkv more heads of v */
   int zero_centred;
@@ -809,40 +879,33 @@ typedef struct {
   float x_std;
   int64_t pad;    /* x as a view into a wider parent (RMS, RMS_ADD) */
   int inplace;    /* y = x */
-  unsigned flags;
 } norm_case;
 
 static const norm_case rms_cases[] = {
-    {"llama", 1, 4096, 0, 0, 0, UPF_LLAMA31_8B_RMS_EPS, 1.0f, 0, 0, DC_QUICK},
-    {"llama", 17, 4096, 0, 0, 0, UPF_LLAMA31_8B_RMS_EPS, 1.0f, 0, 0, DC_QUICK},
-    {"llama", 577, 4096, 0, 0, 0, UPF_LLAMA31_8B_RMS_EPS, 1.0f, 0, 0, DC_QUICK},
-    {"llama", 4096, 4096, 0, 0, 0, UPF_LLAMA31_8B_RMS_EPS, 1.0f, 0, 0, 0},
-    {"llama", 32768, 4096, 0, 0, 0, UPF_LLAMA31_8B_RMS_EPS, 1.0f, 0, 0, 0},
-    {"llama in place", 577, 4096, 0, 0, 0, UPF_LLAMA31_8B_RMS_EPS, 1.0f, 0, 1, DC_QUICK},
-    {"gemma zero-centred", 17, 3840, 0, 0, 1, UPF_GEMMA3_12B_RMS_EPS, 1.0f, 0, 0, DC_QUICK},
-    {"gemma zero-centred", 4096, 3840, 0, 0, 1, UPF_GEMMA3_12B_RMS_EPS, 1.0f, 0, 0, 0},
-    {"qwen3-next zero-centred", 577, 2048, 0, 0, 1, UPF_QWEN3N_80B_RMS_EPS, 1.0f, 0, 0, 0},
-    {"qwen3-next zero-centred", 32768, 2048, 0, 0, 1, UPF_QWEN3N_80B_RMS_EPS, 1.0f, 0, 0, 0},
-    {"tiny rows (eps matters)", 577, 4096, 0, 0, 0, UPF_LLAMA31_8B_RMS_EPS, 1e-3f, 0, 0, DC_QUICK},
-    {"odd N=100, strided", 17, 100, 0, 0, 1, 1e-6f, 1.0f, 12, 0, DC_QUICK},
+    {{"llama", DC_QUICK}, 1, 4096, 0, 0, 0, UPF_LLAMA31_8B_RMS_EPS, 1.0f, 0, 0},
+    {{"llama", DC_QUICK}, 17, 4096, 0, 0, 0, UPF_LLAMA31_8B_RMS_EPS, 1.0f, 0, 0},
+    {{"llama", DC_QUICK}, 577, 4096, 0, 0, 0, UPF_LLAMA31_8B_RMS_EPS, 1.0f, 0, 0},
+    {{"llama", 0}, 4096, 4096, 0, 0, 0, UPF_LLAMA31_8B_RMS_EPS, 1.0f, 0, 0},
+    {{"llama", 0}, 32768, 4096, 0, 0, 0, UPF_LLAMA31_8B_RMS_EPS, 1.0f, 0, 0},
+    {{"llama in place", DC_QUICK}, 577, 4096, 0, 0, 0, UPF_LLAMA31_8B_RMS_EPS, 1.0f, 0, 1},
+    {{"gemma zero-centred", DC_QUICK}, 17, 3840, 0, 0, 1, UPF_GEMMA3_12B_RMS_EPS, 1.0f, 0, 0},
+    {{"gemma zero-centred", 0}, 4096, 3840, 0, 0, 1, UPF_GEMMA3_12B_RMS_EPS, 1.0f, 0, 0},
+    {{"qwen3-next zero-centred", 0}, 577, 2048, 0, 0, 1, UPF_QWEN3N_80B_RMS_EPS, 1.0f, 0, 0},
+    {{"qwen3-next zero-centred", 0}, 32768, 2048, 0, 0, 1, UPF_QWEN3N_80B_RMS_EPS, 1.0f, 0, 0},
+    {{"tiny rows (eps matters)", DC_QUICK}, 577, 4096, 0, 0, 0, UPF_LLAMA31_8B_RMS_EPS, 1e-3f, 0, 0},
+    {{"odd N=100, strided", DC_QUICK}, 17, 100, 0, 0, 1, 1e-6f, 1.0f, 12, 0},
 };
 
 static const norm_case qk_cases[] = {
-    {"gemma q/k", 1, 256, 16, 8, 1, UPF_GEMMA3_12B_RMS_EPS, 1.0f, 0, 1, DC_QUICK},
-    {"gemma q/k", 17, 256, 16, 8, 1, UPF_GEMMA3_12B_RMS_EPS, 1.0f, 0, 1, DC_QUICK},
-    {"gemma q/k", 577, 256, 16, 8, 1, UPF_GEMMA3_12B_RMS_EPS, 1.0f, 0, 1, 0},
-    {"gemma q/k", 4096, 256, 16, 8, 1, UPF_GEMMA3_12B_RMS_EPS, 1.0f, 0, 1, 0},
-    {"qwen3-next q/k", 577, 256, 16, 2, 1, UPF_QWEN3N_80B_RMS_EPS, 1.0f, 0, 1, DC_QUICK},
-    {"qwen3-next q/k", 32768, 256, 16, 2, 1, UPF_QWEN3N_80B_RMS_EPS, 1.0f, 0, 1, 0},
-    {"D=128 plain, out of place", 577, 128, 32, 8, 0, 1e-5f, 1.0f, 0, 0, 0},
-    {"odd D=40, out of place", 17, 40, 3, 1, 0, 1e-6f, 1.0f, 0, 0, DC_QUICK},
+    {{"gemma q/k", DC_QUICK}, 1, 256, 16, 8, 1, UPF_GEMMA3_12B_RMS_EPS, 1.0f, 0, 1},
+    {{"gemma q/k", DC_QUICK}, 17, 256, 16, 8, 1, UPF_GEMMA3_12B_RMS_EPS, 1.0f, 0, 1},
+    {{"gemma q/k", 0}, 577, 256, 16, 8, 1, UPF_GEMMA3_12B_RMS_EPS, 1.0f, 0, 1},
+    {{"gemma q/k", 0}, 4096, 256, 16, 8, 1, UPF_GEMMA3_12B_RMS_EPS, 1.0f, 0, 1},
+    {{"qwen3-next q/k", DC_QUICK}, 577, 256, 16, 2, 1, UPF_QWEN3N_80B_RMS_EPS, 1.0f, 0, 1},
+    {{"qwen3-next q/k", 0}, 32768, 256, 16, 2, 1, UPF_QWEN3N_80B_RMS_EPS, 1.0f, 0, 1},
+    {{"D=128 plain, out of place", 0}, 577, 128, 32, 8, 0, 1e-5f, 1.0f, 0, 0},
+    {{"odd D=40, out of place", DC_QUICK}, 17, 40, 3, 1, 0, 1e-6f, 1.0f, 0, 0},
 };
-
-typedef struct {
-  norm_kind kind;
-  upf_norm_params p;
-  int inplace;
-} norm_ctx;
 
 /* Buffers: RMS: x, w, [y]; RMS_ADD: x, residual, w, [y]; QK: qkv (q and k views), wq, wk, [y (q, k)]. */
 static upf_status norm_fn(const upf_backend *be, upf_dviews v, const void *ctx) {
@@ -858,23 +921,19 @@ static upf_status norm_fn(const upf_backend *be, upf_dviews v, const void *ctx) 
   }
 }
 
-static void norm_run(upf_verify_ctx *ctx, const norm_case *c, int index, norm_kind kind, upf_dtype dt) {
-  const char *op = kind == NORM_RMS ? "norm.rms" : kind == NORM_RMS_ADD ? "norm.rms_add" : "norm.qk";
-  upf_dcase dc;
-  upf_dcase_init(&dc, dt);
-  upf_rng rng;
-  upf_rng_seed(&rng, upf_verify_case_seed(op, index, (uint64_t)dt));
-  norm_ctx nc = {kind, {c->eps, c->zero_centred}, c->inplace};
+static upf_status norm_build(const norm_case *c, norm_kind kind, upf_dtype dt, upf_rng *rng, upf_dcase *dc,
+                             dense_run *run) {
+  run->own.norm = (norm_ctx){kind, {c->eps, c->zero_centred}, c->inplace};
   upf_dbuf *bufs[6] = {0};
   int ok = 1;
   float w_mean = c->zero_centred ? 0.0f : 1.0f;
   if (kind == NORM_QK) {
     int64_t D = c->N, W = (c->Hq + 2 * c->Hkv) * D;
     const int64_t sq[3] = {c->T, c->Hq, D}, sk[3] = {c->T, c->Hkv, D}, ss[3] = {W, D, 1}, sw[1] = {D};
-    ok = (bufs[0] = upf_dcase_add(&dc, "qkv", dt, c->T * W, c->inplace)) &&
-         (bufs[1] = upf_dcase_add(&dc, "q_norm.w", dt, D, 0)) && (bufs[2] = upf_dcase_add(&dc, "k_norm.w", dt, D, 0));
+    ok = (bufs[0] = upf_dcase_add(dc, "qkv", dt, c->T * W, c->inplace)) &&
+         (bufs[1] = upf_dcase_add(dc, "q_norm.w", dt, D, 0)) && (bufs[2] = upf_dcase_add(dc, "k_norm.w", dt, D, 0));
     if (ok && !c->inplace)
-      ok = (bufs[3] = upf_dcase_add(&dc, "y", dt, c->T * W, 1)) != NULL;
+      ok = (bufs[3] = upf_dcase_add(dc, "y", dt, c->T * W, 1)) != NULL;
     if (ok) {
       for (int b = 0; b < (c->inplace ? 1 : 2); b++) {
         upf_dbuf *t = bufs[b == 0 ? 0 : 3];
@@ -883,24 +942,24 @@ static void norm_run(upf_verify_ctx *ctx, const norm_case *c, int index, norm_ki
       }
       upf_dbuf_view(bufs[1], 0, "q_norm.w", 1, sw, NULL, 0);
       upf_dbuf_view(bufs[2], 0, "k_norm.w", 1, sw, NULL, 0);
-      upf_dbuf_fill_normal(bufs[0], &rng, 0.0f, c->x_std);
-      upf_dbuf_fill_normal(bufs[1], &rng, w_mean, 0.1f);
-      upf_dbuf_fill_normal(bufs[2], &rng, w_mean, 0.1f);
+      upf_dbuf_fill_normal(bufs[0], rng, 0.0f, c->x_std);
+      upf_dbuf_fill_normal(bufs[1], rng, w_mean, 0.1f);
+      upf_dbuf_fill_normal(bufs[2], rng, w_mean, 0.1f);
       if (bufs[3])
-        upf_dbuf_fill_normal(bufs[3], &rng, 0.0f, 1.0f);
+        upf_dbuf_fill_normal(bufs[3], rng, 0.0f, 1.0f);
     }
   } else {
     int64_t W = c->N + c->pad;
     const int64_t sx[2] = {c->T, c->N}, ss[2] = {W, 1}, sw[1] = {c->N};
     int add = kind == NORM_RMS_ADD;
     int ix = 0;
-    ok = (bufs[ix++] = upf_dcase_add(&dc, "x", dt, c->T * W, c->inplace)) != NULL;
+    ok = (bufs[ix++] = upf_dcase_add(dc, "x", dt, c->T * W, c->inplace)) != NULL;
     if (ok && add)
-      ok = (bufs[ix++] = upf_dcase_add(&dc, "residual", dt, c->T * W, 1)) != NULL;
+      ok = (bufs[ix++] = upf_dcase_add(dc, "residual", dt, c->T * W, 1)) != NULL;
     if (ok)
-      ok = (bufs[ix++] = upf_dcase_add(&dc, "w", dt, c->N, 0)) != NULL;
+      ok = (bufs[ix++] = upf_dcase_add(dc, "w", dt, c->N, 0)) != NULL;
     if (ok && !c->inplace)
-      ok = (bufs[ix++] = upf_dcase_add(&dc, "y", dt, c->T * W, 1)) != NULL;
+      ok = (bufs[ix++] = upf_dcase_add(dc, "y", dt, c->T * W, 1)) != NULL;
     if (ok) {
       for (int b = 0; b < ix; b++) {
         int is_w = !strcmp(bufs[b]->name, "w");
@@ -908,25 +967,40 @@ static void norm_run(upf_verify_ctx *ctx, const norm_case *c, int index, norm_ki
           upf_dbuf_view(bufs[b], 0, "w", 1, sw, NULL, 0);
         else
           upf_dbuf_view(bufs[b], 0, bufs[b]->name, 2, sx, ss, c->pad / 2);
-        upf_dbuf_fill_normal(bufs[b], &rng, is_w ? w_mean : 0.0f, is_w ? 0.1f : c->x_std);
+        upf_dbuf_fill_normal(bufs[b], rng, is_w ? w_mean : 0.0f, is_w ? 0.1f : c->x_std);
       }
     }
   }
-  if (!ok) {
-    upf_fail(UPF_ERR_NOMEM, "norm case buffers");
-    record_setup_failure(ctx, op, c->name, dt);
-    upf_dcase_free(&dc);
-    return;
-  }
-  upf_check proto;
+  if (!ok)
+    return upf_fail(UPF_ERR_NOMEM, "norm case buffers");
+  run->fn = norm_fn;
+  run->params = &run->own.norm;
   if (kind == NORM_QK)
-    upf_dense_check_init(&proto, op, c->name, dt, "T=%lld Hq=%lld Hkv=%lld D=%lld", (long long)c->T,
-                         (long long)c->Hq, (long long)c->Hkv, (long long)c->N);
+    snprintf(run->shape, sizeof run->shape, "T=%lld Hq=%lld Hkv=%lld D=%lld", (long long)c->T, (long long)c->Hq,
+             (long long)c->Hkv, (long long)c->N);
   else
-    upf_dense_check_init(&proto, op, c->name, dt, "T=%lld N=%lld", (long long)c->T, (long long)c->N);
-  upf_dcase_verify(ctx, &dc, norm_fn, NULL, &nc, &proto);
-  upf_dcase_free(&dc);
+    snprintf(run->shape, sizeof run->shape, "T=%lld N=%lld", (long long)c->T, (long long)c->N);
+  return UPF_OK;
 }
+
+static upf_status rms_build(const void *c, upf_dtype dt, upf_dtype out, upf_rng *rng, upf_dcase *dc, dense_run *run) {
+  return norm_build(c, NORM_RMS, dt, rng, dc, run);
+}
+
+static upf_status rms_add_build(const void *c, upf_dtype dt, upf_dtype out, upf_rng *rng, upf_dcase *dc,
+                                dense_run *run) {
+  return norm_build(c, NORM_RMS_ADD, dt, rng, dc, run);
+}
+
+static upf_status qk_build(const void *c, upf_dtype dt, upf_dtype out, upf_rng *rng, upf_dcase *dc, dense_run *run) {
+  return norm_build(c, NORM_QK, dt, rng, dc, run);
+}
+
+/* norm.rms and norm.rms_add run the same table. */
+static const dense_kind rms_kind = {"norm.rms", DENSE_CASES(rms_cases), DENSE_DTYPES(same_dtypes), 0, NULL, rms_build};
+static const dense_kind rms_add_kind = {"norm.rms_add", DENSE_CASES(rms_cases), DENSE_DTYPES(same_dtypes), 0, NULL,
+                                        rms_add_build};
+static const dense_kind qk_kind = {"norm.qk", DENSE_CASES(qk_cases), DENSE_DTYPES(same_dtypes), 0, NULL, qk_build};
 
 /* norm.rms_add equals an add (rounded to the dtype) followed by norm.rms, bit for bit. */
 static void rms_add_invariant(upf_verify_ctx *ctx, upf_dtype dt) {
@@ -1026,10 +1100,7 @@ void upf_verify_rmsnorm(upf_verify_ctx *ctx) {
   for (int d = 0; d < NUM_DTYPES; d++)
     golden_rms(ctx, both_dtypes[d]);
   errors_for(ctx, UPF_OP_RMSNORM);
-  for (int i = 0; i < (int)(sizeof rms_cases / sizeof rms_cases[0]); i++)
-    if (upf_verify_case_wanted(ctx, rms_cases[i].flags & DC_QUICK))
-      for (int d = 0; d < NUM_DTYPES; d++)
-        norm_run(ctx, &rms_cases[i], i, NORM_RMS, both_dtypes[d]);
+  dense_cases(ctx, &rms_kind);
 }
 
 void upf_verify_rmsnorm_add(upf_verify_ctx *ctx) {
@@ -1040,10 +1111,7 @@ void upf_verify_rmsnorm_add(upf_verify_ctx *ctx) {
     rms_add_invariant(ctx, UPF_DTYPE_F32);
     rms_add_invariant(ctx, UPF_DTYPE_BF16);
   }
-  for (int i = 0; i < (int)(sizeof rms_cases / sizeof rms_cases[0]); i++)
-    if (upf_verify_case_wanted(ctx, rms_cases[i].flags & DC_QUICK))
-      for (int d = 0; d < NUM_DTYPES; d++)
-        norm_run(ctx, &rms_cases[i], i, NORM_RMS_ADD, both_dtypes[d]);
+  dense_cases(ctx, &rms_add_kind);
 }
 
 void upf_verify_qk_norm(upf_verify_ctx *ctx) {
@@ -1054,10 +1122,7 @@ void upf_verify_qk_norm(upf_verify_ctx *ctx) {
     qk_invariant(ctx, UPF_DTYPE_F32);
     qk_invariant(ctx, UPF_DTYPE_BF16);
   }
-  for (int i = 0; i < (int)(sizeof qk_cases / sizeof qk_cases[0]); i++)
-    if (upf_verify_case_wanted(ctx, qk_cases[i].flags & DC_QUICK))
-      for (int d = 0; d < NUM_DTYPES; d++)
-        norm_run(ctx, &qk_cases[i], i, NORM_QK, both_dtypes[d]);
+  dense_cases(ctx, &qk_kind);
 }
 
 /* ---- RoPE ---- */
@@ -1065,30 +1130,29 @@ void upf_verify_qk_norm(upf_verify_ctx *ctx) {
 typedef enum { ROPE_LLAMA, ROPE_GEMMA_LOCAL, ROPE_GEMMA_GLOBAL, ROPE_QWEN, ROPE_ODD, ROPE_ODD_PARTIAL } rope_family;
 
 typedef struct {
-  const char *name;
+  dense_head head;
   int64_t T;
   rope_family fam;
   int no_k;
-  unsigned flags;
 } rope_case;
 
 static const rope_case rope_cases[] = {
-    {"llama3 scaling, decode row", 1, ROPE_LLAMA, 0, DC_QUICK},
-    {"llama3 scaling", 17, ROPE_LLAMA, 0, DC_QUICK},
-    {"llama3 scaling", 577, ROPE_LLAMA, 0, DC_QUICK},
-    {"llama3 scaling", 4096, ROPE_LLAMA, 0, 0},
-    {"llama3 scaling", 32768, ROPE_LLAMA, 0, 0},
-    {"llama3 scaling, q only", 577, ROPE_LLAMA, 1, DC_QUICK},
-    {"gemma local base 1e4", 17, ROPE_GEMMA_LOCAL, 0, DC_QUICK},
-    {"gemma local base 1e4", 4096, ROPE_GEMMA_LOCAL, 0, 0},
-    {"gemma global 1e6 linear x8", 17, ROPE_GEMMA_GLOBAL, 0, DC_QUICK},
-    {"gemma global 1e6 linear x8", 4096, ROPE_GEMMA_GLOBAL, 0, 0},
-    {"gemma global 1e6 linear x8", 32768, ROPE_GEMMA_GLOBAL, 0, 0},
-    {"qwen3-next partial 64/256", 17, ROPE_QWEN, 0, DC_QUICK},
-    {"qwen3-next partial 64/256", 577, ROPE_QWEN, 0, 0},
-    {"qwen3-next partial 64/256", 32768, ROPE_QWEN, 0, 0},
-    {"odd D=40", 17, ROPE_ODD, 0, DC_QUICK},
-    {"odd D=40 partial 24", 17, ROPE_ODD_PARTIAL, 0, DC_QUICK},
+    {{"llama3 scaling, decode row", DC_QUICK}, 1, ROPE_LLAMA, 0},
+    {{"llama3 scaling", DC_QUICK}, 17, ROPE_LLAMA, 0},
+    {{"llama3 scaling", DC_QUICK}, 577, ROPE_LLAMA, 0},
+    {{"llama3 scaling", 0}, 4096, ROPE_LLAMA, 0},
+    {{"llama3 scaling", 0}, 32768, ROPE_LLAMA, 0},
+    {{"llama3 scaling, q only", DC_QUICK}, 577, ROPE_LLAMA, 1},
+    {{"gemma local base 1e4", DC_QUICK}, 17, ROPE_GEMMA_LOCAL, 0},
+    {{"gemma local base 1e4", 0}, 4096, ROPE_GEMMA_LOCAL, 0},
+    {{"gemma global 1e6 linear x8", DC_QUICK}, 17, ROPE_GEMMA_GLOBAL, 0},
+    {{"gemma global 1e6 linear x8", 0}, 4096, ROPE_GEMMA_GLOBAL, 0},
+    {{"gemma global 1e6 linear x8", 0}, 32768, ROPE_GEMMA_GLOBAL, 0},
+    {{"qwen3-next partial 64/256", DC_QUICK}, 17, ROPE_QWEN, 0},
+    {{"qwen3-next partial 64/256", 0}, 577, ROPE_QWEN, 0},
+    {{"qwen3-next partial 64/256", 0}, 32768, ROPE_QWEN, 0},
+    {{"odd D=40", DC_QUICK}, 17, ROPE_ODD, 0},
+    {{"odd D=40 partial 24", DC_QUICK}, 17, ROPE_ODD_PARTIAL, 0},
 };
 
 static void rope_family_shape(rope_family f, int64_t *hq, int64_t *hkv, int64_t *d, upf_rope_params *p) {
@@ -1132,34 +1196,23 @@ static void gapped_positions(upf_rng *rng, int32_t *pos, int64_t T) {
   }
 }
 
-typedef struct {
-  upf_rope_params p;
-  int no_k;
-} rope_ctx;
-
 static upf_status rope_fn(const upf_backend *be, upf_dviews v, const void *ctx) {
   const rope_ctx *rc = ctx;
   return be->rope(&v[0][0], rc->no_k ? NULL : &v[0][1], (const int32_t *)v[1][0].data, &rc->p);
 }
 
-static void rope_run(upf_verify_ctx *ctx, int index, upf_dtype dt) {
-  const rope_case *c = &rope_cases[index];
-  const char *op = "rope";
+static upf_status rope_build(const void *cv, upf_dtype dt, upf_dtype out, upf_rng *rng, upf_dcase *dc,
+                             dense_run *run) {
+  const rope_case *c = cv;
   int64_t hq, hkv, D;
-  rope_ctx rc = {.no_k = c->no_k};
-  rope_family_shape(c->fam, &hq, &hkv, &D, &rc.p);
-  int64_t W = (hq + 2 * hkv) * D, rot = upf_rope_rotary_dim(&rc.p, D);
-  upf_dcase dc;
-  upf_dcase_init(&dc, dt);
-  upf_rng rng;
-  upf_rng_seed(&rng, upf_verify_case_seed(op, index, (uint64_t)dt));
-  upf_dbuf *qkv = upf_dcase_add(&dc, "qkv", dt, c->T * W, 1);
-  upf_dbuf *pos = qkv ? upf_dcase_add(&dc, "positions", UPF_DTYPE_I32, c->T, 0) : NULL;
-  if (!pos) {
-    record_setup_failure(ctx, op, c->name, dt);
-    upf_dcase_free(&dc);
-    return;
-  }
+  rope_ctx *rc = &run->own.rope;
+  rc->no_k = c->no_k;
+  rope_family_shape(c->fam, &hq, &hkv, &D, &rc->p);
+  int64_t W = (hq + 2 * hkv) * D, rot = upf_rope_rotary_dim(&rc->p, D);
+  upf_dbuf *qkv = upf_dcase_add(dc, "qkv", dt, c->T * W, 1);
+  upf_dbuf *pos = qkv ? upf_dcase_add(dc, "positions", UPF_DTYPE_I32, c->T, 0) : NULL;
+  if (!pos)
+    return upf_fail(UPF_ERR_NOMEM, "rope case buffers");
   const int64_t sq[3] = {c->T, hq, D}, sk[3] = {c->T, hkv, D}, ss[3] = {W, D, 1};
   upf_dbuf_view(qkv, 0, "q", 3, sq, ss, 0);
   upf_dbuf_cmp_last(qkv, 0, rot);
@@ -1167,14 +1220,16 @@ static void rope_run(upf_verify_ctx *ctx, int index, upf_dtype dt) {
     upf_dbuf_view(qkv, 1, "k", 3, sk, ss, hq * D);
     upf_dbuf_cmp_last(qkv, 1, rot);
   }
-  upf_dbuf_fill_normal(qkv, &rng, 0.0f, 1.0f);
-  gapped_positions(&rng, pos->host, c->T);
-  upf_check proto;
-  upf_dense_check_init(&proto, op, c->name, dt, "T=%lld Hq=%lld Hkv=%lld D=%lld rot=%lld", (long long)c->T,
-                       (long long)hq, (long long)hkv, (long long)D, (long long)rot);
-  upf_dcase_verify(ctx, &dc, rope_fn, NULL, &rc, &proto);
-  upf_dcase_free(&dc);
+  upf_dbuf_fill_normal(qkv, rng, 0.0f, 1.0f);
+  gapped_positions(rng, pos->host, c->T);
+  run->fn = rope_fn;
+  run->params = rc;
+  snprintf(run->shape, sizeof run->shape, "T=%lld Hq=%lld Hkv=%lld D=%lld rot=%lld", (long long)c->T, (long long)hq,
+           (long long)hkv, (long long)D, (long long)rot);
+  return UPF_OK;
 }
+
+static const dense_kind rope_kind = {"rope", DENSE_CASES(rope_cases), DENSE_DTYPES(same_dtypes), 0, NULL, rope_build};
 
 /* The reference against RoPE's defining properties: llama3 keeps the high frequencies and divides
  * the low ones by the factor; a rotation keeps each pair's norm; q.k depends only on p_q - p_k. */
@@ -1233,28 +1288,24 @@ void upf_verify_rope(upf_verify_ctx *ctx) {
   errors_for(ctx, UPF_OP_ROPE);
   if (upf_verify_on_reference(ctx))
     rope_invariants(ctx);
-  for (int i = 0; i < (int)(sizeof rope_cases / sizeof rope_cases[0]); i++)
-    if (upf_verify_case_wanted(ctx, rope_cases[i].flags & DC_QUICK))
-      for (int d = 0; d < NUM_DTYPES; d++)
-        rope_run(ctx, i, both_dtypes[d]);
+  dense_cases(ctx, &rope_kind);
 }
 
 /* ---- gated attention output ---- */
 
 typedef struct {
-  const char *name;
+  dense_head head;
   int64_t T, H, D;
   int inplace;
-  unsigned flags;
 } gated_case;
 
 static const gated_case gated_cases[] = {
-    {"qwen3-next", 1, 16, 256, 0, DC_QUICK},
-    {"qwen3-next", 17, 16, 256, 0, DC_QUICK},
-    {"qwen3-next", 577, 16, 256, 1, DC_QUICK},
-    {"qwen3-next", 4096, 16, 256, 0, 0},
-    {"qwen3-next", 32768, 16, 256, 1, 0},
-    {"odd D=20", 17, 3, 20, 0, DC_QUICK},
+    {{"qwen3-next", DC_QUICK}, 1, 16, 256, 0},
+    {{"qwen3-next", DC_QUICK}, 17, 16, 256, 0},
+    {{"qwen3-next", DC_QUICK}, 577, 16, 256, 1},
+    {{"qwen3-next", 0}, 4096, 16, 256, 0},
+    {{"qwen3-next", 0}, 32768, 16, 256, 1},
+    {{"odd D=20", DC_QUICK}, 17, 3, 20, 0},
 };
 
 /* Buffers: o, q_proj (gate view), [y]. */
@@ -1263,139 +1314,116 @@ static upf_status gated_fn(const upf_backend *be, upf_dviews v, const void *ctx)
   return be->gated_output(&v[0][0], &v[1][0], inplace ? &v[0][0] : &v[2][0]);
 }
 
-static void gated_run(upf_verify_ctx *ctx, int index, upf_dtype dt) {
-  const gated_case *c = &gated_cases[index];
-  const char *op = "attn.gated_output";
-  upf_dcase dc;
-  upf_dcase_init(&dc, dt);
-  upf_rng rng;
-  upf_rng_seed(&rng, upf_verify_case_seed(op, index, (uint64_t)dt));
-  upf_dbuf *o = upf_dcase_add(&dc, "o", dt, c->T * c->H * c->D, c->inplace);
-  upf_dbuf *qp = o ? upf_dcase_add(&dc, "q_proj", dt, c->T * c->H * 2 * c->D, 0) : NULL;
-  upf_dbuf *y = qp && !c->inplace ? upf_dcase_add(&dc, "y", dt, c->T * c->H * c->D, 1) : NULL;
-  if (!qp || (!c->inplace && !y)) {
-    record_setup_failure(ctx, op, c->name, dt);
-    upf_dcase_free(&dc);
-    return;
-  }
+static upf_status gated_build(const void *cv, upf_dtype dt, upf_dtype out, upf_rng *rng, upf_dcase *dc,
+                              dense_run *run) {
+  const gated_case *c = cv;
+  upf_dbuf *o = upf_dcase_add(dc, "o", dt, c->T * c->H * c->D, c->inplace);
+  upf_dbuf *qp = o ? upf_dcase_add(dc, "q_proj", dt, c->T * c->H * 2 * c->D, 0) : NULL;
+  upf_dbuf *y = qp && !c->inplace ? upf_dcase_add(dc, "y", dt, c->T * c->H * c->D, 1) : NULL;
+  if (!qp || (!c->inplace && !y))
+    return upf_fail(UPF_ERR_NOMEM, "attn.gated_output case buffers");
   /* q_proj emits (query | gate) per head: the gate of head h is dims [D, 2D) of its 2D block. */
   const int64_t s[3] = {c->T, c->H, c->D}, sg[3] = {c->H * 2 * c->D, 2 * c->D, 1};
   upf_dbuf_view(o, 0, "o", 3, s, NULL, 0);
   upf_dbuf_view(qp, 0, "gate", 3, s, sg, c->D);
-  upf_dbuf_fill_normal(o, &rng, 0.0f, 1.0f);
-  upf_dbuf_fill_normal(qp, &rng, 0.0f, 3.0f);
+  upf_dbuf_fill_normal(o, rng, 0.0f, 1.0f);
+  upf_dbuf_fill_normal(qp, rng, 0.0f, 3.0f);
   if (y) {
     upf_dbuf_view(y, 0, "y", 3, s, NULL, 0);
     upf_dbuf_fill_poison(y);
   }
-  upf_check proto;
-  upf_dense_check_init(&proto, op, c->name, dt, "T=%lld H=%lld D=%lld%s", (long long)c->T, (long long)c->H,
-                       (long long)c->D, c->inplace ? " in place" : "");
-  upf_dcase_verify(ctx, &dc, gated_fn, NULL, &c->inplace, &proto);
-  upf_dcase_free(&dc);
+  run->fn = gated_fn;
+  run->params = &c->inplace;
+  snprintf(run->shape, sizeof run->shape, "T=%lld H=%lld D=%lld%s", (long long)c->T, (long long)c->H,
+           (long long)c->D, c->inplace ? " in place" : "");
+  return UPF_OK;
 }
+
+static const dense_kind gated_kind = {"attn.gated_output", DENSE_CASES(gated_cases), DENSE_DTYPES(same_dtypes), 0,
+                                      NULL, gated_build};
 
 void upf_verify_gated_output(upf_verify_ctx *ctx) {
   for (int d = 0; d < NUM_DTYPES; d++)
     golden_gated_output(ctx, both_dtypes[d]);
   errors_for(ctx, UPF_OP_GATED_OUTPUT);
-  for (int i = 0; i < (int)(sizeof gated_cases / sizeof gated_cases[0]); i++)
-    if (upf_verify_case_wanted(ctx, gated_cases[i].flags & DC_QUICK))
-      for (int d = 0; d < NUM_DTYPES; d++)
-        gated_run(ctx, i, both_dtypes[d]);
+  dense_cases(ctx, &gated_kind);
 }
 
 /* ---- embedding ---- */
 
 typedef struct {
-  const char *name;
+  dense_head head;
   int64_t T, V, H;
   int gemma_scale;
-  unsigned flags;
 } embed_case;
 
 static const embed_case embed_cases[] = {
-    {"llama", 1, 4096, 4096, 0, DC_QUICK},
-    {"llama", 17, 4096, 4096, 0, DC_QUICK},
-    {"llama", 577, 4096, 4096, 0, 0},
-    {"llama", 4096, 4096, 4096, 0, 0},
-    {"gemma scaled sqrt(3840)", 577, 3000, 3840, 1, DC_QUICK},
-    {"gemma scaled sqrt(3840)", 32768, 3000, 3840, 1, 0},
-    {"odd H=100", 17, 50, 100, 0, DC_QUICK},
+    {{"llama", DC_QUICK}, 1, 4096, 4096, 0},
+    {{"llama", DC_QUICK}, 17, 4096, 4096, 0},
+    {{"llama", 0}, 577, 4096, 4096, 0},
+    {{"llama", 0}, 4096, 4096, 4096, 0},
+    {{"gemma scaled sqrt(3840)", DC_QUICK}, 577, 3000, 3840, 1},
+    {{"gemma scaled sqrt(3840)", 0}, 32768, 3000, 3840, 1},
+    {{"odd H=100", DC_QUICK}, 17, 50, 100, 0},
 };
 
 static upf_status embed_fn(const upf_backend *be, upf_dviews v, const void *ctx) {
   return be->embed((const int32_t *)v[1][0].data, v[1][0].shape[0], &v[0][0], *(const float *)ctx, &v[2][0]);
 }
 
-static void embed_run(upf_verify_ctx *ctx, int index, upf_dtype dt) {
-  const embed_case *c = &embed_cases[index];
-  const char *op = "embed";
-  upf_dcase dc;
-  upf_dcase_init(&dc, dt);
-  upf_rng rng;
-  upf_rng_seed(&rng, upf_verify_case_seed(op, index, (uint64_t)dt));
-  upf_dbuf *table = upf_dcase_add(&dc, "table", dt, c->V * c->H, 0);
-  upf_dbuf *ids = table ? upf_dcase_add(&dc, "ids", UPF_DTYPE_I32, c->T, 0) : NULL;
-  upf_dbuf *y = ids ? upf_dcase_add(&dc, "y", dt, c->T * c->H, 1) : NULL;
-  if (!y) {
-    record_setup_failure(ctx, op, c->name, dt);
-    upf_dcase_free(&dc);
-    return;
-  }
+static upf_status embed_build(const void *cv, upf_dtype dt, upf_dtype out, upf_rng *rng, upf_dcase *dc,
+                              dense_run *run) {
+  const embed_case *c = cv;
+  upf_dbuf *table = upf_dcase_add(dc, "table", dt, c->V * c->H, 0);
+  upf_dbuf *ids = table ? upf_dcase_add(dc, "ids", UPF_DTYPE_I32, c->T, 0) : NULL;
+  upf_dbuf *y = ids ? upf_dcase_add(dc, "y", dt, c->T * c->H, 1) : NULL;
+  if (!y)
+    return upf_fail(UPF_ERR_NOMEM, "embed case buffers");
   const int64_t st_[2] = {c->V, c->H}, sy[2] = {c->T, c->H}, si[1] = {c->T};
   upf_dbuf_view(table, 0, "table", 2, st_, NULL, 0);
   upf_dbuf_view(ids, 0, "ids", 1, si, NULL, 0);
   upf_dbuf_view(y, 0, "y", 2, sy, NULL, 0);
-  upf_dbuf_fill_normal(table, &rng, 0.0f, 0.05f);
+  upf_dbuf_fill_normal(table, rng, 0.0f, 0.05f);
   upf_dbuf_fill_poison(y);
   int32_t *id = ids->host;
   for (int64_t t = 0; t < c->T; t++) /* both ends of the table appear */
-    id[t] = t == 0 ? (int32_t)(c->V - 1) : t == 1 ? 0 : (int32_t)upf_rng_below(&rng, (uint64_t)c->V);
-  float scale = c->gemma_scale ? (dt == UPF_DTYPE_BF16 ? upf_round_bf16((float)UPF_GEMMA3_12B_EMBED_SCALE)
+    id[t] = t == 0 ? (int32_t)(c->V - 1) : t == 1 ? 0 : (int32_t)upf_rng_below(rng, (uint64_t)c->V);
+  run->own.scale = c->gemma_scale ? (dt == UPF_DTYPE_BF16 ? upf_round_bf16((float)UPF_GEMMA3_12B_EMBED_SCALE)
                                                        : (float)UPF_GEMMA3_12B_EMBED_SCALE)
-                               : 1.0f;
-  upf_check proto;
-  upf_dense_check_init(&proto, op, c->name, dt, "T=%lld V=%lld H=%lld", (long long)c->T, (long long)c->V,
-                       (long long)c->H);
-  upf_dcase_verify(ctx, &dc, embed_fn, NULL, &scale, &proto);
-  upf_dcase_free(&dc);
+                                     : 1.0f;
+  run->fn = embed_fn;
+  run->params = &run->own.scale;
+  snprintf(run->shape, sizeof run->shape, "T=%lld V=%lld H=%lld", (long long)c->T, (long long)c->V, (long long)c->H);
+  return UPF_OK;
 }
+
+static const dense_kind embed_kind = {"embed", DENSE_CASES(embed_cases), DENSE_DTYPES(same_dtypes), 0, NULL,
+                                      embed_build};
 
 void upf_verify_embed(upf_verify_ctx *ctx) {
   for (int d = 0; d < NUM_DTYPES; d++)
     golden_embed(ctx, both_dtypes[d]);
   errors_for(ctx, UPF_OP_EMBED);
-  for (int i = 0; i < (int)(sizeof embed_cases / sizeof embed_cases[0]); i++)
-    if (upf_verify_case_wanted(ctx, embed_cases[i].flags & DC_QUICK))
-      for (int d = 0; d < NUM_DTYPES; d++)
-        embed_run(ctx, i, both_dtypes[d]);
+  dense_cases(ctx, &embed_kind);
 }
 
 /* ---- last-token logits ---- */
 
 typedef struct {
-  const char *name;
+  dense_head head;
   int32_t lens[6];
   int32_t num_reqs;
   int64_t H, V;
   int gemma; /* zero-centred norm */
-  unsigned flags;
 } logits_case;
 
 static const logits_case logits_cases[] = {
-    {"llama, ragged batch", {1, 17, 577}, 3, 4096, 32000, 0, 0},
-    {"llama, one long request", {4096}, 1, 4096, 32000, 0, 0},
-    {"gemma zero-centred, ragged", {17, 1, 1, 600, 2, 9}, 6, 3840, 8000, 1, 0},
-    {"small, ragged", {1, 17, 5}, 3, 256, 1000, 0, DC_QUICK},
-    {"small zero-centred, decode rows", {1, 1, 1, 1}, 4, 256, 1000, 1, DC_QUICK},
+    {{"llama, ragged batch", 0}, {1, 17, 577}, 3, 4096, 32000, 0},
+    {{"llama, one long request", 0}, {4096}, 1, 4096, 32000, 0},
+    {{"gemma zero-centred, ragged", 0}, {17, 1, 1, 600, 2, 9}, 6, 3840, 8000, 1},
+    {{"small, ragged", DC_QUICK}, {1, 17, 5}, 3, 256, 1000, 0},
+    {{"small zero-centred, decode rows", DC_QUICK}, {1, 1, 1, 1}, 4, 256, 1000, 1},
 };
-
-typedef struct {
-  const int32_t *cu;
-  int32_t num_reqs;
-  upf_norm_params p;
-} logits_ctx;
 
 /* Buffers: logits, hidden, norm_w, w_lm. */
 static upf_status logits_fn(const upf_backend *be, upf_dviews v, const void *ctx) {
@@ -1445,44 +1473,42 @@ static upf_status logits_truth(upf_dviews v, const void *ctx, double *truth) {
   return st;
 }
 
-static void logits_run(upf_verify_ctx *ctx, int index, upf_dtype dt, upf_dtype out) {
-  const logits_case *c = &logits_cases[index];
-  const char *op = "logits.last";
-  int32_t cu[7] = {0};
+static upf_status logits_build(const void *cv, upf_dtype dt, upf_dtype out, upf_rng *rng, upf_dcase *dc,
+                               dense_run *run) {
+  const logits_case *c = cv;
+  logits_ctx *lc = &run->own.logits;
+  *lc = (logits_ctx){{0}, c->num_reqs, {c->gemma ? UPF_GEMMA3_12B_RMS_EPS : UPF_LLAMA31_8B_RMS_EPS, c->gemma}};
   for (int32_t r = 0; r < c->num_reqs; r++)
-    cu[r + 1] = cu[r] + c->lens[r];
-  int64_t T = cu[c->num_reqs];
-  upf_dcase dc;
-  upf_dcase_init(&dc, dt);
-  upf_rng rng;
-  upf_rng_seed(&rng, upf_verify_case_seed(op, index, (uint64_t)(dt + 4 * out)));
-  upf_dbuf *lg = upf_dcase_add(&dc, "logits", out, c->num_reqs * c->V, 1);
-  upf_dbuf *hid = lg ? upf_dcase_add(&dc, "hidden", dt, T * c->H, 0) : NULL;
-  upf_dbuf *nw = hid ? upf_dcase_add(&dc, "norm_w", dt, c->H, 0) : NULL;
-  upf_dbuf *wlm = nw ? upf_dcase_add(&dc, "w_lm", dt, c->H * c->V, 0) : NULL;
-  if (!wlm) {
-    record_setup_failure(ctx, op, c->name, dt);
-    upf_dcase_free(&dc);
-    return;
-  }
+    lc->cu[r + 1] = lc->cu[r] + c->lens[r];
+  int64_t T = lc->cu[c->num_reqs];
+  upf_dbuf *lg = upf_dcase_add(dc, "logits", out, c->num_reqs * c->V, 1);
+  upf_dbuf *hid = lg ? upf_dcase_add(dc, "hidden", dt, T * c->H, 0) : NULL;
+  upf_dbuf *nw = hid ? upf_dcase_add(dc, "norm_w", dt, c->H, 0) : NULL;
+  upf_dbuf *wlm = nw ? upf_dcase_add(dc, "w_lm", dt, c->H * c->V, 0) : NULL;
+  if (!wlm)
+    return upf_fail(UPF_ERR_NOMEM, "logits.last case buffers");
   const int64_t sl[2] = {c->num_reqs, c->V}, sh[2] = {T, c->H}, sn[1] = {c->H}, sw[2] = {c->H, c->V};
   upf_dbuf_view(lg, 0, "logits", 2, sl, NULL, 0);
   upf_dbuf_view(hid, 0, "hidden", 2, sh, NULL, 0);
   upf_dbuf_view(nw, 0, "norm_w", 1, sn, NULL, 0);
   upf_dbuf_view(wlm, 0, "w_lm", 2, sw, NULL, 0);
   upf_dbuf_fill_poison(lg);
-  upf_dbuf_fill_normal(hid, &rng, 0.0f, 2.0f);
-  upf_dbuf_fill_normal(nw, &rng, c->gemma ? 0.0f : 1.0f, 0.1f);
-  upf_dbuf_fill_normal(wlm, &rng, 0.0f, 1.0f / sqrtf((float)c->H));
-  logits_ctx lc = {cu, c->num_reqs, {c->gemma ? UPF_GEMMA3_12B_RMS_EPS : UPF_LLAMA31_8B_RMS_EPS, c->gemma}};
-  upf_check proto;
-  upf_dense_check_init(&proto, op, out != dt ? "-> f32" : c->name, dt, "B=%d T=%lld H=%lld V=%lld", c->num_reqs,
-                       (long long)T, (long long)c->H, (long long)c->V);
-  if (out != dt)
-    snprintf(proto.variant, sizeof proto.variant, "%s -> f32", c->name);
-  upf_dcase_verify(ctx, &dc, logits_fn, c->H >= 4096 ? logits_truth : NULL, &lc, &proto);
-  upf_dcase_free(&dc);
+  upf_dbuf_fill_normal(hid, rng, 0.0f, 2.0f);
+  upf_dbuf_fill_normal(nw, rng, c->gemma ? 0.0f : 1.0f, 0.1f);
+  upf_dbuf_fill_normal(wlm, rng, 0.0f, 1.0f / sqrtf((float)c->H));
+  run->fn = logits_fn;
+  run->truth = c->H >= 4096 ? logits_truth : NULL;
+  run->params = lc;
+  snprintf(run->shape, sizeof run->shape, "B=%d T=%lld H=%lld V=%lld", c->num_reqs, (long long)T, (long long)c->H,
+           (long long)c->V);
+  return UPF_OK;
 }
+
+static const upf_dtype logits_dtypes[][2] = {
+    {UPF_DTYPE_F32, UPF_DTYPE_F32}, {UPF_DTYPE_BF16, UPF_DTYPE_F32}, {UPF_DTYPE_BF16, UPF_DTYPE_BF16}};
+
+static const dense_kind logits_kind = {"logits.last", DENSE_CASES(logits_cases), DENSE_DTYPES(logits_dtypes), 1, NULL,
+                                       logits_build};
 
 /* The reference's logits equal its own gather, norm.rms and gemm. */
 static void logits_chain_invariant(upf_verify_ctx *ctx, upf_dtype dt) {
@@ -1547,11 +1573,5 @@ void upf_verify_logits_last(upf_verify_ctx *ctx) {
     logits_chain_invariant(ctx, UPF_DTYPE_BF16);
     return;
   }
-  for (int i = 0; i < (int)(sizeof logits_cases / sizeof logits_cases[0]); i++) {
-    if (!upf_verify_case_wanted(ctx, logits_cases[i].flags & DC_QUICK))
-      continue;
-    logits_run(ctx, i, UPF_DTYPE_F32, UPF_DTYPE_F32);
-    logits_run(ctx, i, UPF_DTYPE_BF16, UPF_DTYPE_F32);
-    logits_run(ctx, i, UPF_DTYPE_BF16, UPF_DTYPE_BF16);
-  }
+  dense_cases(ctx, &logits_kind);
 }
