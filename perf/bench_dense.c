@@ -490,8 +490,8 @@ static void bench_cpu(upf_bench_state *st, void *ctx) {
 static upf_status call_case_cuda(void *arg) { return case_call(arg, upf_backend_cuda()); }
 
 /* The cuBLAS ceiling: the median rate of CEILING_REPS timed square bf16 GEMMs of CEILING_N in their
- * steady state (upf_bench_steady_median, after CEILING_WARM_S of them back to back: 20 calls after
- * idle ran at 770-780 TFLOP/s in 4de9521's call, where a full dense run had measured 666), on random
+ * steady state (upf_bench_steady_median, after CEILING_WARM_S of them back to back: a burst after idle
+ * runs at boost clocks, well above the sustained rate the other rows run at; perf/NOTES.md), on random
  * data (zeros run faster: less switching power, higher clocks). */
 static upf_status gemm_ceiling(double *flops_per_second) {
   static double measured;

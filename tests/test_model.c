@@ -59,13 +59,14 @@ static void test_p1_equals_dense(void) {
     }
 }
 
-/* The default p drops tokens at every drop layer; kept counts equal the masks' sums and per-request
+/* Top-p at p = 0.5 (random weights attend almost uniformly) drops tokens at every drop layer; kept counts equal the masks' sums and per-request
  * counts; chained drops see the survivors; decode and short rows keep every token; each request's
  * last token is kept; replaying the masks gives the same logits bit for bit. */
 static void test_drops_and_replay(void) {
   for (int i = 0; i < NUM_TINY; i++) {
     const upf_model_config *cfg = upf_model_config_by_name(tiny[i]);
     upf_prefill_options uni = options(cfg, UPF_PREFILL_UNIPREFILL);
+    uni.select.p = 0.5f;
     upf_prefill_result a, b;
     if (!run(cfg, UPF_DTYPE_F32, lengths, 4, &uni, &a))
       continue;
