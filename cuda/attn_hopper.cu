@@ -426,7 +426,8 @@ __global__ void __launch_bounds__(W2_THREADS, 1) attn_wgmma2_kernel(const __grid
      * the DEPBAR stays after the last EX2 (checked in the SASS). The two arms' waits are two
      * instructions, and wgmma.wait_group is warpgroup-collective (.aligned: all 4 warps at the same
      * one), so the branch must be uniform over the warpgroup, not only the warp: the vote is over its
-     * 128 threads (named barrier 1 + wg; __any_sync let the warps take different arms). */
+     * 128 threads (named barrier 1 + wg; a warp vote would let its warps take different arms). Every
+     * consumer warp runs every round, live or not, so the barrier always fills. */
     const bool rescale = named_bar_any(1 + wg, 128, alpha[0] != 1.0f || alpha[1] != 1.0f);
     if (rescale) {
       wg_wait<0>();
