@@ -28,7 +28,7 @@
  *    then mul = 1. Masks only on tiles crossing a warp's diagonal, window edge or the end.
  *  - intra-warpgroup overlap (FA3 section 3.2): round t issues S(t) and P(t - 1) V(t - 1) as two commit
  *    groups, waits for S(t) only, runs the softmax of tile t while P V(t - 1) is on the tensor cores,
- *    then waits for P V(t - 1), rescales O (only where a row of the warp raised its max) and packs
+ *    then waits for P V(t - 1), rescales O (only where a row of the warpgroup raised its max) and packs
  *    P(t). Live: S 64 + P 32 + O 64 fp32 registers. No ping-pong between the two warpgroups (FA3
  *    section 3.1): once each warpgroup overlaps its own softmax, the hand-over by named barriers
  *    measured no faster (perf/NOTES.md).
@@ -419,12 +419,16 @@ __global__ void __launch_bounds__(W2_THREADS, 1) attn_wgmma2_kernel(const __grid
     wg_wait<1>();
     release(emptyk, st);
     softmax(t);
-    /* x 1 is exact: where no row of the warp raised its max, skipping the rescale changes nothing.
+    /* x 1 is exact: where no row of the warpgroup raised its max, skipping the rescale changes nothing.
      * The wait sits in both arms of the branch on purpose: as one wait after the softmax, ptxas 13.0
      * hoisted its WARPGROUP.DEPBAR above the whole softmax (nothing in the softmax depends on it), so
      * the softmax of tile t ran after P V(t - 1) had completed instead of under it. Behind the branch
-     * the DEPBAR stays after the last EX2 (checked in the SASS). */
-    const bool rescale = __any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f);
+     * the DEPBAR stays after the last EX2 (checked in the SASS). The two arms' waits are two
+     * instructions, and wgmma.wait_group is warpgroup-collective (.aligned: all 4 warps at the same
+     * one), so the branch must be uniform over the warpgroup, not only the warp: the vote is over its
+     * 128 threads (named barrier 1 + wg; a warp vote would let its warps take different arms). Every
+     * consumer warp runs every round, live or not, so the barrier always fills. */
+    const bool rescale = named_bar_any(1 + wg, 128, alpha[0] != 1.0f || alpha[1] != 1.0f);
     if (rescale) {
       wg_wait<0>();
       rescale_o();

@@ -3,7 +3,8 @@
  * the two wgmma shapes they use (A from registers, B from a shared-memory descriptor). Include only from
  * .cu files built for sm_90a with the wgmma code inside #if defined(__CUDA_ARCH_FEAT_SM90_ALL). The
  * prefill's wgmma2 variant adds all-shared-memory shapes (m64n128k16 and, for D = 256, m64n80k16: A and B
- * descriptors), the D = 256 P V shape (m64n256k16), named barriers and a time-bounded mbarrier wait. */
+ * descriptors), the D = 256 P V shape (m64n256k16), named barriers (with a warpgroup-wide vote) and a
+ * time-bounded mbarrier wait. */
 #ifndef UNIPREFILL_CUDA_WGMMA_CUH
 #define UNIPREFILL_CUDA_WGMMA_CUH
 
@@ -62,6 +63,22 @@ __device__ __forceinline__ void named_bar_sync(uint32_t id, uint32_t n) {
 }
 __device__ __forceinline__ void named_bar_arrive(uint32_t id, uint32_t n) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+/* bar.sync over the same n threads that also ORs pred across them: true in every thread iff it was true
+ * in one. The vote that keeps a branch around a wgmma instruction uniform over a warpgroup (n = 128),
+ * which __any_sync (one warp) does not. */
+__device__ __forceinline__ bool named_bar_any(uint32_t id, uint32_t n, bool pred) {
+  uint32_t r;
+  asm volatile("{\n"
+               ".reg .pred p, q;\n"
+               "setp.ne.u32 p, %1, 0;\n"
+               "bar.red.or.pred q, %2, %3, p;\n"
+               "selp.u32 %0, 1, 0, q;\n"
+               "}\n"
+               : "=r"(r)
+               : "r"((uint32_t)pred), "r"(id), "r"(n)
+               : "memory");
+  return r != 0;
 }
 __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
   asm volatile("{\n"
