@@ -10,6 +10,10 @@
 #include "verify/verify_model.h"
 
 static const char *const tiny[] = {"llama-tiny", "gemma3-tiny", "qwen3-next-tiny"};
+/* Under Valgrind (quick) a test runs one family, a different one per test, so the memory check sees
+ * every family's code in a few prefills; the native run takes all three in every test. */
+#define FAMILIES_OF(test_index) (upf_test_quick() ? (test_index) % NUM_TINY : 0), \
+                                (upf_test_quick() ? (test_index) % NUM_TINY + 1 : NUM_TINY)
 #define NUM_TINY 3
 /* A long request, one shorter than sink + L, a one-token row and a medium one (smaller under Valgrind). */
 static const int32_t full_lengths[] = {200, 24, 1, 120}, quick_lengths[] = {72, 24, 1, 48};
@@ -38,7 +42,8 @@ static int finite_logits(const upf_prefill_result *r) {
 
 /* p = 1 keeps every token: the same logits, bit for bit, as dense; every drop layer ran. */
 static void test_p1_equals_dense(void) {
-  for (int i = 0; i < NUM_TINY; i++)
+  const int fam[2] = {FAMILIES_OF(0)};
+  for (int i = fam[0]; i < fam[1]; i++)
     for (int d = 0; d < 2; d++) {
       const upf_model_config *cfg = upf_model_config_by_name(tiny[i]);
       const upf_dtype dt = d ? UPF_DTYPE_BF16 : UPF_DTYPE_F32;
@@ -63,7 +68,8 @@ static void test_p1_equals_dense(void) {
  * counts; chained drops see the survivors; decode and short rows keep every token; each request's
  * last token is kept; replaying the masks gives the same logits bit for bit. */
 static void test_drops_and_replay(void) {
-  for (int i = 0; i < NUM_TINY; i++) {
+  const int fam[2] = {FAMILIES_OF(1)};
+  for (int i = fam[0]; i < fam[1]; i++) {
     const upf_model_config *cfg = upf_model_config_by_name(tiny[i]);
     upf_prefill_options uni = options(cfg, UPF_PREFILL_UNIPREFILL);
     uni.select.p = 0.5f;
@@ -115,8 +121,10 @@ static void batch_invariance_on(const upf_backend *be, double rel_tol) {
                          lengths[0] + lengths[1] + lengths[2] + lengths[3]};
   int32_t ids[400];
   const int replay = be != upf_backend_cpu();
-  for (int i = 0; i < NUM_TINY; i++)
-    for (int mode = 0; mode < 2; mode++) {
+  /* under Valgrind (quick) UniPrefill only: its runs take every code path of the dense ones */
+  const int fam[2] = {FAMILIES_OF(2)};
+  for (int i = fam[0]; i < fam[1]; i++)
+    for (int mode = upf_test_quick(); mode < 2; mode++) {
       const upf_model_config *cfg = upf_model_config_by_name(tiny[i]);
       const upf_prefill_options o = options(cfg, mode ? UPF_PREFILL_UNIPREFILL : UPF_PREFILL_DENSE);
       upf_model_seeded_ids(3, cfg->vocab, cu[4], ids);
@@ -170,7 +178,7 @@ static void test_batch_invariance_cuda(void) { batch_invariance_on(upf_backend_c
 static void test_keep_ratio(void) {
   const upf_model_config *cfg = upf_model_config_by_name("llama-tiny");
   const float ratios[] = {0.5f, 0.3f, 0.2f};
-  for (int ri = 0; ri < 3; ri++) {
+  for (int ri = 0; ri < (upf_test_quick() ? 1 : 3); ri++) {
     upf_prefill_options o = options(cfg, UPF_PREFILL_UNIPREFILL);
     o.select.keep_ratio = ratios[ri];
     upf_prefill_result res;
