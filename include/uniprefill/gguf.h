@@ -125,7 +125,7 @@ typedef struct upf_gguf_arr {
 
 typedef struct {
   const char *name;    /* NUL-terminated copy */
-  int n_dims;          /* 1..4 */
+  int n_dims;          /* 0..4 (0: a scalar) */
   int64_t ne[UPF_GGUF_MAX_DIMS]; /* extents in GGUF order: ne[0] is the contiguous dim; 1 past n_dims */
   int64_t n_elements;  /* product of ne */
   upf_ggml_type type;
