@@ -557,7 +557,7 @@ static upf_status put_experts(saver *s, const char *name, const float *f, int64_
   for (int64_t e = 0; e < E; e++)
     memcpy(g + e * nr * cols, f + (e * rows + r0) * cols, (size_t)(nr * cols) * sizeof *g);
   const int64_t ne[3] = {cols, nr, E};
-  return put(s, name, 3, ne, g, 0);
+  return put(s, name, E > 1 ? 3 : 2, ne, g, 0); /* a shared expert is one 2-D matrix */
 }
 
 static upf_status save_layer(saver *s, int32_t l) {
