@@ -364,7 +364,10 @@ static int read_golden(FILE *f, golden *gd) {
 /* Loads the file on the CPU in f32 and checks the last-position logits of its golden prompts: the
  * same argmax, and every golden top-K logit within the tolerance. transformers dequantises the same
  * blocks to the same f32 values and computes in f32 like our f32 path; what differs is the order of
- * the sums (OpenBLAS against MKL-DNN/ATen), ~1e-6 relative per product, grown through the layers. */
+ * the sums (OpenBLAS against ATen), ~1e-6 relative per product, grown through the layers: the
+ * differences seen are ~3e-5 on logits of 10-30, and the tolerance 5e-4 leaves a margin for other
+ * summation orders (thread counts, kernels) while a wrong convention (a missed permutation, the norm
+ * offset, the embed scale, a RoPE base) moves logits by whole units. */
 static void real_logits(const char *file, const char *test, double tol) {
   const char *p = model_file(file, test);
   if (!p)
@@ -417,8 +420,8 @@ static void real_logits(const char *file, const char *test, double tol) {
   upf_model_free(&m);
 }
 
-static void test_real_smollm2(void) { real_logits("SmolLM2-135M-Instruct.Q4_1.gguf", "real smollm2 logits", 2e-3); }
-static void test_real_gemma3(void) { real_logits("gemma-3-270m-q4_k_m.gguf", "real gemma3 logits", 2e-3); }
+static void test_real_smollm2(void) { real_logits("SmolLM2-135M-Instruct.Q4_1.gguf", "real smollm2 logits", 5e-4); }
+static void test_real_gemma3(void) { real_logits("gemma-3-270m-q4_k_m.gguf", "real gemma3 logits", 5e-4); }
 
 /* ---- Bad input ---- */
 
