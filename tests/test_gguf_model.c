@@ -294,6 +294,10 @@ static const char *model_file(const char *file, const char *test) {
 }
 
 static void test_real_configs(void) {
+  if (upf_test_quick()) {
+    printf("(skipped under UPF_TEST_QUICK) ");
+    return;
+  }
   const char *p = model_file("SmolLM2-135M-Instruct.Q4_1.gguf", "real configs");
   upf_gguf *g = NULL;
   static upf_gguf_model_config s, m;
