@@ -47,11 +47,13 @@ int upf_cli_models(int argc, char **argv) {
 }
 
 const char upf_cli_prefill_usage[] =
-    "usage: upf prefill --model NAME (--lengths N1,N2,... | --token-ids IDS.npy [--cu-seqlens CU.npy])\n"
+    "usage: upf prefill (--model NAME | --gguf FILE) (--lengths N1,N2,... | --token-ids IDS.npy [--cu-seqlens CU.npy])\n"
     "                   [--seed S] [--mode dense|uniprefill] [--select topp|topk] [--p P] [--keep R]\n"
     "                   [--dtype f32|bf16] [--backend cpu|cuda] [--layers A:B] [--out-logits L.npy]\n"
     "                   [--dump-masks DIR] [--replay-masks DIR] [--json R.json] [--warmup N] [--iters N]\n"
-    "  End-to-end prefill of a built-in model (upf models) on weights seeded by S.\n"
+    "  End-to-end prefill of a built-in model (upf models) on weights seeded by S, or of the llama or\n"
+    "  gemma3 model of a GGUF file (--gguf: its weights dequantised to --dtype; drop layers scaled from\n"
+    "  the family's published choice, models/README.md).\n"
     "  IDS <i4 (T,), CU <i4 (B+1) (one request when absent); with --lengths the ids come from the seed.\n"
     "  L <f4 (B, vocab): the last-position logits of each request.\n"
     "  --mode uniprefill drops tokens after each drop layer's attention: top-p with --p (default: the\n"
@@ -64,7 +66,7 @@ const char upf_cli_prefill_usage[] =
     "  entering the layer, FFN block at the count leaving its drop) at the kept counts.\n";
 
 typedef struct {
-  const char *model, *lengths, *ids_path, *cu_path, *mode, *select, *dtype, *backend, *layers;
+  const char *model, *gguf, *lengths, *ids_path, *cu_path, *mode, *select, *dtype, *backend, *layers;
   const char *out_logits, *dump_dir, *replay_dir, *json;
   int32_t seed, warmup, iters, ideal;
   float p, keep;
@@ -325,10 +327,14 @@ static int build_batch(const prefill_args *a, const upf_model_config *cfg, int32
   return 1;
 }
 
+static int prefill_with(prefill_args *ap, upf_arg_parser *pp, const upf_model_config *cfg, const upf_gguf *file,
+                        int argc, char **argv);
+
 int upf_cli_prefill(int argc, char **argv) {
   prefill_args a = {.mode = "dense", .select = "topp", .dtype = "bf16", .backend = NULL, .seed = 1, .iters = 1, .p = -1};
   upf_arg args[] = {
-      {"--model", UPF_ARG_STRING, &a.model, 1},      {"--lengths", UPF_ARG_STRING, &a.lengths},
+      {"--model", UPF_ARG_STRING, &a.model},         {"--lengths", UPF_ARG_STRING, &a.lengths},
+      {"--gguf", UPF_ARG_STRING, &a.gguf},
       {"--token-ids", UPF_ARG_STRING, &a.ids_path},  {"--cu-seqlens", UPF_ARG_STRING, &a.cu_path},
       {"--seed", UPF_ARG_INT, &a.seed, 0, 0, INT32_MAX},
       {"--mode", UPF_ARG_STRING, &a.mode},           {"--select", UPF_ARG_STRING, &a.select},
@@ -344,9 +350,35 @@ int upf_cli_prefill(int argc, char **argv) {
   if (pr != UPF_ARGS_OK)
     return upf_args_exit_code(pr);
 
-  const upf_model_config *cfg = upf_model_config_by_name(a.model);
-  if (!cfg)
+  if (!a.model == !a.gguf) {
+    fprintf(stderr, "upf prefill: give exactly one of --model (a built-in model) and --gguf (a model file)\n");
+    return 2;
+  }
+  /* a file's config lives here; the file stays open until its weights are built */
+  static upf_gguf_model_config file_cfg;
+  upf_gguf *file = NULL;
+  const upf_model_config *cfg = NULL;
+  if (a.gguf) {
+    upf_status fst = upf_gguf_open(a.gguf, &file);
+    if (fst == UPF_OK)
+      fst = upf_model_config_from_gguf(file, &file_cfg);
+    if (fst != UPF_OK) {
+      upf_gguf_close(file);
+      return upf_cli_error(fst, "prefill: --gguf");
+    }
+    cfg = &file_cfg.cfg;
+  } else if (!(cfg = upf_model_config_by_name(a.model)))
     return upf_cli_error(UPF_ERR_INVALID_ARG, "prefill: --model");
+  const int rc_args = prefill_with(&a, &p, cfg, file, argc, argv);
+  upf_gguf_close(file);
+  return rc_args;
+}
+
+/* The rest of upf prefill once the model's config is known (file: the open GGUF file, or NULL). */
+static int prefill_with(prefill_args *ap, upf_arg_parser *pp, const upf_model_config *cfg, const upf_gguf *file,
+                        int argc, char **argv) {
+  prefill_args a = *ap;
+  upf_arg_parser p = *pp;
   if (!a.lengths == !a.ids_path) {
     fprintf(stderr, "upf prefill: give exactly one of --lengths and --token-ids\n");
     return 2;
@@ -409,8 +441,9 @@ int upf_cli_prefill(int argc, char **argv) {
       return 2;
     }
   const upf_arg_path paths[] = {{"--token-ids", a.ids_path, 0}, {"--cu-seqlens", a.cu_path, 0},
-                                {"--out-logits", a.out_logits, 1}, {"--json", a.json, 1}};
-  if (!upf_args_check_paths("upf prefill", paths, 4))
+                                {"--gguf", a.gguf, 0},          {"--out-logits", a.out_logits, 1},
+                                {"--json", a.json, 1}};
+  if (!upf_args_check_paths("upf prefill", paths, 5))
     return 2;
   const upf_backend *be = a.backend ? upf_backend_by_name(a.backend) : upf_cli_default_backend();
   if (!be)
@@ -442,7 +475,8 @@ int upf_cli_prefill(int argc, char **argv) {
   upf_model m;
   if (lb > 0 || le < cfg->num_layers)
     fprintf(stderr, "upf prefill: layers %d:%d of %s's %d (a partial model)\n", lb, le, cfg->name, cfg->num_layers);
-  st = upf_model_init_seeded(&m, cfg, be, dtype, (uint64_t)a.seed, lb, le);
+  st = file ? upf_model_load_gguf(&m, file, cfg, be, dtype, lb, le)
+            : upf_model_init_seeded(&m, cfg, be, dtype, (uint64_t)a.seed, lb, le);
   if (st != UPF_OK) {
     free(ids), free(cu);
     return upf_cli_error(st, "prefill: building the model");
