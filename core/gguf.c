@@ -459,7 +459,9 @@ static upf_status check_tensor_data(cursor *c) {
       st = fail_at(c, g->data_offset, "data [%" PRIu64 ", +%" PRIu64 ") of the data section run past the end of the file "
                    "(%" PRIu64 " bytes of data)", t->offset, t->nbytes, room);
     else {
-      t->data = g->base + g->data_offset + t->offset;
+      /* an empty tensor may sit where the data section ends, even past a file with no padding */
+      uint64_t at = g->data_offset + t->offset;
+      t->data = g->base + (at < g->size ? at : g->size);
       if (t->nbytes)
         order[m++] = (extent){t->offset, t->nbytes, i};
     }

@@ -134,6 +134,8 @@ def cmd_readback(path):
         check(t.tensor_type == qt, f"{t.name}: type {t.tensor_type!r}, want {qt!r}")
         check([int(x) for x in t.shape] == ne, f"{t.name}: shape {list(t.shape)}, want {ne}")
         check(t.data_offset % 64 == 0, f"{t.name}: data offset {t.data_offset} is not 64-aligned")
+        if t.tensor_type != qt or [int(x) for x in t.shape] != ne:
+            continue
         rows = int(np.prod(ne[1:])) if len(ne) > 1 else 1
         got = dequant(t, 0, rows).reshape(-1)
         want = np.array(values, dtype=np.float32)
