@@ -18,6 +18,7 @@
 #include "cuda/gated_out.cuh"
 #include "cuda/gdn.cuh"
 #include "cuda/gemm.cuh"
+#include "cuda/kv.cuh"
 #include "cuda/logits.cuh"
 #include "cuda/moe.cuh"
 #include "cuda/norm.cuh"

@@ -12,6 +12,7 @@
 #include "ref_cpu/gated_out.h"
 #include "ref_cpu/gdn.h"
 #include "ref_cpu/gemm.h"
+#include "ref_cpu/kv.h"
 #include "ref_cpu/logits.h"
 #include "ref_cpu/moe.h"
 #include "ref_cpu/norm.h"

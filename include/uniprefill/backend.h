@@ -11,6 +11,7 @@
 #include "uniprefill/attn.h"
 #include "uniprefill/dense.h"
 #include "uniprefill/gdn.h"
+#include "uniprefill/kv.h"
 #include "uniprefill/moe.h"
 #include "uniprefill/select.h"
 
