@@ -22,5 +22,8 @@ int upf_cli_models(int argc, char **argv);
 int upf_cli_prefill(int argc, char **argv);
 extern const char upf_cli_models_usage[];
 extern const char upf_cli_prefill_usage[];
+/* `upf serve-sim` (cli/serve.c). */
+int upf_cli_serve(int argc, char **argv);
+extern const char upf_cli_serve_usage[];
 
 #endif

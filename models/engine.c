@@ -9,9 +9,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "uniprefill/model.h"
 #include "uniprefill/rng.h"
+#include "uniprefill/session.h"
 
 /* ---------------------------------------------------------------------------------------------- trace */
 
@@ -677,3 +679,146 @@ upf_status upf_engine_run(const upf_engine_ops *ops, const upf_trace *tr, const 
   summarise(res);
   return UPF_OK;
 }
+
+/* ------------------------------------------------------------------------------ the ops over a session */
+
+typedef struct {
+  upf_session *s;
+  int32_t num_reqs, page;
+  int32_t *sid;          /* (num_reqs) the session's id of each trace request, -1 before its prefill */
+  int32_t num_groups;
+  int32_t group_layer[UPF_SESSION_MAX_GROUPS]; /* an attention layer of each group, -1 if it has none */
+  upf_session_row *rows; /* (rows_cap) */
+  int32_t rows_cap;
+  int32_t vocab;
+  double wall;
+} session_ctx;
+
+static double wall_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static upf_status session_step(void *ctx, const upf_engine_row *rows, int32_t n, float *logits, double *seconds) {
+  session_ctx *c = ctx;
+  if (n > c->rows_cap) {
+    upf_session_row *r = realloc(c->rows, (size_t)n * sizeof *r);
+    if (!r)
+      return upf_fail(UPF_ERR_NOMEM, "engine: %d session rows", n);
+    c->rows = r, c->rows_cap = n;
+  }
+  for (int32_t k = 0; k < n; k++) {
+    const upf_engine_row *w = &rows[k];
+    if (w->req < 0 || w->req >= c->num_reqs || (w->prefill != (c->sid[w->req] < 0)))
+      return upf_fail(UPF_ERR_INVALID_ARG, "engine: row %d: request %d %s", k, w->req,
+                      w->prefill ? "is already registered" : "has no prefill");
+    if (w->prefill)
+      UPF_TRY(upf_session_add_request(c->s, w->ids, w->num_tokens, &c->sid[w->req]));
+    c->rows[k].req = c->sid[w->req];
+    c->rows[k].kind = w->prefill ? UPF_ROW_PREFILL : UPF_ROW_DECODE;
+    c->rows[k].token = w->prefill ? 0 : w->ids[0];
+  }
+  upf_prefill_result res;
+  const double t0 = wall_now();
+  upf_status st = upf_session_step(c->s, c->rows, n, NULL, &res);
+  c->wall += wall_now() - t0;
+  if (st != UPF_OK)
+    return st;
+  if (res.num_reqs != n || res.vocab != c->vocab) {
+    upf_prefill_result_free(&res);
+    return upf_fail(UPF_ERR_SHAPE, "engine: the step returned %d rows of %d logits for %d rows of %d", res.num_reqs,
+                    res.vocab, n, c->vocab);
+  }
+  memcpy(logits, res.logits, (size_t)n * c->vocab * sizeof *logits);
+  *seconds = res.total_seconds;
+  upf_prefill_result_free(&res);
+  return UPF_OK;
+}
+
+static upf_status session_release(void *ctx, int32_t req) {
+  session_ctx *c = ctx;
+  if (req < 0 || req >= c->num_reqs || c->sid[req] < 0)
+    return UPF_OK; /* admitted in a step that failed before it registered: nothing held */
+  const upf_status st = upf_session_release(c->s, c->sid[req]);
+  c->sid[req] = -1;
+  return st;
+}
+
+static int64_t session_pages_free(void *ctx, int32_t g) {
+  const session_ctx *c = ctx;
+  return c->group_layer[g] < 0 ? INT64_MAX / 4 : upf_session_pages_free(c->s, g);
+}
+
+static int64_t session_pages_for(void *ctx, int64_t tokens) {
+  return upf_session_pages_for(((session_ctx *)ctx)->s, tokens);
+}
+
+/* kv_len of the request in group g (0 for a group without attention layers or an unknown request). */
+static int64_t session_len(const session_ctx *c, int32_t req, int32_t g) {
+  int64_t len = 0;
+  if (c->group_layer[g] < 0 || c->sid[req] < 0 ||
+      upf_session_kv_len(c->s, c->sid[req], c->group_layer[g], &len) != UPF_OK)
+    return 0;
+  return len;
+}
+
+static int64_t session_pages_append(void *ctx, int32_t req, int32_t g, int64_t tokens) {
+  const session_ctx *c = ctx;
+  if (c->group_layer[g] < 0)
+    return 0;
+  const int64_t len = session_len(c, req, g), P = c->page;
+  return (len + tokens + P - 1) / P - (len + P - 1) / P;
+}
+
+static int64_t session_pages_of(void *ctx, int32_t req) {
+  const session_ctx *c = ctx;
+  int64_t pages = 0;
+  for (int32_t g = 0; g < c->num_groups; g++)
+    pages += (session_len(c, req, g) + c->page - 1) / c->page;
+  return pages;
+}
+
+static void session_memory(void *ctx, upf_engine_memory *mem) {
+  upf_session_memory m;
+  upf_session_memory_usage(((session_ctx *)ctx)->s, &m);
+  mem->pages_in_use = m.pages_in_use, mem->pages_dense = m.pages_dense;
+  mem->bytes_in_use = m.bytes_in_use, mem->bytes_dense = m.bytes_dense, mem->bytes_capacity = m.bytes_capacity;
+}
+
+upf_status upf_engine_session_ops(upf_session *s, const upf_model *m, int32_t max_requests, int32_t num_reqs,
+                                  upf_engine_ops *ops) {
+  memset(ops, 0, sizeof *ops);
+  session_ctx *c = calloc(1, sizeof *c);
+  if (!c || num_reqs < 1 || !(c->sid = malloc((size_t)num_reqs * sizeof *c->sid))) {
+    free(c);
+    return num_reqs < 1 ? upf_fail(UPF_ERR_INVALID_ARG, "engine: %d requests", num_reqs)
+                        : upf_fail(UPF_ERR_NOMEM, "engine: session ops for %d requests", num_reqs);
+  }
+  for (int32_t i = 0; i < num_reqs; i++)
+    c->sid[i] = -1;
+  c->s = s, c->num_reqs = num_reqs, c->page = upf_session_page_size(s), c->vocab = m->cfg->vocab;
+  c->num_groups = upf_session_num_groups(s);
+  for (int32_t g = 0; g < c->num_groups; g++)
+    c->group_layer[g] = -1;
+  for (int32_t l = m->layer_begin; l < m->layer_end; l++) {
+    const int32_t g = upf_session_group_of_layer(s, l);
+    if (g >= 0 && g < c->num_groups && c->group_layer[g] < 0)
+      c->group_layer[g] = l;
+  }
+  *ops = (upf_engine_ops){c, c->vocab, c->num_groups, max_requests, session_step, session_release,
+                          session_pages_free, session_pages_for, session_pages_append, session_pages_of,
+                          session_memory};
+  return UPF_OK;
+}
+
+void upf_engine_session_ops_free(upf_engine_ops *ops) {
+  session_ctx *c = ops->ctx;
+  if (c) {
+    free(c->sid), free(c->rows);
+    free(c);
+  }
+  memset(ops, 0, sizeof *ops);
+}
+
+double upf_engine_session_wall_seconds(const upf_engine_ops *ops) { return ((const session_ctx *)ops->ctx)->wall; }

@@ -9,6 +9,7 @@
 
 #include <stdint.h>
 
+#include "uniprefill/model.h"
 #include "uniprefill/status.h"
 
 #ifdef __cplusplus
@@ -98,12 +99,17 @@ typedef struct {
   void (*memory)(void *ctx, upf_engine_memory *mem);
 } upf_engine_ops;
 
-/* The ops over a session (session.h) for a trace of num_reqs requests (trace indices map to the
- * session's request ids as the engine admits them). Free with upf_engine_session_ops_free; the
- * session must outlive them. */
+/* The ops over a session (session.h) of model m created with cfg, for a trace of num_reqs requests:
+ * a prefill row registers its request (upf_session_add_request) and the trace index maps to the
+ * session's id from then on; a step's seconds are the step result's total_seconds (embedding to
+ * logits, on the host clock after the backend finished); max_live is cfg's max_requests. Free with
+ * upf_engine_session_ops_free; the session and the model must outlive them. */
 struct upf_session;
-upf_status upf_engine_session_ops(struct upf_session *s, int32_t num_reqs, upf_engine_ops *ops);
+upf_status upf_engine_session_ops(struct upf_session *s, const upf_model *m, int32_t max_requests, int32_t num_reqs,
+                                  upf_engine_ops *ops);
 void upf_engine_session_ops_free(upf_engine_ops *ops);
+/* Wall seconds of the session steps the ops ran (the whole upf_session_step calls, host work included). */
+double upf_engine_session_wall_seconds(const upf_engine_ops *ops);
 
 /* ---- The engine ---- */
 
