@@ -16,6 +16,27 @@ upf_status upf_layer_add_norm(const upf_model *m, upf_tokens *tok, upf_layer_scr
   return m->be->rmsnorm_add(&out, &residual, norm_w, &m->cfg->norm, &hidden);
 }
 
+/* A session step: K/V into the cache, prefill rows over the step's own K/V, decode rows over the cache
+ * (their kv_len + 1 entries, this step's included). */
+static upf_status attend_cached(const upf_model *m, const upf_tokens *tok, const upf_layer_cache *kc,
+                                             const upf_tensor *q, const upf_tensor *k, const upf_tensor *v,
+                                             const upf_attn_params *p, const upf_tensor *o) {
+  const upf_backend *be = m->be;
+  UPF_TRY(be->kv_cache_write(k, v, kc->slots, kc->slots_host, &kc->k_cache, &kc->v_cache));
+  const int32_t Bp = kc->num_prefill_rows;
+  const int64_t Tp = tok->cu_seqlens_host[Bp], T = tok->num_tokens;
+  if (Bp > 0) {
+    const upf_attn_varlen prefill = {Bp, tok->cu_seqlens, tok->cu_seqlens_host, tok->cu_seqlens, tok->cu_seqlens_host};
+    const upf_tensor qp = upf_rows(q, 0, Tp), kp = upf_rows(k, 0, Tp), vp = upf_rows(v, 0, Tp), op = upf_rows(o, 0, Tp);
+    UPF_TRY(be->attn_prefill(&prefill, &qp, &kp, &vp, p, &op, NULL));
+  }
+  if (Bp < tok->num_reqs) {
+    const upf_tensor qd = upf_rows(q, Tp, T - Tp), od = upf_rows(o, Tp, T - Tp);
+    UPF_TRY(be->attn_paged(&kc->decode, &qd, &kc->k_cache, &kc->v_cache, p, &od, NULL));
+  }
+  return UPF_OK;
+}
+
 upf_status upf_layer_attention(const upf_model *m, int32_t layer, upf_tokens *tok, upf_layer_scratch *s,
                                upf_attn_qk *qk) {
   const upf_model_config *c = m->cfg;
@@ -43,7 +64,10 @@ upf_status upf_layer_attention(const upf_model *m, int32_t layer, upf_tokens *to
   p.window = kind == UPF_MIXER_SLIDING ? c->window : 0;
   const upf_tensor o2 = upf_mat(s->mix, m->dtype, T, Hq * D);
   const upf_tensor o = upf_heads(&o2, 0, Hq, D, D);
-  UPF_TRY(be->attn_prefill(&batch, &q, &k, &v, &p, &o, NULL));
+  if (s->cache)
+    UPF_TRY(attend_cached(m, tok, s->cache, &q, &k, &v, &p, &o));
+  else
+    UPF_TRY(be->attn_prefill(&batch, &q, &k, &v, &p, &o, NULL));
   if (c->attn_gate) {
     const upf_tensor gate = upf_heads(&qkv, D, Hq, D, q_head_stride);
     UPF_TRY(be->gated_output(&o, &gate, &o));

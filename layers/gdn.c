@@ -26,16 +26,33 @@ upf_status upf_layer_gdn(const upf_model *m, int32_t layer, upf_tokens *tok, upf
   const upf_gdn_batch batch = {tok->cu_seqlens, tok->cu_seqlens_host, tok->num_reqs};
   const upf_tensor x = upf_cols(&proj, 0, C);
   const upf_tensor conv = upf_mat(s->conv, m->dtype, T, C);
-  UPF_TRY(be->gdn_conv(&batch, &x, &w->ssm_conv1d, NULL, NULL, &conv));
+  /* A session step carries each request's conv and recurrent state in and out (gathered from and
+   * scattered back to its pool slot); a plain prefill starts from zeros and keeps nothing. */
+  const upf_layer_cache *kc = s->cache;
+  const int64_t K1 = c->gdn_conv_kernel - 1, B = tok->num_reqs;
+  const int64_t conv_shape[3] = {B, K1, C}, rec_shape[4] = {B, Hv, Dk, Dv};
+  upf_tensor conv_in, conv_out, rec;
+  if (kc) {
+    upf_tensor_init(&conv_in, kc->conv_in, UPF_DTYPE_F32, 3, conv_shape);
+    upf_tensor_init(&conv_out, kc->conv_out, UPF_DTYPE_F32, 3, conv_shape);
+    upf_tensor_init(&rec, kc->rec, UPF_DTYPE_F32, 4, rec_shape);
+    UPF_TRY(be->compact_rows(kc->conv_pool, kc->pool_rows, K1 * C * 4, kc->gather, B, kc->conv_in));
+    UPF_TRY(be->compact_rows(kc->rec_pool, kc->pool_rows, Hv * Dk * Dv * 4, kc->gather, B, kc->rec));
+  }
+  UPF_TRY(be->gdn_conv(&batch, &x, &w->ssm_conv1d, kc ? &conv_in : NULL, kc ? &conv_out : NULL, &conv));
 
   const upf_tensor q = upf_heads(&conv, 0, Hk, Dk, Dk);
   const upf_tensor k = upf_heads(&conv, Hk * Dk, Hk, Dk, Dk);
   const upf_tensor v = upf_heads(&conv, 2 * Hk * Dk, Hv, Dv, Dv);
   const upf_tensor b = upf_cols(&ba, 0, Hv), a = upf_cols(&ba, Hv, Hv);
-  const upf_gdn_scan_inputs in = {&q, &k, &v, &a, &b, &w->ssm_a, &w->ssm_dt, NULL, (float)(1.0 / sqrt((double)Dk))};
+  const upf_gdn_scan_inputs in = {&q, &k, &v, &a, &b, &w->ssm_a, &w->ssm_dt, kc ? &rec : NULL, (float)(1.0 / sqrt((double)Dk))};
   const upf_tensor o2 = upf_mat(s->mix, m->dtype, T, Hv * Dv);
   const upf_tensor o = upf_heads(&o2, 0, Hv, Dv, Dv);
-  UPF_TRY(be->gdn_scan(&batch, &in, &o, NULL));
+  UPF_TRY(be->gdn_scan(&batch, &in, &o, kc ? &rec : NULL));
+  if (kc) {
+    UPF_TRY(be->scatter_rows(kc->conv_out, B, K1 * C * 4, kc->scatter, kc->scatter_host, kc->conv_pool, kc->pool_rows));
+    UPF_TRY(be->scatter_rows(kc->rec, B, Hv * Dk * Dv * 4, kc->scatter, kc->scatter_host, kc->rec_pool, kc->pool_rows));
+  }
   const upf_tensor z = upf_heads(&proj, C, Hv, Dv, Dv);
   UPF_TRY(be->gdn_gated_norm(&o, &z, &w->ssm_norm, &c->gdn_norm, &o));
 

@@ -24,6 +24,27 @@ typedef struct {
   int32_t *cu_seqlens_host;       /* (B+1) */
 } upf_tokens;
 
+/* What a session step (models/session.c) keeps beyond the step, set before each layer; a plain
+ * prefill has none. The step's rows are prefill rows first, then decode rows of one token each. */
+typedef struct {
+  int32_t num_prefill_rows;        /* Bp: rows [0, Bp) are prefill rows, [Bp, B) decode rows */
+  /* attention layers: write K/V through the slot mapping, then prefill rows attend over the step's
+   * contiguous K/V and decode rows over the paged cache */
+  upf_tensor k_cache, v_cache;     /* (pages, P, Hkv, D) this layer's cache */
+  const int32_t *slots;            /* (T) slot of each current token, backend memory */
+  const int32_t *slots_host;       /* (T) host copy */
+  upf_attn_paged decode;           /* the decode rows over the cache (B - Bp rows) */
+  /* Gated DeltaNet layers: per-request states in slots of a pool */
+  void *conv_pool;                 /* (S, K-1, C) f32 this layer's conv states */
+  void *rec_pool;                  /* (S, Hv, Dk, Dv) f32 this layer's recurrent states */
+  int64_t pool_rows;               /* S */
+  const int32_t *gather;           /* (B) pool row each row's state is read from (a zero row for prefill) */
+  const int32_t *scatter;          /* (B) pool row each row's state is written to */
+  const int32_t *scatter_host;     /* (B) host copy */
+  void *conv_in, *conv_out;        /* (B, K-1, C) f32 step buffers */
+  void *rec;                       /* (B, Hv, Dk, Dv) f32 step buffer, updated in place by the scan */
+} upf_layer_cache;
+
 /* Buffers a layer writes and a later one overwrites, sized by the step's tokens (Tmax rows). */
 typedef struct {
   void *out;            /* (Tmax, H) a sub-layer's output, before the residual add */
@@ -37,6 +58,7 @@ typedef struct {
   int32_t *kept_index;  /* (Tmax) */
   int32_t *new_cu;      /* (B+1) */
   int32_t *kept_count;  /* (B) */
+  const upf_layer_cache *cache; /* NULL: nothing outlives the step (plain prefill) */
 } upf_layer_scratch;
 
 /* Views of a drop layer's q and k (after q/k norm and RoPE): the drop step's input. */
@@ -49,6 +71,8 @@ typedef struct {
 upf_tensor upf_mat(void *data, upf_dtype dtype, int64_t rows, int64_t cols);
 /* Columns [col0, col0 + cols) of a 2-D matrix (same rows, same row stride). */
 upf_tensor upf_cols(const upf_tensor *mat, int64_t col0, int64_t cols);
+/* Rows [row0, row0 + rows) of a tensor (any dims, same strides). */
+upf_tensor upf_rows(const upf_tensor *t, int64_t row0, int64_t rows);
 /* A (rows, heads, dim) view of columns [col0, ...) of a 2-D matrix, heads head_stride apart (dim, or
  * 2*dim where each head interleaves with another tensor: Qwen3-Next's query and gate). */
 upf_tensor upf_heads(const upf_tensor *mat, int64_t col0, int64_t heads, int64_t dim, int64_t head_stride);

@@ -22,3 +22,10 @@ upf_tensor upf_heads(const upf_tensor *mat, int64_t col0, int64_t heads, int64_t
   t.stride[0] = mat->stride[0], t.stride[1] = head_stride, t.stride[2] = 1;
   return t;
 }
+
+upf_tensor upf_rows(const upf_tensor *t, int64_t row0, int64_t rows) {
+  upf_tensor r = *t;
+  r.data = (char *)t->data + row0 * t->stride[0] * (int64_t)upf_dtype_size(t->dtype);
+  r.shape[0] = rows;
+  return r;
+}
