@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include "layers/layers.h"
+#include "models/step.h"
 #include "uniprefill/bf16.h"
 
 static double now_seconds(void) {
@@ -113,8 +114,10 @@ static void free_buffers(const upf_backend *be, run_buffers *b) {
   free(b->tok.cu_seqlens_host);
 }
 
-/* Token ids, positions within each request, the packed index of each token and cu_seqlens. */
-static upf_status upload_batch(const upf_backend *be, const int32_t *ids, const int32_t *cu, int32_t B, run_buffers *b) {
+/* Token ids, positions (within each request, or the given ones), the packed index of each token and
+ * cu_seqlens. */
+static upf_status upload_batch(const upf_backend *be, const int32_t *ids, const int32_t *cu, const int32_t *positions,
+                               int32_t B, run_buffers *b) {
   const int64_t T = cu[B];
   int32_t *pos = malloc((size_t)(T ? T : 1) * 2 * sizeof *pos);
   if (!pos)
@@ -122,7 +125,7 @@ static upf_status upload_batch(const upf_backend *be, const int32_t *ids, const 
   int32_t *origin = pos + T;
   for (int32_t r = 0; r < B; r++)
     for (int32_t t = cu[r]; t < cu[r + 1]; t++)
-      pos[t] = t - cu[r], origin[t] = t;
+      pos[t] = positions ? positions[t] : t - cu[r], origin[t] = t;
   upf_status st = be->upload(b->ids, ids, (size_t)T * 4);
   if (st == UPF_OK)
     st = be->upload(b->tok.positions, pos, (size_t)T * 4);
@@ -137,12 +140,13 @@ static upf_status upload_batch(const upf_backend *be, const int32_t *ids, const 
 }
 
 /* The layers [begin, end) over the batch in b, dropping at the drop layers in UniPrefill mode. */
-static upf_status run_layers(const upf_model *m, const upf_prefill_options *opt, run_buffers *b,
-                             upf_prefill_result *res) {
+static upf_status run_layers(const upf_model *m, const upf_prefill_options *opt, const upf_step_hooks *hooks,
+                             run_buffers *b, upf_prefill_result *res) {
   const upf_model_config *c = m->cfg;
   const upf_backend *be = m->be;
   upf_tokens *tok = &b->tok;
-  const int64_t step_tokens = tok->num_tokens;
+  /* the step's prefill tokens decide whether it drops (decode rows do not make a step long) */
+  const int64_t step_tokens = tok->cu_seqlens_host[hooks ? hooks->num_prefill_rows : tok->num_reqs];
   const int dropping = opt->mode == UPF_PREFILL_UNIPREFILL && step_tokens > c->drop_min_step_tokens;
   int drop_index = 0; /* position in cfg->drop_layers */
 
@@ -158,6 +162,8 @@ static upf_status run_layers(const upf_model *m, const upf_prefill_options *opt,
     if (l > m->layer_begin)
       UPF_TRY(upf_layer_add_norm(m, tok, &b->s, &m->layers[l].attn_norm));
     upf_attn_qk qk;
+    if (hooks)
+      UPF_TRY(hooks->before_layer(hooks->user, l, tok, &b->s));
     if (upf_model_mixer(c, l) == UPF_MIXER_GDN)
       UPF_TRY(upf_layer_gdn(m, l, tok, &b->s));
     else
@@ -198,6 +204,12 @@ static upf_status run_layers(const upf_model *m, const upf_prefill_options *opt,
 
 upf_status upf_model_prefill(const upf_model *m, const int32_t *ids, const int32_t *cu_seqlens, int32_t num_reqs,
                              const upf_prefill_options *opt, upf_prefill_result *res) {
+  return upf_model_run_step(m, ids, cu_seqlens, NULL, num_reqs, opt, NULL, res);
+}
+
+upf_status upf_model_run_step(const upf_model *m, const int32_t *ids, const int32_t *cu_seqlens,
+                              const int32_t *positions, int32_t num_reqs, const upf_prefill_options *opt,
+                              const upf_step_hooks *hooks, upf_prefill_result *res) {
   memset(res, 0, sizeof *res);
   UPF_TRY(check_batch(m, ids, cu_seqlens, num_reqs, opt));
   res->num_reqs = num_reqs, res->vocab = m->cfg->vocab;
@@ -208,12 +220,12 @@ upf_status upf_model_prefill(const upf_model *m, const int32_t *ids, const int32
   memset(&b, 0, sizeof b);
   upf_status st = alloc_buffers(m, cu_seqlens[num_reqs], num_reqs, &b);
   if (st == UPF_OK)
-    st = upload_batch(m->be, ids, cu_seqlens, num_reqs, &b);
+    st = upload_batch(m->be, ids, cu_seqlens, positions, num_reqs, &b);
   if (st == UPF_OK)
     st = m->be->synchronize();
   const double t0 = now_seconds();
   if (st == UPF_OK)
-    st = run_layers(m, opt, &b, res);
+    st = run_layers(m, opt, hooks, &b, res);
   if (st == UPF_OK)
     st = m->be->synchronize();
   res->total_seconds = now_seconds() - t0;
