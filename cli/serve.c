@@ -241,12 +241,12 @@ static upf_status write_json(const char *path, const serve_args *a, const upf_mo
   for (int32_t g = 0; g < num_groups; g++)
     fprintf(f, "%s%lld", g ? ", " : "", (long long)(sc->group_pages[g] > 0 ? sc->group_pages[g] : sc->pages_per_group));
   fprintf(f, "],\n  \"weights_gib\": %.4f,\n  \"commit\": \"%s\",\n  \"command\": ", m->weight_bytes / (1 << 30), commit);
-  size_t len = 4;
+  size_t len = 16;
   for (int i = 0; i < argc; i++)
     len += strlen(argv[i]) + 1;
   char *cmd = malloc(len);
   if (cmd) {
-    strcpy(cmd, "upf");
+    strcpy(cmd, "upf serve-sim");
     for (int i = 0; i < argc; i++)
       strcat(cmd, " "), strcat(cmd, argv[i]);
     json_string(f, cmd);

@@ -547,7 +547,7 @@ static upf_status run_loop(const upf_engine_ops *ops, const upf_trace *tr, const
     upf_status st = ops->step(ops->ctx, s->rows, n, s->logits, &seconds);
     if (st != UPF_OK) {
       char ctx[96];
-      snprintf(ctx, sizeof ctx, "engine step %lld (%d prefill, %d decode rows)", (long long)res->num_steps,
+      snprintf(ctx, sizeof ctx, "engine step %lld (%d prefill, %d decode rows): ", (long long)res->num_steps,
                n - decode_rows, decode_rows);
       return upf_fail_context(st, ctx);
     }
@@ -609,7 +609,7 @@ static upf_status run_loop(const upf_engine_ops *ops, const upf_trace *tr, const
         for (int32_t j = k + 1; j < s->num_running; j++)
           s->running[kept++] = s->running[j];
         s->num_running = kept;
-        return upf_fail_context(st, "engine: releasing a finished request");
+        return upf_fail_context(st, "engine: releasing a finished request: ");
       }
       rec->finished = clock, rec->finish_step = res->num_steps;
       rec->ttft = rec->first_token - rec->arrival;
@@ -689,6 +689,7 @@ typedef struct {
   int32_t num_groups;
   int32_t group_layer[UPF_SESSION_MAX_GROUPS]; /* an attention layer of each group, -1 if it has none */
   upf_session_row *rows; /* (rows_cap) */
+  int32_t *order;        /* (rows_cap) the engine row of each session row */
   int32_t rows_cap;
   int32_t vocab;
   double wall;
@@ -704,21 +705,30 @@ static upf_status session_step(void *ctx, const upf_engine_row *rows, int32_t n,
   session_ctx *c = ctx;
   if (n > c->rows_cap) {
     upf_session_row *r = realloc(c->rows, (size_t)n * sizeof *r);
-    if (!r)
+    if (r)
+      c->rows = r;
+    int32_t *o = r ? realloc(c->order, (size_t)n * sizeof *o) : NULL;
+    if (!o)
       return upf_fail(UPF_ERR_NOMEM, "engine: %d session rows", n);
-    c->rows = r, c->rows_cap = n;
+    c->order = o, c->rows_cap = n;
   }
-  for (int32_t k = 0; k < n; k++) {
-    const upf_engine_row *w = &rows[k];
-    if (w->req < 0 || w->req >= c->num_reqs || (w->prefill != (c->sid[w->req] < 0)))
-      return upf_fail(UPF_ERR_INVALID_ARG, "engine: row %d: request %d %s", k, w->req,
-                      w->prefill ? "is already registered" : "has no prefill");
-    if (w->prefill)
-      UPF_TRY(upf_session_add_request(c->s, w->ids, w->num_tokens, &c->sid[w->req]));
-    c->rows[k].req = c->sid[w->req];
-    c->rows[k].kind = w->prefill ? UPF_ROW_PREFILL : UPF_ROW_DECODE;
-    c->rows[k].token = w->prefill ? 0 : w->ids[0];
-  }
+  /* the session packs prefill rows before decode rows: order[j] is the engine row of session row j */
+  int32_t j = 0;
+  for (int pass = 1; pass >= 0; pass--)
+    for (int32_t k = 0; k < n; k++) {
+      const upf_engine_row *w = &rows[k];
+      if (w->prefill != pass)
+        continue;
+      if (w->req < 0 || w->req >= c->num_reqs || (w->prefill != (c->sid[w->req] < 0)))
+        return upf_fail(UPF_ERR_INVALID_ARG, "engine: row %d: request %d %s", k, w->req,
+                        w->prefill ? "is already registered" : "has no prefill");
+      if (w->prefill)
+        UPF_TRY(upf_session_add_request(c->s, w->ids, w->num_tokens, &c->sid[w->req]));
+      c->order[j] = k;
+      c->rows[j].req = c->sid[w->req];
+      c->rows[j].kind = w->prefill ? UPF_ROW_PREFILL : UPF_ROW_DECODE;
+      c->rows[j++].token = w->prefill ? 0 : w->ids[0];
+    }
   upf_prefill_result res;
   const double t0 = wall_now();
   upf_status st = upf_session_step(c->s, c->rows, n, NULL, &res);
@@ -730,7 +740,8 @@ static upf_status session_step(void *ctx, const upf_engine_row *rows, int32_t n,
     return upf_fail(UPF_ERR_SHAPE, "engine: the step returned %d rows of %d logits for %d rows of %d", res.num_reqs,
                     res.vocab, n, c->vocab);
   }
-  memcpy(logits, res.logits, (size_t)n * c->vocab * sizeof *logits);
+  for (int32_t k = 0; k < n; k++)
+    memcpy(logits + (int64_t)c->order[k] * c->vocab, res.logits + (int64_t)k * c->vocab, (size_t)c->vocab * sizeof *logits);
   *seconds = res.total_seconds;
   upf_prefill_result_free(&res);
   return UPF_OK;
@@ -815,7 +826,7 @@ upf_status upf_engine_session_ops(upf_session *s, const upf_model *m, int32_t ma
 void upf_engine_session_ops_free(upf_engine_ops *ops) {
   session_ctx *c = ops->ctx;
   if (c) {
-    free(c->sid), free(c->rows);
+    free(c->sid), free(c->rows), free(c->order);
     free(c);
   }
   memset(ops, 0, sizeof *ops);

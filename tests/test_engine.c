@@ -9,6 +9,8 @@
 
 #include "tests/test_util.h"
 #include "uniprefill/engine.h"
+#include "uniprefill/model.h"
+#include "uniprefill/session.h"
 
 /* ---- The fake: two cache groups of P-token pages; group 0 keeps the prompt, group 1 (after a "drop")
  * ceil(n / 2) of it when `drop` is set. Each request's next token is a function of its own context, so
@@ -505,6 +507,159 @@ static void test_trace_jsonl(void) {
   CU_ASSERT_PTR_NOT_NULL(strstr(upf_last_error(), "/nonexistent/trace.jsonl"));
 }
 
+/* ---- The engine over the real session (CPU, tiny configs, f32) ---- */
+
+/* A long prompt that drops, one shorter than sink + last_q, a one-token prompt and a medium one; each
+ * stops after its own count of tokens. With a budget of 160 tokens and every arrival at 0 the schedule
+ * is fixed: step 0 prefills request 0 alone (24 + 150 > 160); step 1 decodes it beside the prefills of
+ * requests 1 and 2 (1 + 150 + 1; + 90 would not fit); step 2 decodes three and prefills request 3
+ * (3 + 90), and request 0 finishes there while the others go on decoding. Quick: 90 tokens over
+ * 24, 72, 1, 40. */
+static const int32_t mixed_lens[] = {24, 150, 1, 90}, mixed_lens_quick[] = {24, 72, 1, 40};
+static const int32_t mixed_new[] = {3, 6, 4, 5};
+#define MIXED_BUDGET (upf_test_quick() ? 90 : 160)
+
+static void mixed_trace(upf_trace *t, int32_t vocab) {
+  const int32_t *lens = upf_test_quick() ? mixed_lens_quick : mixed_lens;
+  t->num_reqs = 4;
+  t->reqs = calloc(4, sizeof *t->reqs);
+  for (int32_t i = 0; i < 4; i++) {
+    upf_engine_request *r = &t->reqs[i];
+    r->id = i, r->prompt_len = lens[i], r->max_new = mixed_new[i];
+    r->prompt = malloc((size_t)lens[i] * sizeof *r->prompt);
+    upf_model_seeded_ids(40 + (uint64_t)i, vocab, lens[i], r->prompt);
+  }
+}
+
+static upf_status run_on_session(const upf_model *m, upf_prefill_mode mode, const upf_trace *t, upf_engine_result *res) {
+  upf_session_config sc = upf_session_config_default(m);
+  sc.mode = mode, sc.select.p = 0.5f, sc.max_requests = t->num_reqs, sc.pages_per_group = 64;
+  upf_session *s = NULL;
+  UPF_TRY(upf_session_create(m, &sc, &s));
+  upf_engine_ops ops;
+  upf_status st = upf_engine_session_ops(s, m, sc.max_requests, t->num_reqs, &ops);
+  const upf_engine_options o = {.token_budget = MIXED_BUDGET, .eos = -1, .keep_steps = 1};
+  if (st == UPF_OK) {
+    st = upf_engine_run(&ops, t, &o, res);
+    upf_engine_session_ops_free(&ops);
+  }
+  /* every page returned to the session */
+  for (int32_t g = 0; st == UPF_OK && g < upf_session_num_groups(s); g++)
+    CU_ASSERT_EQUAL(upf_session_pages_free(s, g), upf_session_pages_total(s, g));
+  upf_session_free(s);
+  return st;
+}
+
+/* Batch invariance through the engine, and the deployment's failure cases: each request's tokens in
+ * the mixed continuous batch equal its tokens run alone, dense and UniPrefill at p = 0.5, where decode
+ * rows share a step with a dropping prefill, a prompt shorter than sink + last_q and a one-token prompt
+ * sit beside the long one, and a request finishes while the others decode. */
+static void test_session_batch_invariance(void) {
+  static const char *const families[] = {"llama-tiny", "gemma3-tiny", "qwen3-next-tiny"};
+  const int nf = upf_test_quick() ? 1 : 3;
+  for (int fi = 0; fi < nf; fi++) {
+    const upf_model_config *cfg = upf_model_config_by_name(families[fi]);
+    upf_model m;
+    if (upf_model_init_seeded(&m, cfg, upf_backend_cpu(), UPF_DTYPE_F32, 5, 0, cfg->num_layers) != UPF_OK) {
+      CU_FAIL(upf_last_error());
+      continue;
+    }
+    upf_trace t;
+    mixed_trace(&t, cfg->vocab);
+    for (int mode = upf_test_quick(); mode < 2; mode++) {
+      const upf_prefill_mode pm = mode ? UPF_PREFILL_UNIPREFILL : UPF_PREFILL_DENSE;
+      upf_engine_result all;
+      upf_status st = run_on_session(&m, pm, &t, &all);
+      if (st != UPF_OK) {
+        printf("\n%s mode %d: %s\n", cfg->name, mode, upf_last_error());
+        CU_FAIL("engine over the session");
+        continue;
+      }
+      /* the schedule the trace was built for */
+      CU_ASSERT(all.num_steps >= 3);
+      CU_ASSERT(all.steps[1].prefill_rows == 2 && all.steps[1].decode_rows == 1);
+      CU_ASSERT(all.steps[2].prefill_rows == 1 && all.steps[2].decode_rows == 3);
+      CU_ASSERT_EQUAL(all.reqs[0].finish_step, 2);
+      CU_ASSERT(all.reqs[1].finish_step > 2 && all.reqs[2].finish_step > 2 && all.reqs[3].finish_step > 2);
+      /* UniPrefill: the long prompt really dropped (fewer pages than dense right after its prefill) */
+      if (mode) {
+        CU_ASSERT(all.reqs[1].pages_after_prefill < all.reqs[1].dense_pages_after_prefill);
+      } else {
+        CU_ASSERT_EQUAL(all.reqs[1].pages_after_prefill, all.reqs[1].dense_pages_after_prefill);
+      }
+      for (int32_t i = 0; i < t.num_reqs; i++) {
+        upf_trace one = {1, &t.reqs[i]};
+        upf_engine_result alone;
+        if (run_on_session(&m, pm, &one, &alone) != UPF_OK) {
+          CU_FAIL(upf_last_error());
+          continue;
+        }
+        CU_ASSERT_EQUAL(alone.reqs[0].num_generated, all.reqs[i].num_generated);
+        const int same = alone.reqs[0].num_generated == all.reqs[i].num_generated &&
+                         !memcmp(alone.reqs[0].tokens, all.reqs[i].tokens, sizeof(int32_t) * (size_t)alone.reqs[0].num_generated);
+        if (!same)
+          printf("\n%s mode %d request %d: tokens in the batch differ from alone\n", cfg->name, mode, i);
+        CU_ASSERT(same);
+        CU_ASSERT_EQUAL(alone.reqs[0].pages_after_prefill, all.reqs[i].pages_after_prefill);
+        upf_engine_result_free(&alone);
+      }
+      upf_engine_result_free(&all);
+    }
+    upf_trace_free(&t);
+    upf_model_free(&m);
+  }
+}
+
+/* Pages for two of the requests at a time on the real session: the others wait, are admitted as pages
+ * return, and produce the same tokens as with pages for all. */
+static void test_session_page_wait(void) {
+  const upf_model_config *cfg = upf_model_config_by_name("llama-tiny");
+  upf_model m;
+  if (upf_model_init_seeded(&m, cfg, upf_backend_cpu(), UPF_DTYPE_F32, 5, 0, cfg->num_layers) != UPF_OK) {
+    CU_FAIL(upf_last_error());
+    return;
+  }
+  upf_trace t;
+  mixed_trace(&t, cfg->vocab);
+  upf_engine_result wide, tight;
+  upf_session_config sc = upf_session_config_default(&m);
+  sc.max_requests = 4;
+  const upf_engine_options o = {.token_budget = MIXED_BUDGET, .eos = -1, .keep_steps = 1};
+  for (int k = 0; k < 2; k++) {
+    /* worst cases in pages of 16: 2, 10 (5 quick), 1, 6 (3 quick); 12 pages hold requests 0 and 1 only */
+    sc.pages_per_group = k ? 12 : 64;
+    upf_session *s = NULL;
+    upf_engine_ops ops;
+    upf_status st = upf_session_create(&m, &sc, &s);
+    if (st == UPF_OK)
+      st = upf_engine_session_ops(s, &m, sc.max_requests, t.num_reqs, &ops);
+    if (st == UPF_OK) {
+      st = upf_engine_run(&ops, &t, &o, k ? &tight : &wide);
+      upf_engine_session_ops_free(&ops);
+    }
+    if (s)
+      upf_session_free(s);
+    if (st != UPF_OK) {
+      printf("\n%s\n", upf_last_error());
+      CU_FAIL("engine over the session");
+      upf_trace_free(&t);
+      upf_model_free(&m);
+      if (k)
+        upf_engine_result_free(&wide);
+      return;
+    }
+  }
+  CU_ASSERT(tight.num_steps > wide.num_steps || upf_test_quick());
+  for (int32_t i = 0; i < t.num_reqs; i++) {
+    CU_ASSERT_EQUAL(memcmp(wide.reqs[i].tokens, tight.reqs[i].tokens, sizeof(int32_t) * (size_t)wide.reqs[i].max_new), 0);
+    CU_ASSERT(tight.reqs[i].admit_step >= wide.reqs[i].admit_step);
+  }
+  CU_ASSERT(tight.pages_peak <= 3 * 12);
+  upf_engine_result_free(&wide), upf_engine_result_free(&tight);
+  upf_trace_free(&t);
+  upf_model_free(&m);
+}
+
 void upf_register_engine_tests(void) {
   static const CU_TestInfo tests[] = {
       {"budget respected every step, outputs equal alone", test_budget},
@@ -518,6 +673,8 @@ void upf_register_engine_tests(void) {
       {"greedy argmax: ties to the lowest id, NaN refused", test_argmax},
       {"seeded trace: lengths, Poisson arrivals, all at t = 0", test_trace_seeded},
       {"JSON-lines trace: order, defaults, bad lines named", test_trace_jsonl},
+      {"session: mixed batches equal alone (dense, UniPrefill), failure cases", test_session_batch_invariance},
+      {"session: requests wait for pages, same tokens", test_session_page_wait},
       CU_TEST_INFO_NULL,
   };
   upf_test_suite("engine", NULL, NULL, tests);
