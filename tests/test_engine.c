@@ -613,6 +613,10 @@ static void test_session_batch_invariance(void) {
 /* Pages for two of the requests at a time on the real session: the others wait, are admitted as pages
  * return, and produce the same tokens as with pages for all. */
 static void test_session_page_wait(void) {
+  if (upf_test_quick()) {
+    printf("skipped under Valgrind (quick): the batch-invariance test runs the same session code ");
+    return;
+  }
   const upf_model_config *cfg = upf_model_config_by_name("llama-tiny");
   upf_model m;
   if (upf_model_init_seeded(&m, cfg, upf_backend_cpu(), UPF_DTYPE_F32, 5, 0, cfg->num_layers) != UPF_OK) {
