@@ -25,5 +25,8 @@ extern const char upf_cli_prefill_usage[];
 /* `upf export` (cli/export.c). */
 int upf_cli_export(int argc, char **argv);
 extern const char upf_cli_export_usage[];
+/* `upf serve-sim` (cli/serve.c). */
+int upf_cli_serve(int argc, char **argv);
+extern const char upf_cli_serve_usage[];
 
 #endif

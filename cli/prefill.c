@@ -11,6 +11,7 @@
 
 #include "cli/args.h"
 #include "cli/cli.h"
+#include "cli/model_args.h"
 #include "uniprefill/model.h"
 #include "uniprefill/npy.h"
 
@@ -66,9 +67,10 @@ const char upf_cli_prefill_usage[] =
     "  entering the layer, FFN block at the count leaving its drop) at the kept counts.\n";
 
 typedef struct {
-  const char *model, *gguf, *lengths, *ids_path, *cu_path, *mode, *select, *dtype, *backend, *layers;
+  upf_model_args sel; /* --model, --seed, --dtype, --backend, --layers */
+  const char *lengths, *ids_path, *cu_path, *mode, *select;
   const char *out_logits, *dump_dir, *replay_dir, *json;
-  int32_t seed, warmup, iters, ideal;
+  int32_t warmup, iters, ideal;
   float p, keep;
 } prefill_args;
 
@@ -117,20 +119,6 @@ static upf_status measure_ideal(const upf_model *m, const int32_t *cu, int32_t B
     upf_prefill_result_free(&st_res[s]);
   free(st_res), free(cu_s), free(ids);
   return st;
-}
-
-/* "A:B" into [a, b); 0 on a malformed range. */
-static int parse_range(const char *s, int32_t n, int32_t *a, int32_t *b) {
-  char *end;
-  long x = strtol(s, &end, 10);
-  if (end == s || *end != ':')
-    return 0;
-  const char *s2 = end + 1;
-  long y = strtol(s2, &end, 10);
-  if (end == s2 || *end)
-    return 0;
-  *a = (int32_t)x, *b = (int32_t)y;
-  return x >= 0 && y <= n && x < y;
 }
 
 /* "8192,32768" into lengths; each in [1, 2^31). */
@@ -290,7 +278,7 @@ static int build_batch(const prefill_args *a, const upf_model_config *cfg, int32
     free(lens);
     *B = n;
     *ids = malloc((size_t)(*cu)[n] * sizeof **ids);
-    upf_model_seeded_ids((uint64_t)a->seed, cfg->vocab, (*cu)[n], *ids);
+    upf_model_seeded_ids((uint64_t)a->sel.seed, cfg->vocab, (*cu)[n], *ids);
     return 1;
   }
   upf_tensor t_ids, t_cu;
@@ -327,20 +315,14 @@ static int build_batch(const prefill_args *a, const upf_model_config *cfg, int32
   return 1;
 }
 
-static int prefill_with(prefill_args *ap, upf_arg_parser *pp, const upf_model_config *cfg, const upf_gguf *file,
-                        int argc, char **argv);
-
 int upf_cli_prefill(int argc, char **argv) {
-  prefill_args a = {.mode = "dense", .select = "topp", .dtype = "bf16", .backend = NULL, .seed = 1, .iters = 1, .p = -1};
+  prefill_args a = {.sel = UPF_MODEL_ARGS_DEFAULT, .mode = "dense", .select = "topp", .iters = 1, .p = -1};
   upf_arg args[] = {
-      {"--model", UPF_ARG_STRING, &a.model},         {"--lengths", UPF_ARG_STRING, &a.lengths},
-      {"--gguf", UPF_ARG_STRING, &a.gguf},
+      UPF_MODEL_ARG_FLAGS(a.sel),                    {"--lengths", UPF_ARG_STRING, &a.lengths},
       {"--token-ids", UPF_ARG_STRING, &a.ids_path},  {"--cu-seqlens", UPF_ARG_STRING, &a.cu_path},
-      {"--seed", UPF_ARG_INT, &a.seed, 0, 0, INT32_MAX},
       {"--mode", UPF_ARG_STRING, &a.mode},           {"--select", UPF_ARG_STRING, &a.select},
       {"--p", UPF_ARG_FLOAT, &a.p},                  {"--keep", UPF_ARG_FLOAT, &a.keep},
-      {"--dtype", UPF_ARG_STRING, &a.dtype},         {"--backend", UPF_ARG_STRING, &a.backend},
-      {"--layers", UPF_ARG_STRING, &a.layers},       {"--out-logits", UPF_ARG_STRING, &a.out_logits},
+      {"--out-logits", UPF_ARG_STRING, &a.out_logits},
       {"--dump-masks", UPF_ARG_STRING, &a.dump_dir}, {"--replay-masks", UPF_ARG_STRING, &a.replay_dir},
       {"--json", UPF_ARG_STRING, &a.json},           {"--warmup", UPF_ARG_INT, &a.warmup, 0, 0, 1000},
       {"--iters", UPF_ARG_INT, &a.iters, 0, 1, 1000},   {"--ideal", UPF_ARG_SWITCH, &a.ideal},
@@ -350,35 +332,10 @@ int upf_cli_prefill(int argc, char **argv) {
   if (pr != UPF_ARGS_OK)
     return upf_args_exit_code(pr);
 
-  if (!a.model == !a.gguf) {
-    fprintf(stderr, "upf prefill: give exactly one of --model (a built-in model) and --gguf (a model file)\n");
-    return 2;
-  }
-  /* a file's config lives here; the file stays open until its weights are built */
-  static upf_gguf_model_config file_cfg;
-  upf_gguf *file = NULL;
-  const upf_model_config *cfg = NULL;
-  if (a.gguf) {
-    upf_status fst = upf_gguf_open(a.gguf, &file);
-    if (fst == UPF_OK)
-      fst = upf_model_config_from_gguf(file, &file_cfg);
-    if (fst != UPF_OK) {
-      upf_gguf_close(file);
-      return upf_cli_error(fst, "prefill: --gguf");
-    }
-    cfg = &file_cfg.cfg;
-  } else if (!(cfg = upf_model_config_by_name(a.model)))
-    return upf_cli_error(UPF_ERR_INVALID_ARG, "prefill: --model");
-  const int rc_args = prefill_with(&a, &p, cfg, file, argc, argv);
-  upf_gguf_close(file);
-  return rc_args;
-}
-
-/* The rest of upf prefill once the model's config is known (file: the open GGUF file, or NULL). */
-static int prefill_with(prefill_args *ap, upf_arg_parser *pp, const upf_model_config *cfg, const upf_gguf *file,
-                        int argc, char **argv) {
-  prefill_args a = *ap;
-  upf_arg_parser p = *pp;
+  const int rc_sel = upf_model_args_resolve("prefill", &a.sel);
+  if (rc_sel)
+    return rc_sel;
+  const upf_model_config *cfg = a.sel.cfg;
   if (!a.lengths == !a.ids_path) {
     fprintf(stderr, "upf prefill: give exactly one of --lengths and --token-ids\n");
     return 2;
@@ -424,16 +381,8 @@ static int prefill_with(prefill_args *ap, upf_arg_parser *pp, const upf_model_co
   if (topk)
     opt.select.keep_ratio = a.keep;
   a.p = opt.select.p;
-  upf_dtype dtype;
-  if (upf_dtype_parse(a.dtype, &dtype) != UPF_OK || (dtype != UPF_DTYPE_F32 && dtype != UPF_DTYPE_BF16)) {
-    fprintf(stderr, "upf prefill: --dtype '%s': want f32 or bf16\n", a.dtype);
-    return 2;
-  }
-  int32_t lb = 0, le = cfg->num_layers;
-  if (a.layers && !parse_range(a.layers, cfg->num_layers, &lb, &le)) {
-    fprintf(stderr, "upf prefill: --layers '%s': want A:B with 0 <= A < B <= %d\n", a.layers, cfg->num_layers);
-    return 2;
-  }
+  const upf_dtype dtype = a.sel.dt;
+  const int32_t lb = a.sel.layer_begin, le = a.sel.layer_end;
   const char *dirs[2] = {a.dump_dir, a.replay_dir};
   for (int i = 0; i < 2; i++)
     if (dirs[i] && !is_dir(dirs[i])) {
@@ -441,16 +390,11 @@ static int prefill_with(prefill_args *ap, upf_arg_parser *pp, const upf_model_co
       return 2;
     }
   const upf_arg_path paths[] = {{"--token-ids", a.ids_path, 0}, {"--cu-seqlens", a.cu_path, 0},
-                                {"--gguf", a.gguf, 0},          {"--out-logits", a.out_logits, 1},
-                                {"--json", a.json, 1}};
-  if (!upf_args_check_paths("upf prefill", paths, 5))
+                                {"--out-logits", a.out_logits, 1}, {"--json", a.json, 1}};
+  if (!upf_args_check_paths("upf prefill", paths, 4))
     return 2;
-  const upf_backend *be = a.backend ? upf_backend_by_name(a.backend) : upf_cli_default_backend();
-  if (!be)
-    return upf_cli_error(UPF_ERR_INVALID_ARG, "prefill: --backend");
-  upf_status st = be->probe();
-  if (st != UPF_OK)
-    return upf_cli_error(st, "prefill: --backend");
+  const upf_backend *be = a.sel.be;
+  upf_status st = UPF_OK;
 
   int32_t *ids = NULL, *cu = NULL, B = 0;
   if (!build_batch(&a, cfg, &ids, &cu, &B)) {
@@ -473,10 +417,7 @@ static int prefill_with(prefill_args *ap, upf_arg_parser *pp, const upf_model_co
     }
 
   upf_model m;
-  if (lb > 0 || le < cfg->num_layers)
-    fprintf(stderr, "upf prefill: layers %d:%d of %s's %d (a partial model)\n", lb, le, cfg->name, cfg->num_layers);
-  st = file ? upf_model_load_gguf(&m, file, cfg, be, dtype, lb, le)
-            : upf_model_init_seeded(&m, cfg, be, dtype, (uint64_t)a.seed, lb, le);
+  st = upf_model_args_build("prefill", &a.sel, &m);
   if (st != UPF_OK) {
     free(ids), free(cu);
     return upf_cli_error(st, "prefill: building the model");

@@ -357,6 +357,7 @@ static const command commands[] = {
     {"models", upf_cli_models, upf_cli_models_usage},
     {"prefill", upf_cli_prefill, upf_cli_prefill_usage},
     {"export", upf_cli_export, upf_cli_export_usage},
+    {"serve-sim", upf_cli_serve, upf_cli_serve_usage},
 };
 
 static void usage(FILE *out) {

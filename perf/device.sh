@@ -22,6 +22,9 @@
 #                                         llama3.1-8b gemma3-12b) and run (a length, or a comma list: one
 #                                         batch; default "8192 32768 131072"), UniPrefill at each top-k keep
 #                                         ratio (default 0.5,0.3,0.2) with --ideal, which also times dense
+#     serve [MODEL] [--keep R1,R2]        perf/serve_sweep.sh: upf serve-sim dense vs UniPrefill top-k (default
+#                                         llama3.1-8b, keep 0.5,0.3) at 1, 4, 16, 64 requests of 8K-32K tokens
+#                                         (SERVE_* settings: serve_sweep.sh --help); JSON and summary.md under serve/
 #     session [--quick]                   the standard full pass: verify, sanitize and test side by side, then
 #                                         bench alone on the GPU, then peers
 #   options of every device command:
@@ -80,7 +83,7 @@ stage() {
     cp -L "$path" "$st/lib/"
   done
   cp perf/peers/*.py "$st/peers/"
-  cp perf/device.sh "$st/"
+  cp perf/device.sh perf/serve_sweep.sh "$st/"
   local commit
   commit=$(git rev-parse --short HEAD)
   if ! git diff --quiet HEAD -- .; then
@@ -237,6 +240,17 @@ do_prefill() {
       done
     done
   done
+}
+
+# serve [MODEL]: the serving sweep (perf/serve_sweep.sh), each serve-sim process capped at CAP seconds.
+do_serve() {
+  local cap=$1 model=${2:-llama3.1-8b} keeps=$KEEPS
+  [ "$KEEPS_SET" ] || keeps=0.5,0.3
+  say "serve $model: dense and keep $keeps (cap $cap s each)"
+  run "$DIR/serve/sweep.log" 580 -- bash "$HERE/serve_sweep.sh" --upf bin/upf --out "$DIR/serve" --model "$model" \
+    --keep "$keeps" --cap "$cap"
+  note "$DIR/serve/sweep.log"
+  grep -E '^serve-|^\|' "$DIR/serve/sweep.log" | tee -a "$DIR/summary.txt"
 }
 
 # sanitize [OPS...] TOOLS: each tool over `upf verify OP --quick`, at most 8 processes at once.
@@ -407,13 +421,13 @@ shift
 case $CMD in
 -h | --help | help) usage; exit 0 ;;
 stage) stage "$@"; exit $? ;;
-verify | sanitize | test | bench | peers | profile | prefill | session) ;;
-*) die "unknown command $CMD (stage, verify, sanitize, test, bench, peers, profile, prefill, session; --help)" ;;
+verify | sanitize | test | bench | peers | profile | prefill | serve | session) ;;
+*) die "unknown command $CMD (stage, verify, sanitize, test, bench, peers, profile, prefill, serve, session; --help)" ;;
 esac
 
 NAME=$CMD BUNDLE="" CAP="" ENVS=() ARGS=()
 QUICK="" TOOLS=memcheck,racecheck,synccheck FILTER="" REPS="" AB="" BASE=""
-KERNEL="" SKIP=0 COUNT=1 NCUARGS=() RUNS="8192 32768 131072" KEEPS=0.5,0.3,0.2 LAYERS="" ITERS=1
+KERNEL="" SKIP=0 COUNT=1 NCUARGS=() RUNS="8192 32768 131072" KEEPS=0.5,0.3,0.2 KEEPS_SET="" LAYERS="" ITERS=1
 while [ $# -gt 0 ]; do
   case $1 in
   --name) NAME=${2:?--name needs a value}; shift 2 ;;
@@ -430,7 +444,7 @@ while [ $# -gt 0 ]; do
   --skip) SKIP=${2:?--skip needs a number}; shift 2 ;;
   --count) COUNT=${2:?--count needs a number}; shift 2 ;;
   --runs) RUNS=${2:?--runs needs lengths}; shift 2 ;;
-  --keep) KEEPS=${2:?--keep needs ratios}; shift 2 ;;
+  --keep) KEEPS=${2:?--keep needs ratios}; KEEPS_SET=1; shift 2 ;;
   --layers) LAYERS=${2:?--layers needs A:B}; shift 2 ;;
   --iters) ITERS=${2:?--iters needs a number}; shift 2 ;;
   --set | --section | --metrics) NCUARGS+=("$1" "${2:?$1 needs a value}"); shift 2 ;;
@@ -448,6 +462,9 @@ verify) do_verify "$QUICK" "${CAP:-300}" "${ARGS[@]}" ;;
 sanitize) do_sanitize "$TOOLS" "${CAP:-300}" "${ARGS[@]}" ;;
 test) do_test "${CAP:-300}" ;;
 prefill) do_prefill "${CAP:-300}" "${ARGS[@]}" ;;
+serve)
+  [ ${#ARGS[@]} -le 1 ] || die "serve takes at most one model"
+  do_serve "${CAP:-240}" "${ARGS[@]}" ;;
 bench)
   [ ${#ARGS[@]} -eq 0 ] || die "bench takes no operands (--filter REGEX)"
   [ -n "$FILTER" ] || [ -z "$AB$BASE" ] || die "bench: --ab and --base need --filter"

@@ -20,13 +20,15 @@ void upf_register_moe_tests(void);
 void upf_register_gdn_tests(void);
 void upf_register_attn_tests(void);
 void upf_register_verify_tests(void);
-void upf_register_cuda_tests(void);
 void upf_register_cli_tests(void);
 void upf_register_model_tests(void);
 void upf_register_model_masked_tests(void);
-void upf_register_decode_tests(void);
-void upf_register_gguf_model_tests(void);
 void upf_register_cli_gguf_tests(void);
+void upf_register_cli_serve_tests(void);
+void upf_register_decode_tests(void);
+void upf_register_engine_tests(void);
+void upf_register_gguf_model_tests(void);
+void upf_register_cuda_tests(void);
 
 static void (*const suites[])(void) = {
     upf_register_core_tests,
@@ -42,9 +44,11 @@ static void (*const suites[])(void) = {
     upf_register_cli_tests,
     upf_register_model_tests,
     upf_register_model_masked_tests,
-    upf_register_decode_tests,
-    upf_register_gguf_model_tests,
     upf_register_cli_gguf_tests,
+    upf_register_cli_serve_tests,
+    upf_register_decode_tests,
+    upf_register_engine_tests,
+    upf_register_gguf_model_tests,
     upf_register_cuda_tests,
 };
 

@@ -1,0 +1,49 @@
+/* The model a command runs, selected alike by every command that builds one (upf prefill, upf
+ * generate, ...): --model NAME (a built-in config, upf models) or --gguf FILE (the llama or gemma3
+ * model of a GGUF file, its weights dequantised to --dtype), --seed S (seeded weights and, where a
+ * command draws them, its ids), --dtype f32|bf16, --backend cpu|cuda (default: cuda when usable) and
+ * --layers A:B (a partial model). A command puts UPF_MODEL_ARG_FLAGS in its flag table, resolves them before
+ * any work and builds the model once its other inputs are checked. */
+#ifndef UNIPREFILL_CLI_MODEL_ARGS_H
+#define UNIPREFILL_CLI_MODEL_ARGS_H
+
+#include <stdint.h>
+
+#include "cli/args.h"
+#include "uniprefill/model.h"
+
+typedef struct {
+  /* the flags' values */
+  const char *model, *gguf, *dtype, *backend, *layers;
+  int32_t seed;
+  /* set by upf_model_args_resolve */
+  const upf_model_config *cfg; /* the built-in config, or file_cfg.cfg */
+  upf_gguf_model_config file_cfg; /* --gguf: the file's config (ma must not move after resolve) */
+  upf_dtype dt;
+  const upf_backend *be;
+  int32_t layer_begin, layer_end; /* [begin, end) of cfg's layers */
+} upf_model_args;
+
+/* bf16, seed 1, the default backend, every layer. */
+#define UPF_MODEL_ARGS_DEFAULT {.dtype = "bf16", .seed = 1}
+
+/* The entries of a command's upf_arg table (ma an lvalue of type upf_model_args). */
+#define UPF_MODEL_ARG_FLAGS(ma)                                                                    \
+  {"--model", UPF_ARG_STRING, &(ma).model}, {"--gguf", UPF_ARG_STRING, &(ma).gguf},                \
+      {"--seed", UPF_ARG_INT, &(ma).seed, 0, 0, INT32_MAX}, \
+      {"--dtype", UPF_ARG_STRING, &(ma).dtype}, {"--backend", UPF_ARG_STRING, &(ma).backend},        \
+      {"--layers", UPF_ARG_STRING, &(ma).layers}
+
+/* Resolves the flags of `command` ("prefill"): exactly one of --model and --gguf (the file's config is
+ * read and its tensor directory checked now), the config, the dtype, the layer range and the backend
+ * (probed). Returns 0 when all is well, else the exit code after one line on stderr naming the flag
+ * at fault (1 for an unknown model or an unusable backend, 2 for a malformed value). */
+int upf_model_args_resolve(const char *command, upf_model_args *ma);
+
+/* Builds the resolved model (seeded weights, or the file's weights) on its backend; a partial model says so on stderr. */
+upf_status upf_model_args_build(const char *command, const upf_model_args *ma, upf_model *m);
+
+/* 1 when the layer range is not the whole model. */
+int upf_model_args_partial(const upf_model_args *ma);
+
+#endif

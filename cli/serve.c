@@ -1,0 +1,545 @@
+/* `upf serve-sim`: a request trace (seeded, or JSON lines) served by the continuous-batching engine
+ * over a session of a built-in model on seeded weights, dense or UniPrefill; prints TTFT and TPOT
+ * percentiles, throughput, batch composition and KV memory per point, and writes them with the
+ * per-request records to a JSON file and the generated tokens to a .npy. Every input is checked
+ * before any work; outputs are written only once every point ran. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli/args.h"
+#include "cli/cli.h"
+#include "uniprefill/engine.h"
+#include "uniprefill/model.h"
+#include "uniprefill/npy.h"
+#include "uniprefill/provenance.h"
+#include "uniprefill/session.h"
+
+const char upf_cli_serve_usage[] =
+    "usage: upf serve-sim --model NAME [--backend cpu|cuda] [--dtype f32|bf16] [--mode dense|uniprefill]\n"
+    "                     [--p P | --keep R] [--requests N[,N...]] [--prompt-len A..B] [--decode-len N]\n"
+    "                     [--rate R | --trace FILE.jsonl] [--seed S] [--token-budget N] [--page-size P]\n"
+    "                     [--kv-pages N | --kv-gib G] [--max-live N] [--eos ID] [--warmup N]\n"
+    "                     [--json R.json] [--dump-tokens OUT.npy]\n"
+    "  Serves a request trace with continuous batching on a built-in model (upf models), weights seeded by S:\n"
+    "  each step holds one decode row per running request and the whole-prompt prefill rows of requests\n"
+    "  admitted first come first served while the step's tokens (prefill tokens + decode rows) stay within\n"
+    "  --token-budget (default 8192; a longer prompt runs alone) and the request's worst case (dense pages\n"
+    "  for prompt + decode-len - 1 tokens) fits every cache group's pages. Requests wait for pages; none\n"
+    "  is preempted. Tokens are greedy (ties to the lowest id); a request ends after N tokens or at --eos.\n"
+    "  The clock is simulated: it advances by each step's measured time (the backend finished), arrivals\n"
+    "  come by the trace; TTFT = first token - arrival, TPOT = mean gap between a request's later tokens.\n"
+    "  Trace: --requests N (default 8; a list runs one seeded trace per count, on one model and session),\n"
+    "  prompt lengths uniform in A..B (default 256..1024) of seeded ids, --decode-len N new tokens\n"
+    "  (default 16), arriving as a Poisson process of R requests/s from the seed, or all at t = 0 when R\n"
+    "  is 0 (the default) or inf. Or --trace FILE.jsonl, one request a line:\n"
+    "    {\"arrival\": 0.5, \"prompt_len\": 8192, \"seed\": 3, \"max_new\": 32, \"id\": 7}\n"
+    "    {\"arrival\": 0.7, \"prompt\": [1, 2, 3]}\n"
+    "  (arrival required; prompt ids or prompt_len with an optional seed (default the line number);\n"
+    "  max_new default --decode-len; id default the line number). A bad line is named by its number.\n"
+    "  --mode uniprefill drops tokens at the drop layers of each prefill row: top-p with --p (default the\n"
+    "  model's) or top-k --keep R. KV pages: P tokens (--page-size, default 16) per attention layer, a\n"
+    "  budget per cache group (the layers between two drop layers): --kv-pages N each, or --kv-gib G bytes\n"
+    "  split over the groups (dense and top-p: the same pages each; top-k: each group one step's prefill\n"
+    "  plus a share of the rest in proportion to the tokens --keep leaves there at the mean prompt); by\n"
+    "  default every request of the trace fits at once. --max-live N: requests holding state at once\n"
+    "  (default the trace's size). --warmup N: N one-request traces first, not reported (default 1 on cuda).\n"
+    "  --json: the settings, per point the percentiles, throughput, batch composition, KV memory peaks (used,\n"
+    "  dense-equivalent, saved), steps, and per request its times and tokens. --dump-tokens OUT.npy: <i4\n"
+    "  (requests, max new) of one point, trace order, -1 after a request's last token.\n";
+
+typedef struct {
+  const char *model, *backend, *dtype, *mode, *requests, *prompt_len, *rate, *trace, *json, *dump;
+  int32_t decode_len, seed, budget, page, kv_pages, max_live, eos, warmup;
+  float p, keep, kv_gib;
+} serve_args;
+
+/* "1,4,16" into counts, each in [1, 1e6]. */
+static int parse_counts(const char *s, int32_t *out, int cap, int *n) {
+  *n = 0;
+  for (const char *c = s; *c;) {
+    char *end;
+    const long long v = strtoll(c, &end, 10);
+    if (end == c || v < 1 || v > 1000000 || (*end && *end != ',') || *n == cap)
+      return 0;
+    out[(*n)++] = (int32_t)v;
+    c = *end ? end + 1 : end;
+    if (*end && !*c)
+      return 0;
+  }
+  return *n > 0;
+}
+
+/* "A..B" (or "A") into 1 <= a <= b < 2^31. */
+static int parse_len_range(const char *s, int32_t *a, int32_t *b) {
+  char *end;
+  const long long x = strtoll(s, &end, 10);
+  long long y = x;
+  if (end == s)
+    return 0;
+  if (!strncmp(end, "..", 2)) {
+    const char *s2 = end + 2;
+    y = strtoll(s2, &end, 10);
+    if (end == s2)
+      return 0;
+  }
+  if (*end || x < 1 || y < x || y > INT32_MAX)
+    return 0;
+  *a = (int32_t)x, *b = (int32_t)y;
+  return 1;
+}
+
+/* "inf", or a finite number >= 0. */
+static int parse_rate(const char *s, double *r) {
+  if (!strcmp(s, "inf")) {
+    *r = INFINITY;
+    return 1;
+  }
+  char *end;
+  *r = strtod(s, &end);
+  return end != s && !*end && isfinite(*r) && *r >= 0;
+}
+
+/* The cache group of layer l (session.h): the number of drop layers before it. */
+static int32_t group_of(const upf_model_config *c, int32_t l) {
+  int32_t g = 0;
+  while (g < c->num_drop_layers && c->drop_layers[g] < l)
+    g++;
+  return g;
+}
+
+/* Splits `bytes` of KV memory into per-group page budgets (see the usage). 0 with a message when
+ * the budget cannot hold one step's prefill. */
+static int split_kv(const upf_model *m, const upf_select_params *sel, int uniprefill, double bytes, int32_t page,
+                    int64_t budget_tokens, int32_t max_live, double mean_prompt, int64_t *group_pages) {
+  const upf_model_config *c = m->cfg;
+  const int32_t G = c->num_drop_layers + 1;
+  double bpp[UPF_SESSION_MAX_GROUPS] = {0}, share[UPF_SESSION_MAX_GROUPS];
+  for (int32_t l = m->layer_begin; l < m->layer_end; l++)
+    if (upf_model_mixer(c, l) != UPF_MIXER_GDN)
+      bpp[group_of(c, l)] += 2.0 * page * c->kv_heads * c->head_dim * (double)upf_dtype_size(m->dtype);
+  /* tokens left in each group at the mean prompt by top-k: ceil(R * blocks) blocks plus sink and last L */
+  double len = mean_prompt;
+  for (int32_t g = 0; g < G; g++) {
+    if (g > 0 && uniprefill && sel->keep_ratio > 0) {
+      const double blocks = ceil(len / sel->block), kept = ceil(sel->keep_ratio * blocks) * sel->block + sel->sink + sel->last_q;
+      len = kept < len ? kept : len;
+    }
+    share[g] = len / mean_prompt;
+  }
+  const double transient = ceil((double)budget_tokens / page) + max_live;
+  double fixed = 0, per_x = 0;
+  for (int32_t g = 0; g < G; g++)
+    fixed += bpp[g] * transient, per_x += bpp[g] * share[g];
+  if (bytes < fixed || per_x <= 0) {
+    fprintf(stderr, "upf serve-sim: --kv-gib %.3f: one step's prefill (--token-budget %lld tokens) needs %.3f GiB of "
+                    "pages in the cache groups\n", bytes / (1 << 30), (long long)budget_tokens, fixed / (1 << 30));
+    return 0;
+  }
+  const double x = (bytes - fixed) / per_x;
+  for (int32_t g = 0; g < G; g++)
+    group_pages[g] = bpp[g] > 0 ? (int64_t)floor(transient + x * share[g]) : 1;
+  return 1;
+}
+
+/* One point of the run: its trace, what the engine made of it, and the session's wall time. */
+typedef struct {
+  upf_trace trace;
+  upf_engine_result res;
+  double wall;
+} serve_point;
+
+static void json_ms3(FILE *f, const char *key, const double *p, double mean) {
+  fprintf(f, "\"%s\": {\"p50\": %.4f, \"p90\": %.4f, \"p99\": %.4f, \"mean\": %.4f}", key, p[0] * 1e3, p[1] * 1e3,
+          p[2] * 1e3, mean * 1e3);
+}
+
+static void json_point(FILE *f, const serve_point *pt, const serve_args *a) {
+  const upf_engine_result *r = &pt->res;
+  const double gib = 1.0 / (1 << 30);
+  fprintf(f, "    {\n      \"requests\": %d,\n      \"steps\": %lld,\n", r->num_reqs, (long long)r->num_steps);
+  fprintf(f, "      \"start_s\": %.6f, \"end_s\": %.6f, \"busy_s\": %.6f, \"step_wall_s\": %.6f,\n", r->start, r->end,
+          r->busy_seconds, pt->wall);
+  fprintf(f, "      ");
+  json_ms3(f, "ttft_ms", r->ttft_p, r->ttft_mean);
+  fprintf(f, ",\n      ");
+  json_ms3(f, "tpot_ms", r->tpot_p, r->tpot_mean);
+  fprintf(f, ",\n      \"prompt_tokens\": %lld, \"output_tokens\": %lld,\n", (long long)r->prompt_tokens,
+          (long long)r->output_tokens);
+  fprintf(f, "      \"output_tokens_per_s\": %.4f, \"total_tokens_per_s\": %.4f,\n", r->output_tokens_per_s,
+          r->total_tokens_per_s);
+  fprintf(f, "      \"batch\": {\"mean_prefill_rows\": %.4f, \"mean_decode_rows\": %.4f, \"mean_prefill_tokens\": %.2f, "
+             "\"max_running\": %d},\n", r->mean_prefill_rows, r->mean_decode_rows, r->mean_prefill_tokens, r->max_running);
+  fprintf(f, "      \"kv\": {\"pages_peak\": %lld, \"pages_dense_peak\": %lld, \"gib_peak\": %.6f, \"gib_dense_peak\": %.6f, "
+             "\"gib_saved\": %.6f, \"saved_share\": %.6f, \"gib_capacity\": %.6f},\n",
+          (long long)r->pages_peak, (long long)r->pages_dense_peak, r->kv_bytes_peak * gib, r->kv_dense_bytes_peak * gib,
+          r->kv_saved_bytes * gib, r->kv_saved_share, r->kv_bytes_capacity * gib);
+  fprintf(f, "      \"step_log\": {\"columns\": [\"start_ms\", \"ms\", \"prefill_rows\", \"decode_rows\", \"prefill_tokens\", "
+             "\"running\", \"pages_used\", \"pages_dense\"], \"rows\": [");
+  for (int64_t s = 0; s < r->num_steps; s++) {
+    const upf_engine_step_record *st = &r->steps[s];
+    fprintf(f, "%s\n        [%.4f, %.4f, %d, %d, %lld, %d, %lld, %lld]", s ? "," : "", st->start * 1e3, st->seconds * 1e3,
+            st->prefill_rows, st->decode_rows, (long long)st->prefill_tokens, st->running, (long long)st->pages_used,
+            (long long)st->pages_dense);
+  }
+  fprintf(f, "]},\n      \"per_request\": [");
+  for (int32_t i = 0; i < r->num_reqs; i++) {
+    const upf_engine_record *q = &r->reqs[i];
+    fprintf(f, "%s\n        {\"id\": %lld, \"arrival_s\": %.6f, \"prompt_len\": %d, \"max_new\": %d, \"generated\": %d, "
+               "\"admitted_s\": %.6f, \"first_token_s\": %.6f, \"finished_s\": %.6f, \"ttft_ms\": %.4f, \"tpot_ms\": %.4f, "
+               "\"admit_step\": %lld, \"finish_step\": %lld, \"pages_after_prefill\": %lld, \"dense_pages_after_prefill\": "
+               "%lld, \"tokens\": [",
+            i ? "," : "", (long long)q->id, q->arrival, q->prompt_len, q->max_new, q->num_generated, q->admitted,
+            q->first_token, q->finished, q->ttft * 1e3, q->tpot * 1e3, (long long)q->admit_step, (long long)q->finish_step,
+            (long long)q->pages_after_prefill, (long long)q->dense_pages_after_prefill);
+    for (int32_t k = 0; k < q->num_generated; k++)
+      fprintf(f, "%s%d", k ? ", " : "", q->tokens[k]);
+    fprintf(f, "]}");
+  }
+  fprintf(f, "\n      ]\n    }");
+  (void)a;
+}
+
+static void json_string(FILE *f, const char *s) {
+  fputc('"', f);
+  for (; *s; s++) {
+    if (*s == '"' || *s == '\\')
+      fputc('\\', f), fputc(*s, f);
+    else if ((unsigned char)*s < 0x20)
+      fprintf(f, "\\u%04x", *s);
+    else
+      fputc(*s, f);
+  }
+  fputc('"', f);
+}
+
+static upf_status write_json(const char *path, const serve_args *a, const upf_model *m, const upf_session_config *sc,
+                             int32_t num_groups, const serve_point *pts, int n, int argc, char **argv) {
+  char tmp[4096];
+  snprintf(tmp, sizeof tmp, "%s.tmp-%d", path, (int)getpid());
+  FILE *f = fopen(tmp, "w");
+  if (!f)
+    return upf_fail(UPF_ERR_IO, "cannot write %s", tmp);
+  char commit[80];
+  if (!upf_source_commit(commit, sizeof commit))
+    snprintf(commit, sizeof commit, "unknown");
+  const upf_model_config *c = m->cfg;
+  fprintf(f, "{\n  \"model\": \"%s\",\n  \"mode\": \"%s\",\n  \"dtype\": \"%s\",\n  \"backend\": \"%s\",\n  \"device\": ",
+          c->name, a->mode, upf_dtype_name(m->dtype), m->be->name);
+  json_string(f, m->be->describe());
+  fprintf(f, ",\n  \"select\": {\"kind\": \"%s\", \"p\": %g, \"keep_ratio\": %g, \"block\": %d, \"sink\": %d, \"last_q\": %d},\n",
+          sc->select.keep_ratio > 0 ? "topk" : "topp", (double)sc->select.p, (double)sc->select.keep_ratio,
+          sc->select.block, sc->select.sink, sc->select.last_q);
+  fprintf(f, "  \"trace\": {\"source\": ");
+  json_string(f, a->trace ? a->trace : "seeded");
+  fprintf(f, ", \"rate\": \"%s\", \"prompt_len\": \"%s\", \"decode_len\": %d, \"seed\": %d},\n", a->rate ? a->rate : "0",
+          a->prompt_len, a->decode_len, a->seed);
+  fprintf(f, "  \"token_budget\": %d,\n  \"page_size\": %d,\n  \"max_live\": %d,\n  \"eos\": %d,\n  \"group_pages\": [",
+          a->budget, sc->page_size, sc->max_requests, a->eos);
+  for (int32_t g = 0; g < num_groups; g++)
+    fprintf(f, "%s%lld", g ? ", " : "", (long long)(sc->group_pages[g] > 0 ? sc->group_pages[g] : sc->pages_per_group));
+  fprintf(f, "],\n  \"weights_gib\": %.4f,\n  \"commit\": \"%s\",\n  \"command\": ", m->weight_bytes / (1 << 30), commit);
+  size_t len = 16;
+  for (int i = 0; i < argc; i++)
+    len += strlen(argv[i]) + 1;
+  char *cmd = malloc(len);
+  if (cmd) {
+    strcpy(cmd, "upf serve-sim");
+    for (int i = 0; i < argc; i++)
+      strcat(cmd, " "), strcat(cmd, argv[i]);
+    json_string(f, cmd);
+    free(cmd);
+  } else
+    json_string(f, "upf serve-sim");
+  fprintf(f, ",\n  \"points\": [\n");
+  for (int i = 0; i < n; i++) {
+    json_point(f, &pts[i], a);
+    fprintf(f, "%s\n", i + 1 < n ? "," : "");
+  }
+  fprintf(f, "  ]\n}\n");
+  if (fclose(f) != 0 || rename(tmp, path) != 0) {
+    remove(tmp);
+    return upf_fail(UPF_ERR_IO, "cannot write %s", path);
+  }
+  return UPF_OK;
+}
+
+static upf_status dump_tokens(const char *path, const upf_engine_result *r) {
+  int32_t width = 1;
+  for (int32_t i = 0; i < r->num_reqs; i++)
+    width = r->reqs[i].max_new > width ? r->reqs[i].max_new : width;
+  int32_t *out = malloc((size_t)r->num_reqs * width * sizeof *out);
+  if (!out)
+    return upf_fail(UPF_ERR_NOMEM, "tokens (%d x %d)", r->num_reqs, width);
+  for (int32_t i = 0; i < r->num_reqs; i++)
+    for (int32_t k = 0; k < width; k++)
+      out[(int64_t)i * width + k] = k < r->reqs[i].num_generated ? r->reqs[i].tokens[k] : -1;
+  upf_tensor t;
+  const int64_t shape[2] = {r->num_reqs, width};
+  upf_status st = upf_tensor_init(&t, out, UPF_DTYPE_I32, 2, shape);
+  if (st == UPF_OK)
+    st = upf_npy_write(path, &t);
+  free(out);
+  return st;
+}
+
+static void print_point(const upf_model *m, const char *mode, const serve_point *pt) {
+  const upf_engine_result *r = &pt->res;
+  const double gib = 1.0 / (1 << 30);
+  printf("%s %s on %s: %d requests (%lld prompt, %lld output tokens), %lld steps over %.3f s\n", m->cfg->name, mode,
+         m->be->name, r->num_reqs, (long long)r->prompt_tokens, (long long)r->output_tokens, (long long)r->num_steps,
+         r->end - r->start);
+  printf("  TTFT p50 %.3f  p90 %.3f  p99 %.3f ms;  TPOT p50 %.3f  p90 %.3f  p99 %.3f ms\n", r->ttft_p[0] * 1e3,
+         r->ttft_p[1] * 1e3, r->ttft_p[2] * 1e3, r->tpot_p[0] * 1e3, r->tpot_p[1] * 1e3, r->tpot_p[2] * 1e3);
+  printf("  throughput %.2f output tok/s, %.2f total tok/s; per step %.2f prefill rows (%.1f tokens) + %.2f decode rows; "
+         "at most %d running\n", r->output_tokens_per_s, r->total_tokens_per_s, r->mean_prefill_rows,
+         r->mean_prefill_tokens, r->mean_decode_rows, r->max_running);
+  printf("  KV peak %.4f GiB (%lld pages) against %.4f GiB dense-equivalent: %.4f GiB saved (%.1f%%), of %.4f GiB\n",
+         r->kv_bytes_peak * gib, (long long)r->pages_peak, r->kv_dense_bytes_peak * gib, r->kv_saved_bytes * gib,
+         100 * r->kv_saved_share, r->kv_bytes_capacity * gib);
+}
+
+/* Runs one trace on the session; ws is the point (trace filled, result and wall filled here). */
+static upf_status run_point(upf_session *s, const upf_model *m, int32_t max_live, const upf_engine_options *eo,
+                            serve_point *pt) {
+  upf_engine_ops ops;
+  UPF_TRY(upf_engine_session_ops(s, m, max_live, pt->trace.num_reqs, &ops));
+  const upf_status st = upf_engine_run(&ops, &pt->trace, eo, &pt->res);
+  pt->wall = upf_engine_session_wall_seconds(&ops);
+  upf_engine_session_ops_free(&ops);
+  return st;
+}
+
+#define MAX_POINTS 32
+
+int upf_cli_serve(int argc, char **argv) {
+  serve_args a = {.mode = "dense", .dtype = "bf16", .requests = "8", .prompt_len = "256..1024", .decode_len = 16,
+                  .seed = 1, .budget = 8192, .page = 16, .eos = -1, .warmup = -1, .p = -1};
+  upf_arg args[] = {
+      {"--model", UPF_ARG_STRING, &a.model, 1},
+      {"--backend", UPF_ARG_STRING, &a.backend},
+      {"--dtype", UPF_ARG_STRING, &a.dtype},
+      {"--mode", UPF_ARG_STRING, &a.mode},
+      {"--p", UPF_ARG_FLOAT, &a.p},
+      {"--keep", UPF_ARG_FLOAT, &a.keep},
+      {"--requests", UPF_ARG_STRING, &a.requests},
+      {"--prompt-len", UPF_ARG_STRING, &a.prompt_len},
+      {"--decode-len", UPF_ARG_INT, &a.decode_len, 0, 1, 1 << 20},
+      {"--rate", UPF_ARG_STRING, &a.rate},
+      {"--trace", UPF_ARG_STRING, &a.trace},
+      {"--seed", UPF_ARG_INT, &a.seed, 0, 0, INT32_MAX},
+      {"--token-budget", UPF_ARG_INT, &a.budget, 0, 1, INT32_MAX},
+      {"--page-size", UPF_ARG_INT, &a.page, 0, 1, 1 << 16},
+      {"--kv-pages", UPF_ARG_INT, &a.kv_pages, 0, 1, INT32_MAX},
+      {"--kv-gib", UPF_ARG_FLOAT, &a.kv_gib},
+      {"--max-live", UPF_ARG_INT, &a.max_live, 0, 1, 1 << 20},
+      {"--eos", UPF_ARG_INT, &a.eos, 0, 0, INT32_MAX},
+      {"--warmup", UPF_ARG_INT, &a.warmup, 0, 0, 100},
+      {"--json", UPF_ARG_STRING, &a.json},
+      {"--dump-tokens", UPF_ARG_STRING, &a.dump},
+  };
+  upf_arg_parser p = {"upf serve-sim", upf_cli_serve_usage, args, (int)(sizeof args / sizeof *args), NULL, 0, 0};
+  const upf_args_result pr = upf_args_parse(&p, argc, argv);
+  if (pr != UPF_ARGS_OK)
+    return upf_args_exit_code(pr);
+#define SEEN(flag) (upf_args_find(&p, flag)->seen)
+  const upf_model_config *cfg = upf_model_config_by_name(a.model);
+  if (!cfg)
+    return upf_cli_error(UPF_ERR_INVALID_ARG, "serve-sim: --model");
+  upf_prefill_mode mode;
+  if (!strcmp(a.mode, "dense"))
+    mode = UPF_PREFILL_DENSE;
+  else if (!strcmp(a.mode, "uniprefill"))
+    mode = UPF_PREFILL_UNIPREFILL;
+  else {
+    fprintf(stderr, "upf serve-sim: --mode '%s': want dense or uniprefill\n", a.mode);
+    return 2;
+  }
+  if ((SEEN("--p") || SEEN("--keep")) && mode != UPF_PREFILL_UNIPREFILL) {
+    fprintf(stderr, "upf serve-sim: --p and --keep need --mode uniprefill\n");
+    return 2;
+  }
+  if (SEEN("--p") && SEEN("--keep")) {
+    fprintf(stderr, "upf serve-sim: give one of --p (top-p) and --keep (top-k)\n");
+    return 2;
+  }
+  if (SEEN("--p") && !(a.p > 0.0f && a.p <= 1.0f)) {
+    fprintf(stderr, "upf serve-sim: --p %g: want a top-p mass in (0, 1]\n", (double)a.p);
+    return 2;
+  }
+  if (SEEN("--keep") && !(a.keep > 0.0f && a.keep <= 1.0f)) {
+    fprintf(stderr, "upf serve-sim: --keep %g: want a keep ratio in (0, 1]\n", (double)a.keep);
+    return 2;
+  }
+  if (a.trace && (SEEN("--rate") || SEEN("--requests") || SEEN("--prompt-len"))) {
+    fprintf(stderr, "upf serve-sim: --trace gives the requests: --rate, --requests and --prompt-len go without it\n");
+    return 2;
+  }
+  if (SEEN("--kv-pages") && SEEN("--kv-gib")) {
+    fprintf(stderr, "upf serve-sim: give one of --kv-pages and --kv-gib\n");
+    return 2;
+  }
+  if (SEEN("--kv-gib") && !(a.kv_gib > 0.0f)) {
+    fprintf(stderr, "upf serve-sim: --kv-gib %g: want GiB > 0\n", (double)a.kv_gib);
+    return 2;
+  }
+  int32_t counts[MAX_POINTS];
+  int num_points = 1;
+  if (!a.trace && !parse_counts(a.requests, counts, MAX_POINTS, &num_points)) {
+    fprintf(stderr, "upf serve-sim: --requests '%s': want request counts in [1, 1000000] separated by commas "
+                    "(at most %d)\n", a.requests, MAX_POINTS);
+    return 2;
+  }
+  int32_t len_min = 0, len_max = 0;
+  if (!parse_len_range(a.prompt_len, &len_min, &len_max)) {
+    fprintf(stderr, "upf serve-sim: --prompt-len '%s': want A..B (or A) with 1 <= A <= B\n", a.prompt_len);
+    return 2;
+  }
+  double rate = 0;
+  if (a.rate && !parse_rate(a.rate, &rate)) {
+    fprintf(stderr, "upf serve-sim: --rate '%s': want requests per second >= 0, or inf (0 and inf: all at t = 0)\n",
+            a.rate);
+    return 2;
+  }
+  if (a.dump && num_points > 1) {
+    fprintf(stderr, "upf serve-sim: --dump-tokens writes one point's tokens: give one --requests count\n");
+    return 2;
+  }
+  if (a.eos >= cfg->vocab) {
+    fprintf(stderr, "upf serve-sim: --eos %d is outside the vocabulary [0, %d) of %s\n", a.eos, cfg->vocab, cfg->name);
+    return 2;
+  }
+  upf_dtype dtype;
+  if (upf_dtype_parse(a.dtype, &dtype) != UPF_OK || (dtype != UPF_DTYPE_F32 && dtype != UPF_DTYPE_BF16)) {
+    fprintf(stderr, "upf serve-sim: --dtype '%s': want f32 or bf16\n", a.dtype);
+    return 2;
+  }
+  const upf_arg_path paths[] = {{"--trace", a.trace, 0}, {"--json", a.json, 1}, {"--dump-tokens", a.dump, 1}};
+  if (!upf_args_check_paths("upf serve-sim", paths, 3))
+    return 2;
+  const upf_backend *be = a.backend ? upf_backend_by_name(a.backend) : upf_cli_default_backend();
+  if (!be)
+    return upf_cli_error(UPF_ERR_INVALID_ARG, "serve-sim: --backend");
+  upf_status st = be->probe();
+  if (st != UPF_OK)
+    return upf_cli_error(st, "serve-sim: --backend");
+
+  /* the traces, before the weights */
+  serve_point *pts = calloc((size_t)num_points, sizeof *pts);
+  if (!pts)
+    return upf_cli_error(upf_fail(UPF_ERR_NOMEM, "points"), "serve-sim");
+  int rc = 0;
+  for (int i = 0; i < num_points && rc == 0; i++) {
+    if (a.trace)
+      st = upf_trace_read_jsonl(&pts[i].trace, a.trace, cfg->vocab, a.decode_len);
+    else {
+      const upf_trace_spec spec = {counts[i], len_min, len_max, a.decode_len, rate, (uint64_t)a.seed};
+      st = upf_trace_seeded(&pts[i].trace, &spec, cfg->vocab);
+    }
+    if (st != UPF_OK)
+      rc = upf_cli_error(st, a.trace ? "serve-sim: --trace" : "serve-sim: the trace");
+  }
+  int32_t most = 0;
+  int64_t worst_all = 0;
+  double mean_prompt = 0;
+  int64_t prompts = 0;
+  for (int i = 0; i < num_points && rc == 0; i++) {
+    const upf_trace *t = &pts[i].trace;
+    most = t->num_reqs > most ? t->num_reqs : most;
+    int64_t worst = 0;
+    for (int32_t r = 0; r < t->num_reqs; r++) {
+      worst += ((int64_t)t->reqs[r].prompt_len + t->reqs[r].max_new - 1 + a.page - 1) / a.page;
+      mean_prompt += t->reqs[r].prompt_len, prompts++;
+    }
+    worst_all = worst > worst_all ? worst : worst_all;
+  }
+  mean_prompt /= prompts ? (double)prompts : 1;
+  const int32_t max_live = a.max_live ? a.max_live : most;
+
+  upf_model m;
+  memset(&m, 0, sizeof m);
+  int have_model = 0;
+  upf_session *sess = NULL;
+  upf_session_config sc;
+  if (rc == 0) {
+    st = upf_model_init_seeded(&m, cfg, be, dtype, (uint64_t)a.seed, 0, cfg->num_layers);
+    if (st != UPF_OK)
+      rc = upf_cli_error(st, "serve-sim: building the model");
+    have_model = st == UPF_OK;
+  }
+  if (rc == 0) {
+    sc = upf_session_config_default(&m);
+    sc.mode = mode;
+    if (a.p > 0)
+      sc.select.p = a.p;
+    if (a.keep > 0)
+      sc.select.keep_ratio = a.keep;
+    sc.page_size = a.page, sc.max_requests = max_live;
+    sc.pages_per_group = a.kv_pages ? a.kv_pages : worst_all;
+    if (SEEN("--kv-gib") && !split_kv(&m, &sc.select, mode == UPF_PREFILL_UNIPREFILL, (double)a.kv_gib * (1 << 30),
+                                      a.page, a.budget, max_live, mean_prompt, sc.group_pages))
+      rc = 2;
+  }
+  if (rc == 0) {
+    st = upf_session_create(&m, &sc, &sess);
+    if (st != UPF_OK)
+      rc = upf_cli_error(st, "serve-sim: creating the session (--kv-pages / --kv-gib, --max-live)");
+  }
+  const int32_t num_groups = sess ? upf_session_num_groups(sess) : 0;
+  if (rc == 0) {
+    upf_session_memory mem;
+    upf_session_memory_usage(sess, &mem);
+    fprintf(stderr, "serve-sim: %s %s %s on %s: weights %.2f GiB, KV pages %.2f GiB in %d cache groups (pages:", cfg->name,
+            a.mode, upf_dtype_name(dtype), be->name, m.weight_bytes / (1 << 30), mem.bytes_capacity / (1 << 30),
+            num_groups);
+    for (int32_t g = 0; g < num_groups; g++)
+      fprintf(stderr, " %lld", (long long)upf_session_pages_total(sess, g));
+    fprintf(stderr, "), token budget %d, at most %d live\n", a.budget, max_live);
+  }
+  const upf_engine_options eo = {.token_budget = a.budget, .eos = a.eos, .keep_steps = 1};
+  /* warm-up: one-request traces of the shortest prompt (cuBLAS plans, workspace growth) */
+  const int warmups = a.warmup >= 0 ? a.warmup : be != upf_backend_cpu();
+  for (int w = 0; w < warmups && rc == 0; w++) {
+    serve_point wp = {0};
+    const upf_trace_spec spec = {1, pts[0].trace.reqs[0].prompt_len, pts[0].trace.reqs[0].prompt_len, 2, 0,
+                                 (uint64_t)a.seed + 1000 + (uint64_t)w};
+    st = upf_trace_seeded(&wp.trace, &spec, cfg->vocab);
+    if (st == UPF_OK)
+      st = run_point(sess, &m, max_live, &eo, &wp);
+    if (st != UPF_OK)
+      rc = upf_cli_error(st, "serve-sim: warm-up");
+    upf_engine_result_free(&wp.res);
+    upf_trace_free(&wp.trace);
+  }
+  for (int i = 0; i < num_points && rc == 0; i++) {
+    st = run_point(sess, &m, max_live, &eo, &pts[i]);
+    if (st != UPF_OK)
+      rc = upf_cli_error(st, "serve-sim");
+    else
+      print_point(&m, a.mode, &pts[i]);
+  }
+  if (rc == 0 && a.dump) {
+    st = dump_tokens(a.dump, &pts[0].res);
+    if (st != UPF_OK)
+      rc = upf_cli_error(st, "serve-sim: --dump-tokens");
+  }
+  if (rc == 0 && a.json) {
+    st = write_json(a.json, &a, &m, &sc, num_groups, pts, num_points, argc, argv);
+    if (st != UPF_OK) {
+      rc = upf_cli_error(st, "serve-sim: --json");
+      if (a.dump)
+        remove(a.dump); /* no partial output */
+    }
+  }
+  for (int i = 0; i < num_points; i++)
+    upf_engine_result_free(&pts[i].res), upf_trace_free(&pts[i].trace);
+  free(pts);
+  if (sess)
+    upf_session_free(sess);
+  if (have_model)
+    upf_model_free(&m);
+  return rc;
+#undef SEEN
+}
