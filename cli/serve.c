@@ -11,6 +11,7 @@
 
 #include "cli/args.h"
 #include "cli/cli.h"
+#include "cli/model_args.h"
 #include "uniprefill/engine.h"
 #include "uniprefill/model.h"
 #include "uniprefill/npy.h"
@@ -18,12 +19,12 @@
 #include "uniprefill/session.h"
 
 const char upf_cli_serve_usage[] =
-    "usage: upf serve-sim --model NAME [--backend cpu|cuda] [--dtype f32|bf16] [--mode dense|uniprefill]\n"
+    "usage: upf serve-sim (--model NAME | --gguf FILE) [--backend cpu|cuda] [--dtype f32|bf16] [--mode dense|uniprefill]\n"
     "                     [--p P | --keep R] [--requests N[,N...]] [--prompt-len A..B] [--decode-len N]\n"
     "                     [--rate R | --trace FILE.jsonl] [--seed S] [--token-budget N] [--page-size P]\n"
     "                     [--kv-pages N | --kv-gib G] [--max-live N] [--eos ID] [--warmup N]\n"
     "                     [--json R.json] [--dump-tokens OUT.npy]\n"
-    "  Serves a request trace with continuous batching on a built-in model (upf models), weights seeded by S:\n"
+    "  Serves a request trace with continuous batching on a built-in model (upf models, weights seeded by S) or a GGUF file:\n"
     "  each step holds one decode row per running request and the whole-prompt prefill rows of requests\n"
     "  admitted first come first served while the step's tokens (prefill tokens + decode rows) stay within\n"
     "  --token-budget (default 8192; a longer prompt runs alone) and the request's worst case (dense pages\n"
@@ -51,8 +52,9 @@ const char upf_cli_serve_usage[] =
     "  (requests, max new) of one point, trace order, -1 after a request's last token.\n";
 
 typedef struct {
-  const char *model, *backend, *dtype, *mode, *requests, *prompt_len, *rate, *trace, *json, *dump;
-  int32_t decode_len, seed, budget, page, kv_pages, max_live, eos, warmup;
+  upf_model_args sel; /* --model | --gguf, --seed, --dtype, --backend */
+  const char *mode, *requests, *prompt_len, *rate, *trace, *json, *dump;
+  int32_t decode_len, budget, page, kv_pages, max_live, eos, warmup;
   float p, keep, kv_gib;
 } serve_args;
 
@@ -235,7 +237,7 @@ static upf_status write_json(const char *path, const serve_args *a, const upf_mo
   fprintf(f, "  \"trace\": {\"source\": ");
   json_string(f, a->trace ? a->trace : "seeded");
   fprintf(f, ", \"rate\": \"%s\", \"prompt_len\": \"%s\", \"decode_len\": %d, \"seed\": %d},\n", a->rate ? a->rate : "0",
-          a->prompt_len, a->decode_len, a->seed);
+          a->prompt_len, a->decode_len, a->sel.seed);
   fprintf(f, "  \"token_budget\": %d,\n  \"page_size\": %d,\n  \"max_live\": %d,\n  \"eos\": %d,\n  \"group_pages\": [",
           a->budget, sc->page_size, sc->max_requests, a->eos);
   for (int32_t g = 0; g < num_groups; g++)
@@ -315,12 +317,10 @@ static upf_status run_point(upf_session *s, const upf_model *m, int32_t max_live
 #define MAX_POINTS 32
 
 int upf_cli_serve(int argc, char **argv) {
-  serve_args a = {.mode = "dense", .dtype = "bf16", .requests = "8", .prompt_len = "256..1024", .decode_len = 16,
-                  .seed = 1, .budget = 8192, .page = 16, .eos = -1, .warmup = -1, .p = -1};
+  serve_args a = {.sel = UPF_MODEL_ARGS_DEFAULT, .mode = "dense", .requests = "8", .prompt_len = "256..1024", .decode_len = 16,
+                  .budget = 8192, .page = 16, .eos = -1, .warmup = -1, .p = -1};
   upf_arg args[] = {
-      {"--model", UPF_ARG_STRING, &a.model, 1},
-      {"--backend", UPF_ARG_STRING, &a.backend},
-      {"--dtype", UPF_ARG_STRING, &a.dtype},
+      UPF_MODEL_ARG_FLAGS(a.sel),
       {"--mode", UPF_ARG_STRING, &a.mode},
       {"--p", UPF_ARG_FLOAT, &a.p},
       {"--keep", UPF_ARG_FLOAT, &a.keep},
@@ -329,7 +329,6 @@ int upf_cli_serve(int argc, char **argv) {
       {"--decode-len", UPF_ARG_INT, &a.decode_len, 0, 1, 1 << 20},
       {"--rate", UPF_ARG_STRING, &a.rate},
       {"--trace", UPF_ARG_STRING, &a.trace},
-      {"--seed", UPF_ARG_INT, &a.seed, 0, 0, INT32_MAX},
       {"--token-budget", UPF_ARG_INT, &a.budget, 0, 1, INT32_MAX},
       {"--page-size", UPF_ARG_INT, &a.page, 0, 1, 1 << 16},
       {"--kv-pages", UPF_ARG_INT, &a.kv_pages, 0, 1, INT32_MAX},
@@ -345,9 +344,15 @@ int upf_cli_serve(int argc, char **argv) {
   if (pr != UPF_ARGS_OK)
     return upf_args_exit_code(pr);
 #define SEEN(flag) (upf_args_find(&p, flag)->seen)
-  const upf_model_config *cfg = upf_model_config_by_name(a.model);
-  if (!cfg)
-    return upf_cli_error(UPF_ERR_INVALID_ARG, "serve-sim: --model");
+  const int rc_sel = upf_model_args_resolve("serve-sim", &a.sel);
+  if (rc_sel)
+    return rc_sel;
+  if (upf_model_args_partial(&a.sel)) {
+    fprintf(stderr, "upf serve-sim: --layers %s: serving runs the whole model\n", a.sel.layers);
+    return 2;
+  }
+  const upf_model_config *cfg = a.sel.cfg;
+  const upf_backend *be = a.sel.be;
   upf_prefill_mode mode;
   if (!strcmp(a.mode, "dense"))
     mode = UPF_PREFILL_DENSE;
@@ -411,20 +416,11 @@ int upf_cli_serve(int argc, char **argv) {
     fprintf(stderr, "upf serve-sim: --eos %d is outside the vocabulary [0, %d) of %s\n", a.eos, cfg->vocab, cfg->name);
     return 2;
   }
-  upf_dtype dtype;
-  if (upf_dtype_parse(a.dtype, &dtype) != UPF_OK || (dtype != UPF_DTYPE_F32 && dtype != UPF_DTYPE_BF16)) {
-    fprintf(stderr, "upf serve-sim: --dtype '%s': want f32 or bf16\n", a.dtype);
-    return 2;
-  }
+  const upf_dtype dtype = a.sel.dt;
   const upf_arg_path paths[] = {{"--trace", a.trace, 0}, {"--json", a.json, 1}, {"--dump-tokens", a.dump, 1}};
   if (!upf_args_check_paths("upf serve-sim", paths, 3))
     return 2;
-  const upf_backend *be = a.backend ? upf_backend_by_name(a.backend) : upf_cli_default_backend();
-  if (!be)
-    return upf_cli_error(UPF_ERR_INVALID_ARG, "serve-sim: --backend");
-  upf_status st = be->probe();
-  if (st != UPF_OK)
-    return upf_cli_error(st, "serve-sim: --backend");
+  upf_status st = UPF_OK;
 
   /* the traces, before the weights */
   serve_point *pts = calloc((size_t)num_points, sizeof *pts);
@@ -435,7 +431,7 @@ int upf_cli_serve(int argc, char **argv) {
     if (a.trace)
       st = upf_trace_read_jsonl(&pts[i].trace, a.trace, cfg->vocab, a.decode_len);
     else {
-      const upf_trace_spec spec = {counts[i], len_min, len_max, a.decode_len, rate, (uint64_t)a.seed};
+      const upf_trace_spec spec = {counts[i], len_min, len_max, a.decode_len, rate, (uint64_t)a.sel.seed};
       st = upf_trace_seeded(&pts[i].trace, &spec, cfg->vocab);
     }
     if (st != UPF_OK)
@@ -464,7 +460,7 @@ int upf_cli_serve(int argc, char **argv) {
   upf_session *sess = NULL;
   upf_session_config sc;
   if (rc == 0) {
-    st = upf_model_init_seeded(&m, cfg, be, dtype, (uint64_t)a.seed, 0, cfg->num_layers);
+    st = upf_model_args_build("serve-sim", &a.sel, &m);
     if (st != UPF_OK)
       rc = upf_cli_error(st, "serve-sim: building the model");
     have_model = st == UPF_OK;
@@ -504,7 +500,7 @@ int upf_cli_serve(int argc, char **argv) {
   for (int w = 0; w < warmups && rc == 0; w++) {
     serve_point wp = {0};
     const upf_trace_spec spec = {1, pts[0].trace.reqs[0].prompt_len, pts[0].trace.reqs[0].prompt_len, 2, 0,
-                                 (uint64_t)a.seed + 1000 + (uint64_t)w};
+                                 (uint64_t)a.sel.seed + 1000 + (uint64_t)w};
     st = upf_trace_seeded(&wp.trace, &spec, cfg->vocab);
     if (st == UPF_OK)
       st = run_point(sess, &m, max_live, &eo, &wp);
