@@ -34,6 +34,33 @@ else
 CUDA_SRC :=
 endif
 
+# Tensor parallelism's communicator (include/uniprefill/comm.h): the MPI backend is built when mpicc
+# (OpenMPI, ci/install-deps.sh) is found, the NCCL backend when CUDA=1 and nccl.h is found under
+# NCCL_HOME (default: the CUDA toolkit, /usr, or the pip package nvidia-nccl-cu*). Only the files of the
+# communicator see their flags (a separate stamp rebuilds just those), so the rest of the tree does not
+# rebuild when MPI or NCCL appears; a build without one reports "built without MPI/NCCL" at run time.
+MPI ?= 1
+ifeq ($(MPI),1)
+MPI_CFLAGS := $(shell mpicc --showme:compile 2>/dev/null || pkg-config --cflags ompi-c 2>/dev/null)
+MPI_LIBS := $(shell mpicc --showme:link 2>/dev/null || pkg-config --libs ompi-c 2>/dev/null)
+endif
+COMM_CPPFLAGS := $(if $(MPI_LIBS),-DUPF_HAVE_MPI=1 $(MPI_CFLAGS))
+LDLIBS += $(MPI_LIBS)
+ifeq ($(CUDA),1)
+NCCL_HOME ?= $(firstword $(foreach d,$(CUDA_HOME) /usr $(shell python3 -c 'import nvidia.nccl as m; print(m.__path__[0])' \
+	2>/dev/null),$(if $(wildcard $(d)/include/nccl.h),$(d))))
+NCCL_LIB := $(if $(NCCL_HOME),$(firstword $(wildcard $(NCCL_HOME)/lib64/libnccl.so $(NCCL_HOME)/lib/libnccl.so \
+	$(NCCL_HOME)/lib/x86_64-linux-gnu/libnccl.so $(NCCL_HOME)/lib64/libnccl.so.2 $(NCCL_HOME)/lib/libnccl.so.2 \
+	$(NCCL_HOME)/lib/x86_64-linux-gnu/libnccl.so.2)))
+ifneq ($(NCCL_LIB),)
+COMM_CPPFLAGS += -DUPF_HAVE_NCCL=1 -I$(NCCL_HOME)/include
+COMM_NVCCFLAGS := -DUPF_HAVE_NCCL=1 -I$(NCCL_HOME)/include
+LDLIBS += $(NCCL_LIB) -Wl,-rpath,$(dir $(NCCL_LIB))
+endif
+endif
+COMM_OBJ := $(BUILD)/core/comm.o $(BUILD)/core/comm_mpi.o $(if $(filter 1,$(CUDA)),$(BUILD)/cuda/comm_nccl.cu.o)
+COMM_STAMP := $(BUILD)/.comm-flags
+
 LIB_C_SRC := $(wildcard core/*.c ref_cpu/*.c layers/*.c models/*.c verify/*.c)
 LIB_CXX_SRC := $(wildcard perf/*.cc)
 LIB_PERF_C_SRC := $(filter-out perf/bench_main.c,$(wildcard perf/*.c))
@@ -65,6 +92,14 @@ $(FLAGS_STAMP): FORCE
 
 .PHONY: FORCE
 FORCE:
+
+# The communicator's objects carry the MPI/NCCL flags; their own stamp rebuilds them when those change.
+$(COMM_OBJ): CPPFLAGS += $(COMM_CPPFLAGS)
+$(COMM_OBJ): NVCCFLAGS += $(COMM_NVCCFLAGS)
+$(COMM_OBJ): $(COMM_STAMP)
+$(COMM_STAMP): FORCE
+	@mkdir -p $(dir $@)
+	@echo '$(COMM_CPPFLAGS) | $(COMM_NVCCFLAGS) | $(LDLIBS)' | cmp -s - $@ || echo '$(COMM_CPPFLAGS) | $(COMM_NVCCFLAGS) | $(LDLIBS)' >$@
 
 $(BUILD)/%.o: %.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
