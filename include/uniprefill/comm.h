@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "uniprefill/backend.h"
+#include "uniprefill/select.h"
 #include "uniprefill/tensor.h"
 
 #ifdef __cplusplus
@@ -73,6 +74,30 @@ typedef struct {
   int32_t q0, nq, kv0, nkv;
 } upf_head_split;
 upf_status upf_head_split_of(int32_t q_heads, int32_t kv_heads, int32_t rank, int32_t size, upf_head_split *out);
+
+/* ---- Selection under tensor parallelism (core/comm_select.c) ----
+ * Each rank runs stages 1-3 of the selection (the backend's select_part_gemm, select_block_softmax,
+ * select_block_reduce) over its own heads (in->q (T, Hq/R, D), in->k (T, its kv heads, D)), all-reduces
+ * the partial block scores in fp32, runs top-p on the reduced scores, then takes rank 0's block mask
+ * (broadcast) so every rank compacts the same tokens even if its own decision differed, and expands it.
+ * out as for select_run (block_score receives the reduced scores, block_mask the final mask). */
+typedef struct {
+  double allreduce_bytes;   /* block scores all-reduced, per rank */
+  double allreduce_seconds; /* host time of that all-reduce */
+  double check_seconds;     /* the mask broadcast and the disagreement count */
+  double seconds;           /* the whole call */
+  int32_t disagreeing_ranks; /* ranks whose own top-p mask differed from rank 0's (the same on every rank) */
+} upf_select_tp_stats;
+
+/* Test hook: host (num_blocks) values added to this rank's reduced block scores before its top-p, to
+ * force ranks to disagree; NULL in every real run. */
+typedef struct {
+  const float *reduced_bias;
+} upf_select_tp_hooks;
+
+upf_status upf_select_tp_run(upf_comm *comm, const upf_backend *be, const upf_select_inputs *in,
+                             const upf_select_params *params, upf_select_outputs *out, const upf_select_tp_hooks *hooks,
+                             upf_select_tp_stats *stats);
 
 #ifdef __cplusplus
 }
