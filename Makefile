@@ -75,9 +75,9 @@ UPF := $(BUILD)/upf
 TEST_BIN := $(BUILD)/test_upf
 BENCH_BIN := $(BUILD)/bench_upf
 
-.PHONY: all deps run test test-unit test-memcheck verify bench clean
+.PHONY: all deps run test test-unit test-memcheck test-tp verify bench clean
 
-all: $(LIB) $(UPF) $(TEST_BIN) $(BENCH_BIN)
+all: $(LIB) $(UPF) $(TEST_BIN) $(BENCH_BIN) $(TP_CHECK)
 
 deps:
 	bash ci/install-deps.sh
@@ -126,6 +126,11 @@ $(TEST_BIN): $(TEST_SRC:%.c=$(BUILD)/%.o) $(LIB)
 $(BENCH_BIN): $(BUILD)/perf/bench_main.o $(LIB)
 	$(CXX) -o $@ $^ $(LDLIBS) -lbenchmark
 
+# Tensor parallelism on CPU ranks (tests/tp/): a checker run under mpirun, built only with MPI.
+TP_CHECK := $(if $(MPI_LIBS),$(BUILD)/tp_check)
+$(BUILD)/tp_check: $(BUILD)/tests/tp/tp_check.o $(LIB)
+	$(CXX) -o $@ $^ $(LDLIBS)
+
 # The main job: verify what this machine's backends can run, benchmark, and summarise.
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 
@@ -143,6 +148,11 @@ test: deps
 	UPF_TEST_QUICK=1 valgrind --error-exitcode=3 --leak-check=full \
 	  --errors-for-leak-kinds=definite --show-leak-kinds=definite $(BUILD)-memcheck/test_upf
 	$(TEST_BIN)
+	bash tests/tp/run.sh $(BUILD)
+
+# Tensor parallelism under mpirun -np 2 and -np 4 (skipped, with the reason, without mpirun).
+test-tp: all
+	bash tests/tp/run.sh $(BUILD)
 
 verify: all
 	$(UPF) verify all
