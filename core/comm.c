@@ -1,8 +1,10 @@
 /* The communicator's common layer: backend choice, argument checks, counters, the single-rank backend
  * (identity), the NCCL bootstrap (through MPI or through a unique-id file) and the head split of a
  * tensor-parallel rank. The collectives themselves are in core/comm_mpi.c and cuda/comm_nccl.cu. */
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,18 +29,65 @@ const char *upf_comm_kind_name(upf_comm_kind kind) {
   }
 }
 
+/* ---- MPI: the plugin libupf_mpi.so (core/comm_mpi.c), opened on first use ---- */
+
+typedef upf_status (*mpi_init_fn)(upf_comm *c);
+static char mpi_why[1024];
+
+/* 1 when the plugin is loaded (it is looked for in UPF_MPI_PLUGIN, next to the executable, then where
+ * the build put it), else 0 with the reason in mpi_why. */
+static int mpi_load(mpi_init_fn *init) {
+  static int state = -1;
+  static mpi_init_fn fn;
+  if (state < 0) {
 #ifndef UPF_HAVE_MPI
-int upf_comm_mpi_available(const char **why_not) {
-  if (why_not)
-    *why_not = "built without MPI (mpi.h not found: install libopenmpi-dev, ci/install-deps.sh, and rebuild)";
-  return 0;
-}
-upf_status upf_comm_mpi_init(upf_comm *c) {
-  const char *why;
-  upf_comm_mpi_available(&why);
-  return upf_fail(UPF_ERR_UNSUPPORTED, "comm mpi: %s", why);
-}
+    snprintf(mpi_why, sizeof mpi_why,
+             "built without MPI (mpicc not found at build time: install libopenmpi-dev, ci/install-deps.sh, and rebuild)");
+    state = 0;
+#else
+    char beside[4096] = "";
+    const ssize_t n = readlink("/proc/self/exe", beside, sizeof beside - 32);
+    if (n > 0) {
+      beside[n] = '\0';
+      char *slash = strrchr(beside, '/');
+      snprintf(slash ? slash + 1 : beside, 32, "libupf_mpi.so");
+    }
+    const char *env = getenv("UPF_MPI_PLUGIN");
+    const char *candidates[] = {env && *env ? env : NULL, beside[0] ? beside : NULL, UPF_MPI_PLUGIN_PATH};
+    void *h = NULL;
+    char errs[768] = "";
+    for (size_t i = 0; i < sizeof candidates / sizeof *candidates && !h; i++) {
+      if (!candidates[i])
+        continue;
+      h = dlopen(candidates[i], RTLD_NOW | RTLD_GLOBAL);
+      if (!h)
+        snprintf(errs + strlen(errs), sizeof errs - strlen(errs), "%s%s", errs[0] ? "; " : "", dlerror());
+    }
+    fn = h ? (mpi_init_fn)(uintptr_t)dlsym(h, "upf_comm_mpi_plugin_init") : NULL;
+    if (!fn)
+      snprintf(mpi_why, sizeof mpi_why, "the MPI plugin libupf_mpi.so cannot be loaded (%s; set UPF_MPI_PLUGIN)",
+               h ? "no upf_comm_mpi_plugin_init in it" : errs);
+    state = fn != NULL;
 #endif
+  }
+  if (init)
+    *init = fn;
+  return state;
+}
+
+int upf_comm_mpi_available(const char **why_not) {
+  const int ok = mpi_load(NULL);
+  if (why_not)
+    *why_not = ok ? "" : mpi_why;
+  return ok;
+}
+
+upf_status upf_comm_mpi_init(upf_comm *c) {
+  mpi_init_fn init;
+  if (!mpi_load(&init))
+    return upf_fail(UPF_ERR_UNSUPPORTED, "comm mpi: %s", mpi_why);
+  return init(c);
+}
 
 #ifndef UPF_HAVE_NCCL
 int upf_comm_nccl_available(const char **why_not) {

@@ -36,9 +36,12 @@ enum { UPF_COMM_OP_ALLREDUCE = 1, UPF_COMM_OP_BROADCAST, UPF_COMM_OP_BARRIER };
 /* Seconds since an arbitrary origin (monotonic). */
 double upf_comm_now(void);
 
-/* MPI (core/comm_mpi.c): initialises MPI if needed and fills rank, size, ops, impl of c. */
+/* MPI (core/comm.c opens the plugin built from core/comm_mpi.c): initialises MPI if needed and fills
+ * rank, size, ops, impl of c. */
 upf_status upf_comm_mpi_init(upf_comm *c);
 int upf_comm_mpi_available(const char **why_not);
+/* The plugin's entry point. */
+upf_status upf_comm_mpi_plugin_init(upf_comm *c);
 
 /* NCCL (cuda/comm_nccl.cu). */
 #define UPF_NCCL_ID_BYTES 128

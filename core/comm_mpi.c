@@ -4,8 +4,9 @@
  * UPF_ERR_COMM on every rank instead of corrupting memory or hanging; every wait polls a non-blocking
  * request with the communicator's timeout. The all-reduce gathers every rank's buffer and sums in rank
  * order, in double, so every rank gets the same bits whatever MPI's reduction order. Buffers in a
- * non-host backend's memory are staged through host memory. Built only when mpi.h is found. */
-#ifdef UPF_HAVE_MPI
+ * non-host backend's memory are staged through host memory. Built only when mpi.h is found, as the
+ * plugin libupf_mpi.so (linked with libmpi) that core/comm.c opens on the first MPI communicator, so
+ * no binary needs libmpi to start; the plugin resolves the library's symbols in the executable. */
 #include <mpi.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,12 +22,6 @@ typedef struct {
 } mpi_state;
 
 static int we_initialised, live_comms;
-
-int upf_comm_mpi_available(const char **why_not) {
-  if (why_not)
-    *why_not = "";
-  return 1;
-}
 
 static upf_status mpi_fail(upf_comm *c, int err, const char *what) {
   char msg[MPI_MAX_ERROR_STRING];
@@ -191,7 +186,7 @@ static void mpi_destroy(upf_comm *c) {
 
 static const upf_comm_ops mpi_ops = {mpi_allreduce, mpi_broadcast, mpi_barrier, mpi_destroy};
 
-upf_status upf_comm_mpi_init(upf_comm *c) {
+upf_status upf_comm_mpi_plugin_init(upf_comm *c) {
   int inited = 0, finalized = 0;
   MPI_Initialized(&inited);
   MPI_Finalized(&finalized);
@@ -220,4 +215,3 @@ upf_status upf_comm_mpi_init(upf_comm *c) {
   live_comms++;
   return UPF_OK;
 }
-#endif
