@@ -206,15 +206,19 @@ static upf_status create_nccl(upf_comm *c, const upf_comm_options *opt) {
   const char *why;
   if (!upf_comm_nccl_available(&why))
     return upf_fail(UPF_ERR_UNSUPPORTED, "comm nccl: %s", why);
-  if (opt && opt->nccl_id_file && *opt->nccl_id_file) {
-    int32_t rank = opt->rank, size = opt->size;
+  const char *id_file = opt && opt->nccl_id_file && *opt->nccl_id_file ? opt->nccl_id_file : getenv("UPF_NCCL_ID_FILE");
+  if (id_file && *id_file) {
+    int32_t rank = opt ? opt->rank : 0, size = opt ? opt->size : 0;
     if (size == 0 && !((env_int("UPF_RANK", &rank) && env_int("UPF_WORLD_SIZE", &size)) ||
                        (env_int("OMPI_COMM_WORLD_RANK", &rank) && env_int("OMPI_COMM_WORLD_SIZE", &size))))
       rank = 0, size = 1;
     if (size < 1 || rank < 0 || rank >= size)
       return upf_fail(UPF_ERR_INVALID_ARG, "comm nccl: rank %d of size %d", rank, size);
     c->rank = rank, c->size = size;
-    UPF_TRY(nccl_id_by_file(opt->nccl_id_file, rank, local_rank_of(rank), c->timeout_s, id));
+    UPF_TRY(nccl_id_by_file(id_file, rank, local_rank_of(rank), c->timeout_s, id));
+  } else if (!launched_by_mpirun()) { /* one process: a one-rank NCCL communicator, nothing to exchange */
+    c->rank = 0, c->size = 1;
+    UPF_TRY(upf_comm_nccl_unique_id(local_rank_of(0), id));
   } else {
     /* through MPI: rank 0's id broadcast to every rank */
     upf_status st = upf_comm_create("mpi", upf_backend_cpu(), opt, &c->boot);

@@ -26,8 +26,10 @@ typedef struct {
   /* Seconds a collective waits for the other ranks before failing (0: UPF_COMM_TIMEOUT_S from the
    * environment, else 120). */
   double timeout_s;
-  /* NCCL without MPI: the unique-id file rank 0 writes (atomically) and the others read; rank and size
-   * from here, or from UPF_RANK / UPF_WORLD_SIZE (then OMPI_COMM_WORLD_RANK / _SIZE) when size is 0. */
+  /* NCCL without MPI: the unique-id file rank 0 writes (atomically) and the others read (NULL:
+   * UPF_NCCL_ID_FILE); rank and size from here, or from UPF_RANK / UPF_WORLD_SIZE (then
+   * OMPI_COMM_WORLD_RANK / _SIZE) when size is 0. With neither a file nor mpirun, NCCL runs one rank;
+   * under mpirun without a file, rank 0's id goes out through MPI. */
   const char *nccl_id_file;
   int32_t rank, size;
 } upf_comm_options;
