@@ -129,6 +129,12 @@ setup() {
   COMMIT=$(cat "$DEV/COMMIT" 2>/dev/null || echo unknown)
   export UPF_COMMIT=$COMMIT PYTHONUNBUFFERED=1
   export LD_LIBRARY_PATH=$DEV/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  # libnccl (opened at run time by the NCCL communicator): the loader's, else the pip package's
+  if [ -z "${UPF_NCCL_LIB:-}" ] && ! ldconfig -p 2>/dev/null | grep -q 'libnccl\.so\.2'; then
+    local lib
+    lib=$(python3 -c 'import nvidia.nccl as m, os; print(os.path.join(m.__path__[0], "lib", "libnccl.so.2"))' 2>/dev/null)
+    [ -n "$lib" ] && [ -f "$lib" ] && export UPF_NCCL_LIB=$lib
+  fi
   NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
   SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   NPROC=$(nproc)
@@ -247,18 +253,13 @@ do_prefill() {
 }
 
 # tp MODELS: see the usage. libnccl: UPF_NCCL_LIB, else the loader's path, else the pip package
-# nvidia-nccl-cu* of python3 (the CUDA images may carry NCCL only there).
+# nvidia-nccl-cu* of python3 (the CUDA images may carry NCCL only there; setup looks).
 do_tp() {
   local cap=$1
   shift
   local models=("$@") m run tag runs=${RUNS_SET:+$RUNS}
   [ ${#models[@]} -gt 0 ] || models=(llama3.1-8b)
   runs=${runs:-8192 32768}
-  if [ -z "${UPF_NCCL_LIB:-}" ] && ! ldconfig -p 2>/dev/null | grep -q 'libnccl\.so\.2'; then
-    local lib
-    lib=$(python3 -c 'import nvidia.nccl as m, os; print(os.path.join(m.__path__[0], "lib", "libnccl.so.2"))' 2>/dev/null)
-    [ -n "$lib" ] && [ -f "$lib" ] && export UPF_NCCL_LIB=$lib
-  fi
   say "tp: NCCL ${UPF_NCCL_LIB:-on the loader path}; models ${models[*]}, runs '$runs' (cap $cap s each)"
   mkdir -p "$DIR/tp"
   run "$DIR/tp/test_upf-tp.log" "$cap" TMPDIR=/tmp -- sh -c 'cd bin && exec ./test_upf tp'
