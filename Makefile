@@ -34,7 +34,38 @@ else
 CUDA_SRC :=
 endif
 
-LIB_C_SRC := $(wildcard core/*.c ref_cpu/*.c layers/*.c models/*.c verify/*.c)
+# Tensor parallelism's communicator (include/uniprefill/comm.h). No binary links MPI or NCCL, so every
+# one starts on a machine without them: the MPI backend is the plugin $(BUILD)/libupf_mpi.so (built
+# when mpicc, OpenMPI from ci/install-deps.sh, is found; linked with libmpi; core/comm.c opens it next
+# to the executable or at UPF_MPI_PLUGIN), the NCCL backend is built when CUDA=1 and nccl.h is found
+# under NCCL_HOME (default: the CUDA toolkit, /usr, or the pip package nvidia-nccl-cu*) and opens
+# libnccl at run time (UPF_NCCL_LIB, the loader's path, then the library found here). Without them,
+# the communicator reports "built without MPI" / "built without NCCL". Only the communicator's objects
+# see these flags (their own stamp), so the rest of the tree does not rebuild when MPI or NCCL appears.
+MPI ?= 1
+ifeq ($(MPI),1)
+MPI_CFLAGS := $(shell mpicc --showme:compile 2>/dev/null || pkg-config --cflags ompi-c 2>/dev/null)
+MPI_LIBS := $(shell mpicc --showme:link 2>/dev/null || pkg-config --libs ompi-c 2>/dev/null)
+endif
+MPI_PLUGIN := $(if $(MPI_LIBS),$(BUILD)/libupf_mpi.so)
+TP_CHECK := $(if $(MPI_LIBS),$(BUILD)/tp_check)
+COMM_CPPFLAGS := $(if $(MPI_LIBS),-DUPF_HAVE_MPI=1 -DUPF_MPI_PLUGIN_PATH='"$(abspath $(BUILD))/libupf_mpi.so"')
+ifeq ($(CUDA),1)
+NCCL_HOME ?= $(firstword $(foreach d,$(CUDA_HOME) /usr $(shell python3 -c 'import nvidia.nccl as m; print(m.__path__[0])' \
+	2>/dev/null),$(if $(wildcard $(d)/include/nccl.h),$(d))))
+NCCL_LIB := $(if $(NCCL_HOME),$(firstword $(wildcard $(NCCL_HOME)/lib64/libnccl.so.2 $(NCCL_HOME)/lib/libnccl.so.2 \
+	$(NCCL_HOME)/lib/x86_64-linux-gnu/libnccl.so.2)))
+ifneq ($(NCCL_HOME),)
+COMM_CPPFLAGS += -DUPF_HAVE_NCCL=1
+COMM_NVCCFLAGS := -DUPF_HAVE_NCCL=1 -I$(NCCL_HOME)/include $(if $(NCCL_LIB),-DUPF_NCCL_LIB_PATH='"$(NCCL_LIB)"')
+endif
+endif
+COMM_OBJ := $(BUILD)/core/comm.o $(if $(filter 1,$(CUDA)),$(BUILD)/cuda/comm_nccl.cu.o)
+COMM_STAMP := $(BUILD)/.comm-flags
+# the MPI plugin resolves the library's functions in the executable that opens it
+LDLIBS += -ldl -rdynamic
+
+LIB_C_SRC := $(filter-out core/comm_mpi.c,$(wildcard core/*.c ref_cpu/*.c layers/*.c models/*.c verify/*.c))
 LIB_CXX_SRC := $(wildcard perf/*.cc)
 LIB_PERF_C_SRC := $(filter-out perf/bench_main.c,$(wildcard perf/*.c))
 CLI_SRC := $(wildcard cli/*.c)
@@ -48,9 +79,9 @@ UPF := $(BUILD)/upf
 TEST_BIN := $(BUILD)/test_upf
 BENCH_BIN := $(BUILD)/bench_upf
 
-.PHONY: all deps models run test test-unit test-memcheck verify bench clean
+.PHONY: all deps models run test test-unit test-memcheck test-tp verify bench clean
 
-all: $(LIB) $(UPF) $(TEST_BIN) $(BENCH_BIN)
+all: $(LIB) $(UPF) $(TEST_BIN) $(BENCH_BIN) $(MPI_PLUGIN) $(TP_CHECK)
 
 deps:
 	bash ci/install-deps.sh
@@ -70,6 +101,19 @@ $(FLAGS_STAMP): FORCE
 
 .PHONY: FORCE
 FORCE:
+
+# The communicator's objects carry the MPI/NCCL flags; their own stamp rebuilds them when those change.
+$(COMM_OBJ): CPPFLAGS += $(COMM_CPPFLAGS)
+$(COMM_OBJ): NVCCFLAGS += $(COMM_NVCCFLAGS)
+$(COMM_OBJ): $(COMM_STAMP)
+$(COMM_STAMP): FORCE
+	@mkdir -p $(dir $@)
+	@echo '$(COMM_CPPFLAGS) | $(COMM_NVCCFLAGS) | $(MPI_CFLAGS) $(MPI_LIBS)' | cmp -s - $@ || \
+	  echo '$(COMM_CPPFLAGS) | $(COMM_NVCCFLAGS) | $(MPI_CFLAGS) $(MPI_LIBS)' >$@
+
+$(BUILD)/libupf_mpi.so: core/comm_mpi.c $(COMM_STAMP) $(FLAGS_STAMP)
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(MPI_CFLAGS) $(CFLAGS) -fPIC -shared -o $@ $< $(MPI_LIBS)
 
 $(BUILD)/%.o: %.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
@@ -96,6 +140,10 @@ $(TEST_BIN): $(TEST_SRC:%.c=$(BUILD)/%.o) $(LIB)
 $(BENCH_BIN): $(BUILD)/perf/bench_main.o $(LIB)
 	$(CXX) -o $@ $^ $(LDLIBS) -lbenchmark
 
+# Tensor parallelism on CPU ranks (tests/tp/): a checker run under mpirun, built only with MPI.
+$(BUILD)/tp_check: $(BUILD)/tests/tp/tp_check.o $(LIB)
+	$(CXX) -o $@ $^ $(LDLIBS)
+
 # The main job: verify what this machine's backends can run, benchmark, and summarise.
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 
@@ -113,6 +161,11 @@ test: deps models
 	UPF_TEST_QUICK=1 valgrind --error-exitcode=3 --leak-check=full \
 	  --errors-for-leak-kinds=definite --show-leak-kinds=definite $(BUILD)-memcheck/test_upf
 	$(TEST_BIN)
+	bash tests/tp/run.sh $(BUILD)
+
+# Tensor parallelism under mpirun -np 2 and -np 4 (skipped, with the reason, without mpirun).
+test-tp: all
+	bash tests/tp/run.sh $(BUILD)
 
 verify: all
 	$(UPF) verify all

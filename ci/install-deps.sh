@@ -3,7 +3,8 @@
 # Idempotent: a second run installs nothing and prints nothing but the summary line.
 set -euo pipefail
 
-packages=(build-essential libopenblas-dev libcunit1-dev libbenchmark-dev valgrind)
+# openmpi-bin and libopenmpi-dev: tensor parallelism on CPU ranks (the MPI communicator, make test's mpirun runs)
+packages=(build-essential libopenblas-dev libcunit1-dev libbenchmark-dev valgrind openmpi-bin libopenmpi-dev)
 
 missing=()
 for pkg in "${packages[@]}"; do

@@ -6,6 +6,7 @@
 #include <stdio.h>
 
 #include "uniprefill/backend.h"
+#include "uniprefill/comm.h"
 
 /* Prints "upf <what>: message (STATUS)" to stderr, what naming the command and the flag at fault
  * ("select: --q"), and returns exit code 1. */
@@ -28,5 +29,9 @@ extern const char upf_cli_export_usage[];
 /* `upf serve-sim` (cli/serve.c). */
 int upf_cli_serve(int argc, char **argv);
 extern const char upf_cli_serve_usage[];
+/* --comm KIND and --tp R of prefill and select (cli/tp.c): the communicator, NULL for one plain process
+ * (single, R = 1). 0, with the message printed on this rank, when it cannot be created or R is not its
+ * size. */
+int upf_cli_tp_open(const char *cmd, const char *kind, int32_t tp, const upf_backend *be, upf_comm **out);
 
 #endif

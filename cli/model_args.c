@@ -64,11 +64,21 @@ int upf_model_args_partial(const upf_model_args *ma) {
 }
 
 upf_status upf_model_args_build(const char *command, const upf_model_args *ma, upf_model *m) {
-  if (upf_model_args_partial(ma))
+  return upf_model_args_build_tp(command, ma, NULL, 1, m);
+}
+
+upf_status upf_model_args_build_tp(const char *command, const upf_model_args *ma, upf_comm *comm, int rank0,
+                                   upf_model *m) {
+  if (upf_model_args_partial(ma) && rank0)
     fprintf(stderr, "upf %s: layers %d:%d of %s's %d (a partial model)\n", command, ma->layer_begin, ma->layer_end,
             ma->cfg->name, ma->cfg->num_layers);
   if (!ma->gguf)
-    return upf_model_init_seeded(m, ma->cfg, ma->be, ma->dt, (uint64_t)ma->seed, ma->layer_begin, ma->layer_end);
+    return comm ? upf_model_init_seeded_tp(m, ma->cfg, ma->be, ma->dt, (uint64_t)ma->seed, ma->layer_begin,
+                                           ma->layer_end, comm)
+                : upf_model_init_seeded(m, ma->cfg, ma->be, ma->dt, (uint64_t)ma->seed, ma->layer_begin, ma->layer_end);
+  if (comm)
+    return upf_fail(UPF_ERR_UNSUPPORTED, "%s: --gguf %s: tensor parallelism runs seeded models only (a file's weights "
+                    "are not sliced)", command, ma->gguf);
   /* the file was read at resolve time; it is mapped again for the weights */
   upf_gguf *file = NULL;
   upf_status st = upf_gguf_open(ma->gguf, &file);

@@ -43,6 +43,11 @@ int upf_model_args_resolve(const char *command, upf_model_args *ma);
 /* Builds the resolved model (seeded weights, or the file's weights) on its backend; a partial model says so on stderr. */
 upf_status upf_model_args_build(const char *command, const upf_model_args *ma, upf_model *m);
 
+/* The same for one rank of a tensor-parallel group (comm NULL: upf_model_args_build); only rank0 prints.
+ * A GGUF model is not sliced for tensor parallelism: --gguf with a communicator is refused. */
+upf_status upf_model_args_build_tp(const char *command, const upf_model_args *ma, upf_comm *comm, int rank0,
+                                   upf_model *m);
+
 /* 1 when the layer range is not the whole model. */
 int upf_model_args_partial(const upf_model_args *ma);
 

@@ -51,6 +51,7 @@ const char upf_cli_prefill_usage[] =
     "usage: upf prefill (--model NAME | --gguf FILE) (--lengths N1,N2,... | --token-ids IDS.npy [--cu-seqlens CU.npy])\n"
     "                   [--seed S] [--mode dense|uniprefill] [--select topp|topk] [--p P] [--keep R]\n"
     "                   [--dtype f32|bf16] [--backend cpu|cuda] [--layers A:B] [--out-logits L.npy]\n"
+    "                   [--tp R] [--comm auto|single|mpi|nccl]\n"
     "                   [--dump-masks DIR] [--replay-masks DIR] [--json R.json] [--warmup N] [--iters N]\n"
     "  End-to-end prefill of a built-in model (upf models) on weights seeded by S, or of the llama or\n"
     "  gemma3 model of a GGUF file (--gguf: its weights dequantised to --dtype; drop layers scaled from\n"
@@ -64,13 +65,16 @@ const char upf_cli_prefill_usage[] =
     "  (a partial model: every output says so). --warmup/--iters repeat the run; times are medians.\n"
     "  --ideal (uniprefill): also runs dense prefills (warm) at the token counts after each drop, reporting\n"
     "  the dense TTFT and the ideal: the sum of the dense per-layer times (attention block at the count\n"
-    "  entering the layer, FFN block at the count leaving its drop) at the kept counts.\n";
+    "  entering the layer, FFN block at the count leaving its drop) at the kept counts.\n"
+    "  --tp R: tensor parallelism over R ranks (mpirun -np R; R must equal the communicator's size): each\n"
+    "  rank holds Hq/R heads and 1/R of the FFN; rank 0 prints and writes every output, the others nothing.\n"
+    "  --comm: auto (mpi under mpirun, nccl there with --backend cuda), single, mpi or nccl.\n";
 
 typedef struct {
   upf_model_args sel; /* --model, --seed, --dtype, --backend, --layers */
   const char *lengths, *ids_path, *cu_path, *mode, *select;
-  const char *out_logits, *dump_dir, *replay_dir, *json;
-  int32_t warmup, iters, ideal;
+  const char *out_logits, *dump_dir, *replay_dir, *json, *comm;
+  int32_t warmup, iters, ideal, tp;
   float p, keep;
 } prefill_args;
 
@@ -198,8 +202,12 @@ static upf_status write_json(const char *path, const prefill_args *a, const upf_
   fprintf(f, "],\n  \"drops\": [");
   for (int k = 0; k < res->num_drops; k++) {
     const upf_drop_record *d = &res->drops[k];
-    fprintf(f, "%s\n    {\"layer\": %d, \"tokens_in\": %lld, \"tokens_kept\": %lld, \"select_ms\": %.4f, \"kept_per_request\": [",
+    fprintf(f, "%s\n    {\"layer\": %d, \"tokens_in\": %lld, \"tokens_kept\": %lld, \"select_ms\": %.4f, ",
             k ? "," : "", d->layer, (long long)d->tokens_in, (long long)d->tokens_kept, d->select_seconds * 1e3);
+    if (m->comm)
+      fprintf(f, "\"tp_select_ms\": %.4f, \"allreduce_bytes\": %.0f, \"allreduce_ms\": %.4f, \"disagreeing_ranks\": %d, ",
+              d->tp_select_seconds * 1e3, d->allreduce_bytes, d->allreduce_seconds * 1e3, d->disagreeing_ranks);
+    fprintf(f, "\"kept_per_request\": [");
     for (int32_t r = 0; r < B; r++)
       fprintf(f, "%s%d", r ? ", " : "", d->kept_per_req[r]);
     fprintf(f, "]}");
@@ -219,6 +227,10 @@ static upf_status write_json(const char *path, const prefill_args *a, const upf_
   fprintf(f, "  \"memory_gib\": {\"weights\": %.4f, \"activations\": %.4f, \"selection\": %.4f, \"kv_dense\": %.4f},\n",
           plan->weights / (1 << 30), plan->activations / (1 << 30), plan->selection / (1 << 30),
           plan->kv_dense / (1 << 30));
+  fprintf(f, "  \"tp\": {\"ranks\": %d, \"comm\": \"%s\", \"allreduce_calls\": %lld, \"allreduce_bytes\": %.0f, "
+             "\"allreduce_ms\": %.4f},\n",
+          m->tp_size, m->comm ? upf_comm_kind_name(upf_comm_kind_of(m->comm)) : "none", (long long)res->comm_calls,
+          res->comm_bytes, res->comm_seconds * 1e3);
   fprintf(f, "  \"commit\": \"%s\",\n  \"command\": \"upf", commit);
   for (int i = 0; i < argc; i++)
     for (const char *s = argv[i]; ; s++) {
@@ -316,7 +328,7 @@ static int build_batch(const prefill_args *a, const upf_model_config *cfg, int32
 }
 
 int upf_cli_prefill(int argc, char **argv) {
-  prefill_args a = {.sel = UPF_MODEL_ARGS_DEFAULT, .mode = "dense", .select = "topp", .iters = 1, .p = -1};
+  prefill_args a = {.sel = UPF_MODEL_ARGS_DEFAULT, .mode = "dense", .select = "topp", .iters = 1, .p = -1, .tp = 1};
   upf_arg args[] = {
       UPF_MODEL_ARG_FLAGS(a.sel),                    {"--lengths", UPF_ARG_STRING, &a.lengths},
       {"--token-ids", UPF_ARG_STRING, &a.ids_path},  {"--cu-seqlens", UPF_ARG_STRING, &a.cu_path},
@@ -326,6 +338,7 @@ int upf_cli_prefill(int argc, char **argv) {
       {"--dump-masks", UPF_ARG_STRING, &a.dump_dir}, {"--replay-masks", UPF_ARG_STRING, &a.replay_dir},
       {"--json", UPF_ARG_STRING, &a.json},           {"--warmup", UPF_ARG_INT, &a.warmup, 0, 0, 1000},
       {"--iters", UPF_ARG_INT, &a.iters, 0, 1, 1000},   {"--ideal", UPF_ARG_SWITCH, &a.ideal},
+      {"--tp", UPF_ARG_INT, &a.tp, 0, 1, 1 << 16},     {"--comm", UPF_ARG_STRING, &a.comm},
   };
   upf_arg_parser p = {"upf prefill", upf_cli_prefill_usage, args, (int)(sizeof args / sizeof *args), NULL, 0, 0};
   const upf_args_result pr = upf_args_parse(&p, argc, argv);
@@ -416,14 +429,22 @@ int upf_cli_prefill(int argc, char **argv) {
       return 2;
     }
 
+  upf_comm *comm = NULL;
+  if (!upf_cli_tp_open("prefill", a.comm, a.tp, be, &comm)) {
+    free(ids), free(cu);
+    return 2;
+  }
+  const int rank0 = upf_comm_rank(comm) == 0; /* prints and writes; the other ranks only compute */
   upf_model m;
-  st = upf_model_args_build("prefill", &a.sel, &m);
+  st = upf_model_args_build_tp("prefill", &a.sel, comm, rank0, &m);
   if (st != UPF_OK) {
     free(ids), free(cu);
+    upf_comm_destroy(comm);
     return upf_cli_error(st, "prefill: building the model");
   }
   const upf_memory_plan plan = upf_model_memory_plan(&m, cu[B], B);
-  print_plan(stderr, &m, &plan, cu[B], B);
+  if (rank0)
+    print_plan(stderr, &m, &plan, cu[B], B);
 
   upf_tensor masks[UPF_MODEL_MAX_LAYERS];
   const uint8_t *mask_ptrs[UPF_MODEL_MAX_LAYERS] = {0};
@@ -435,7 +456,7 @@ int upf_cli_prefill(int argc, char **argv) {
       rc = 2;
     opt.replay_masks = mask_ptrs, opt.replay_mask_len = mask_lens;
   }
-  if (isatty(2))
+  if (isatty(2) && rank0)
     opt.on_layer = progress, opt.user = &m;
   upf_prefill_result res = {0};
   ideal_times ideal = {0};
@@ -448,9 +469,18 @@ int upf_cli_prefill(int argc, char **argv) {
     else if (it >= a.warmup)
       totals[it - a.warmup] = res.total_seconds;
   }
-  if (rc == 0) {
+  if (rc == 0 && rank0) {
     printf("%s%s, %s, %s on %s: %d requests, %d tokens\n", cfg->name,
            lb > 0 || le < cfg->num_layers ? " (partial model)" : "", a.mode, upf_dtype_name(dtype), be->name, B, cu[B]);
+    if (comm)
+      printf("  tensor parallel: %d ranks (%s), %lld all-reduces of %.3f MB per rank, %.3f ms\n", m.tp_size,
+             upf_comm_kind_name(upf_comm_kind_of(comm)), (long long)res.comm_calls, res.comm_bytes / 1e6,
+             res.comm_seconds * 1e3);
+    for (int k = 0; comm && k < res.num_drops; k++)
+      printf("  drop layer %2d (tp): block scores %.0f bytes all-reduced in %.3f ms of a %.3f ms selection; %d rank(s) "
+             "disagreed with rank 0\n",
+             res.drops[k].layer, res.drops[k].allreduce_bytes, res.drops[k].allreduce_seconds * 1e3,
+             res.drops[k].tp_select_seconds * 1e3, res.drops[k].disagreeing_ranks);
     for (int k = 0; k < res.num_drops; k++)
       printf("  drop layer %2d: %lld -> %lld tokens (%.1f%%), selection + compaction %.3f ms\n", res.drops[k].layer,
              (long long)res.drops[k].tokens_in, (long long)res.drops[k].tokens_kept,
@@ -459,7 +489,7 @@ int upf_cli_prefill(int argc, char **argv) {
     memcpy(sorted, totals, (size_t)a.iters * sizeof *sorted);
     qsort(sorted, (size_t)a.iters, sizeof *sorted, cmp_double);
     printf("  prefill %.3f ms (median of %d)\n", sorted[a.iters / 2] * 1e3, a.iters);
-    if (a.ideal) {
+    if (a.ideal && !comm) { /* the dense runs are collective under TP: every rank measures below */
       st = measure_ideal(&m, cu, B, &res, &ideal);
       if (st != UPF_OK)
         rc = upf_cli_error(st, "prefill: --ideal");
@@ -471,7 +501,15 @@ int upf_cli_prefill(int argc, char **argv) {
     }
     free(sorted);
   }
-  if (rc == 0 && a.out_logits) {
+  if (rc == 0 && a.ideal && comm) {
+    st = measure_ideal(&m, cu, B, &res, &ideal);
+    if (st != UPF_OK)
+      rc = upf_cli_error(st, "prefill: --ideal");
+    else if (rank0)
+      printf("  dense %.3f ms; ideal at the kept counts %.3f ms; selection + compaction %.3f ms\n", ideal.dense_s * 1e3,
+             ideal.ideal_s * 1e3, ideal.select_s * 1e3);
+  }
+  if (rc == 0 && a.out_logits && rank0) {
     upf_tensor t;
     const int64_t shape[2] = {B, cfg->vocab};
     upf_tensor_init(&t, res.logits, UPF_DTYPE_F32, 2, shape);
@@ -479,7 +517,7 @@ int upf_cli_prefill(int argc, char **argv) {
     if (st != UPF_OK)
       rc = upf_cli_error(st, "prefill: --out-logits");
   }
-  for (int k = 0; rc == 0 && a.dump_dir && k < res.num_drops; k++) {
+  for (int k = 0; rc == 0 && rank0 && a.dump_dir && k < res.num_drops; k++) {
     char path[4096];
     snprintf(path, sizeof path, "%s/layer%d.npy", a.dump_dir, res.drops[k].layer);
     upf_tensor t;
@@ -489,7 +527,7 @@ int upf_cli_prefill(int argc, char **argv) {
     if (st != UPF_OK)
       rc = upf_cli_error(st, "prefill: --dump-masks");
   }
-  if (rc == 0 && a.json) {
+  if (rc == 0 && a.json && rank0) {
     st = write_json(a.json, &a, &m, cu, B, &res, totals, a.iters, &plan, &ideal, argc, argv);
     if (st != UPF_OK)
       rc = upf_cli_error(st, "prefill: --json");
@@ -499,5 +537,6 @@ int upf_cli_prefill(int argc, char **argv) {
     upf_tensor_free(&masks[k]);
   free(totals), free(ids), free(cu);
   upf_model_free(&m);
+  upf_comm_destroy(comm);
   return rc;
 }

@@ -26,16 +26,20 @@ int upf_cli_error(upf_status st, const char *what) {
 static const char select_usage[] =
     "usage: upf select --q Q.npy --k K.npy --cu-seqlens CU.npy --out-mask MASK.npy [--out-blocks B.npy]\n"
     "                  [--out-kept KEPT.npy] [--p 0.99] [--block 64] [--sink 128] [--last-q 128] [--scale S]\n"
-    "                  [--topk K] [--backend cpu|cuda]\n"
+    "                  [--topk K] [--backend cpu|cuda] [--tp R] [--comm auto|single|mpi|nccl]\n"
     "  Runs one drop layer's token selection (SPEC section 2) on a varlen batch.\n"
     "  Q (T, Hq, D) and K (T, Hkv, D) as <f4 (fp32) or <u2 (bf16 bits); CU <i4 (B+1).\n"
     "  MASK is |u1 (T,); B is <f4 block scores; KEPT is <i4 kept token indices.\n"
     "  Outputs are written only once the whole selection succeeded; each output names its own file, in\n"
-    "  an existing directory. A symbolic link is followed; a FIFO or /dev/stdout is written through.\n";
+    "  an existing directory. A symbolic link is followed; a FIFO or /dev/stdout is written through.\n"
+    "  --tp R (under mpirun -np R): each rank scores its Hq/R heads, the block scores are all-reduced and\n"
+    "  rank 0's mask is used everywhere (SPEC section 5); rank 0 writes the outputs, the others nothing.\n";
 
 typedef struct {
-  const char *q, *k, *cu, *out_mask, *out_blocks, *out_kept, *backend;
+  const char *q, *k, *cu, *out_mask, *out_blocks, *out_kept, *backend, *comm_kind;
   upf_select_params params;
+  int32_t tp;
+  upf_comm *comm; /* NULL: one plain process */
 } select_args;
 
 /* The input a failure of validation or of the selection lies with, from the status and the
@@ -111,7 +115,23 @@ static upf_status run_select(const select_args *a, const upf_backend *be, const 
   if (st == UPF_OK) {
     in.q.data = dq, in.k.data = dk, in.cu_seqlens = dcu;
     out.new_cu_seqlens = ncu, out.kept_count = cnt;
-    st = be->select_run(&in, &a->params, &out);
+    if (a->comm) { /* this rank's heads of q and k, in place */
+      upf_head_split hs;
+      st = upf_head_split_of((int32_t)q->shape[1], (int32_t)k->shape[1], upf_comm_rank(a->comm),
+                             upf_comm_size(a->comm), &hs);
+      in.q.data = (char *)dq + (size_t)hs.q0 * q->stride[1] * elem, in.q.shape[1] = hs.nq;
+      in.k.data = (char *)dk + (size_t)hs.kv0 * k->stride[1] * elem, in.k.shape[1] = hs.nkv;
+      upf_select_tp_stats ts;
+      if (st == UPF_OK)
+        st = upf_select_tp_run(a->comm, be, &in, &a->params, &out, NULL, &ts);
+      if (st == UPF_OK && upf_comm_rank(a->comm) == 0)
+        fprintf(stderr, "upf select (%s, tp %d): %d query heads a rank; %.0f bytes of block scores all-reduced in %.3f ms "
+                        "of %.3f ms; %d rank(s) disagreed with rank 0\n",
+                be->name, upf_comm_size(a->comm), hs.nq, ts.allreduce_bytes, ts.allreduce_seconds * 1e3,
+                ts.seconds * 1e3, ts.disagreeing_ranks);
+    } else {
+      st = be->select_run(&in, &a->params, &out);
+    }
   }
   if (st == UPF_OK)
     st = be->download(mask->data, out.token_mask, (size_t)T);
@@ -122,7 +142,7 @@ static upf_status run_select(const select_args *a, const upf_backend *be, const 
   if (st == UPF_OK) {
     kept->shape[0] = out.kept_total;
     int32_t *counts = malloc((size_t)B * 4);
-    if (counts && be->download(counts, cnt, (size_t)B * 4) == UPF_OK) {
+    if (counts && be->download(counts, cnt, (size_t)B * 4) == UPF_OK && upf_comm_rank(a->comm) == 0) {
       fprintf(stderr, "upf select (%s): kept %lld of %lld tokens;", be->name, (long long)out.kept_total, (long long)T);
       for (int64_t r = 0; r < B && r < 16; r++)
         fprintf(stderr, " %d/%d", counts[r], ((int32_t *)cu->data)[r + 1] - ((int32_t *)cu->data)[r]);
@@ -164,7 +184,7 @@ static int check_select_params(const upf_arg_parser *p, const select_args *given
 }
 
 static int cmd_select(int argc, char **argv) {
-  select_args a = {.backend = "cpu", .params = upf_select_params_default()};
+  select_args a = {.backend = "cpu", .params = upf_select_params_default(), .tp = 1};
   upf_arg args[] = {
       {"--q", UPF_ARG_STRING, &a.q, 1},
       {"--k", UPF_ARG_STRING, &a.k, 1},
@@ -179,6 +199,8 @@ static int cmd_select(int argc, char **argv) {
       {"--last-q", UPF_ARG_INT, &a.params.last_q},
       {"--topk", UPF_ARG_INT, &a.params.topk},
       {"--scale", UPF_ARG_FLOAT, &a.params.scale},
+      {"--tp", UPF_ARG_INT, &a.tp, 0, 1, 1 << 16},
+      {"--comm", UPF_ARG_STRING, &a.comm_kind},
   };
   upf_arg_parser p = {"upf select", select_usage, args, (int)(sizeof args / sizeof args[0])};
   upf_args_result r = upf_args_parse(&p, argc, argv);
@@ -200,6 +222,9 @@ static int cmd_select(int argc, char **argv) {
   if (!upf_args_check_paths("upf select", paths, (int)(sizeof paths / sizeof paths[0])))
     return 2;
 
+  if (!upf_cli_tp_open("select", a.comm_kind, a.tp, be, &a.comm))
+    return 2;
+  const int rank0 = upf_comm_rank(a.comm) == 0; /* writes the outputs; the other ranks only compute */
   upf_tensor q = {0}, k = {0}, cu = {0}, mask = {0}, blocks = {0}, kept = {0};
   char what[1200] = "select: --q";
   upf_status st = upf_npy_read(a.q, &q);
@@ -222,7 +247,7 @@ static int cmd_select(int argc, char **argv) {
   const char *out_path[3] = {a.out_mask, a.out_blocks, a.out_kept};
   const upf_tensor *out_tensor[3] = {&mask, &blocks, &kept};
   int nwritten = 0;
-  for (int i = 0; i < 3 && st == UPF_OK; i++) {
+  for (int i = 0; i < 3 && st == UPF_OK && rank0; i++) {
     if (!out_path[i])
       continue;
     if ((st = upf_npy_write(out_path[i], out_tensor[i])) != UPF_OK)
@@ -237,6 +262,7 @@ static int cmd_select(int argc, char **argv) {
         unlink(out_path[i]);
   upf_tensor_free(&q), upf_tensor_free(&k), upf_tensor_free(&cu);
   upf_tensor_free(&mask), upf_tensor_free(&blocks), upf_tensor_free(&kept);
+  upf_comm_destroy(a.comm);
   return st == UPF_OK ? 0 : upf_cli_error(st, what);
 }
 

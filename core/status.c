@@ -23,6 +23,7 @@ const char *upf_status_name(upf_status status) {
       [UPF_ERR_CUDA] = "UPF_ERR_CUDA",
       [UPF_ERR_NO_DEVICE] = "UPF_ERR_NO_DEVICE",
       [UPF_ERR_UNSUPPORTED] = "UPF_ERR_UNSUPPORTED",
+      [UPF_ERR_COMM] = "UPF_ERR_COMM",
   };
   if ((unsigned)status >= UPF_STATUS_COUNT)
     return "UPF_ERR_UNKNOWN";

@@ -74,6 +74,7 @@ upf_status upf_layer_attention(const upf_model *m, int32_t layer, upf_tokens *to
   }
   const upf_tensor out = upf_mat(s->out, m->dtype, T, H);
   UPF_TRY(be->gemm(&o2, &w->attn_output, &out));
+  UPF_TRY(upf_layer_allreduce(m, &out));
   if (c->sandwich_norm)
     UPF_TRY(be->rmsnorm(&out, &w->post_attn_norm, &c->norm, &out));
   UPF_TRY(upf_layer_add_norm(m, tok, s, &w->ffn_norm));

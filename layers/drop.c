@@ -64,7 +64,14 @@ upf_status upf_layer_drop(const upf_model *m, const upf_select_params *params, c
   } else if (st == UPF_OK) {
     const upf_select_inputs in = {qk->q, qk->k, tok->cu_seqlens, tok->cu_seqlens_host, B};
     upf_select_outputs out = {NULL, NULL, s->token_mask, s->kept_index, s->new_cu, s->kept_count, 0};
-    st = be->select_run(&in, params, &out);
+    if (m->comm) { /* tensor parallelism: partial scores of this rank's heads, all-reduced */
+      upf_select_tp_stats ts;
+      st = upf_select_tp_run(m->comm, be, &in, params, &out, NULL, &ts);
+      rec->allreduce_bytes = ts.allreduce_bytes, rec->allreduce_seconds = ts.allreduce_seconds;
+      rec->tp_select_seconds = ts.seconds, rec->disagreeing_ranks = ts.disagreeing_ranks;
+    } else {
+      st = be->select_run(&in, params, &out);
+    }
     kept_total = out.kept_total;
     if (st == UPF_OK)
       st = be->download(mask, s->token_mask, (size_t)T);

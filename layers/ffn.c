@@ -21,6 +21,7 @@ upf_status upf_layer_ffn(const upf_model *m, int32_t layer, upf_tokens *tok, upf
   } else {
     UPF_TRY(be->ffn_gated(&hidden, &w->ffn_gate_up, &w->ffn_down, c->act, &out));
   }
+  UPF_TRY(upf_layer_allreduce(m, &out));
   if (c->sandwich_norm)
     UPF_TRY(be->rmsnorm(&out, &w->post_ffn_norm, &c->norm, &out));
   return UPF_OK;

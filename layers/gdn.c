@@ -58,5 +58,6 @@ upf_status upf_layer_gdn(const upf_model *m, int32_t layer, upf_tokens *tok, upf
 
   const upf_tensor out = upf_mat(s->out, m->dtype, T, H);
   UPF_TRY(be->gemm(&o2, &w->ssm_out, &out));
+  UPF_TRY(upf_layer_allreduce(m, &out));
   return upf_layer_add_norm(m, tok, s, &w->ffn_norm);
 }

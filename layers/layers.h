@@ -88,6 +88,9 @@ upf_status upf_layer_gdn(const upf_model *m, int32_t layer, upf_tokens *tok, upf
 /* FFN block: s->out (T, H) = FFN(hidden) (dense gated or MoE), post-FFN norm (sandwich). The residual
  * add is the next block's pre-norm (upf_layer_add_norm). */
 upf_status upf_layer_ffn(const upf_model *m, int32_t layer, upf_tokens *tok, upf_layer_scratch *s);
+/* Tensor parallelism: out (T, H) in place = the sum over ranks of every rank's partial out (the output of
+ * a row-parallel projection); nothing without a communicator. */
+upf_status upf_layer_allreduce(const upf_model *m, const upf_tensor *out);
 /* residual += s->out; hidden = norm_w(residual). */
 upf_status upf_layer_add_norm(const upf_model *m, upf_tokens *tok, upf_layer_scratch *s, const upf_tensor *norm_w);
 

@@ -224,8 +224,11 @@ upf_status upf_model_run_step(const upf_model *m, const int32_t *ids, const int3
   if (st == UPF_OK)
     st = m->be->synchronize();
   const double t0 = now_seconds();
+  const upf_comm_stats c0 = upf_comm_get_stats(m->comm);
   if (st == UPF_OK)
     st = run_layers(m, opt, hooks, &b, res);
+  const upf_comm_stats c1 = upf_comm_get_stats(m->comm); /* every all-reduce, the selection's included */
+  res->comm_calls = c1.calls - c0.calls, res->comm_bytes = c1.bytes - c0.bytes, res->comm_seconds = c1.seconds - c0.seconds;
   if (st == UPF_OK)
     st = m->be->synchronize();
   res->total_seconds = now_seconds() - t0;

@@ -20,6 +20,11 @@ typedef struct {
   double amp, offset;
   /* The LM head of a tied model: element (h, v) takes token_embd's value at (v, h). */
   const char *transpose_of;
+  /* A tensor-parallel slice: along axis slice_axis, local coordinates run through the segments
+   * [seg_start[k], seg_start[k] + seg_len[k]) of the whole tensor (full_shape) in order. */
+  int nseg, slice_axis;
+  int64_t seg_start[4], seg_len[4];
+  int64_t full_shape[3];
 } tensor_spec;
 
 #define MAX_SPECS (8 + 24 * UPF_MODEL_MAX_LAYERS)
@@ -30,15 +35,55 @@ static void add(tensor_spec *s, int *n, upf_tensor *t, const char *name, int ndi
   memset(p, 0, sizeof *p);
   snprintf(p->name, sizeof p->name, "%s", name);
   p->t = t, p->ndim = ndim, p->shape[0] = d0, p->shape[1] = d1, p->shape[2] = d2, p->amp = amp, p->offset = offset;
+  memcpy(p->full_shape, p->shape, sizeof p->shape);
+}
+
+/* Under TP, the last added tensor becomes the rank's slice: segments (start, len) along `axis`. */
+static void slice_last(const upf_model *m, tensor_spec *s, int n, int axis, int nseg, const int64_t *seg) {
+  if (m->tp_size <= 1)
+    return;
+  tensor_spec *p = &s[n - 1];
+  p->nseg = nseg, p->slice_axis = axis, p->shape[axis] = 0;
+  for (int k = 0; k < nseg; k++)
+    p->seg_start[k] = seg[2 * k], p->seg_len[k] = seg[2 * k + 1], p->shape[axis] += seg[2 * k + 1];
+}
+
+/* Element i of a sliced tensor's local row-major order: its index in the whole tensor. */
+static int64_t sliced_index(const tensor_spec *s, int64_t i) {
+  int64_t coord[3] = {0, 0, 0}, rest = i;
+  for (int d = s->ndim - 1; d >= 0; d--)
+    coord[d] = rest % s->shape[d], rest /= s->shape[d];
+  int64_t c = coord[s->slice_axis];
+  for (int k = 0; k < s->nseg; k++) {
+    if (c < s->seg_len[k]) {
+      coord[s->slice_axis] = s->seg_start[k] + c;
+      break;
+    }
+    c -= s->seg_len[k];
+  }
+  int64_t g = 0;
+  for (int d = 0; d < s->ndim; d++)
+    g = g * s->full_shape[d] + coord[d];
+  return g;
 }
 
 /* Uniform with variance 1/fan_in: a projection keeps its input's scale. */
 static double proj_amp(int64_t fan_in) { return sqrt(3.0 / (double)fan_in); }
 
 static void layer_specs(upf_model *m, int32_t l, tensor_spec *s, int *n) {
-  const upf_model_config *c = m->cfg;
+  const upf_model_config *c = m->full_cfg ? m->full_cfg : m->cfg; /* names and values: the whole model's */
+  const upf_model_config *lc = m->cfg;                             /* this rank's slice */
   upf_layer_weights *w = &m->layers[l];
   const int64_t H = c->hidden, D = c->head_dim;
+  /* the rank's first query / kv head, GDN value / key head, FFN and expert columns (0 without TP) */
+  upf_head_split hs = {0, c->q_heads, 0, c->kv_heads}, gs = {0, c->gdn_value_heads, 0, c->gdn_key_heads};
+  if (m->tp_size > 1) {
+    upf_head_split_of(c->q_heads, c->kv_heads, m->tp_rank, m->tp_size, &hs);
+    if (c->other_mixer == UPF_MIXER_GDN)
+      upf_head_split_of(c->gdn_value_heads, c->gdn_key_heads, m->tp_rank, m->tp_size, &gs);
+  }
+  const int64_t i0 = (int64_t)m->tp_rank * lc->inter, e0 = (int64_t)m->tp_rank * lc->moe.inter,
+                s0 = (int64_t)m->tp_rank * lc->moe.shared_inter;
   /* norm weights: 1 + noise, or the noise alone where the norm multiplies by (1 + w) */
   const double norm_off = c->norm.zero_centred ? 0.0 : 1.0, norm_amp = 0.1;
   char name[64];
@@ -46,23 +91,43 @@ static void layer_specs(upf_model *m, int32_t l, tensor_spec *s, int *n) {
   add(s, n, &w->attn_norm, NAME("attn_norm.weight"), 1, H, 0, 0, norm_amp, norm_off);
   if (upf_model_mixer(c, l) == UPF_MIXER_GDN) {
     const int64_t C = upf_model_gdn_conv_dim(c), HvDv = (int64_t)c->gdn_value_heads * c->gdn_value_dim;
+    const int64_t Hk = c->gdn_key_heads, Hv = c->gdn_value_heads, Dk = c->gdn_key_dim, Dv = c->gdn_value_dim;
+    /* channels of the rank's heads: [q (its key heads) | k (its key heads) | v (its value heads)] */
+    const int64_t conv_seg[6] = {gs.kv0 * Dk, gs.nkv * Dk, Hk * Dk + gs.kv0 * Dk, gs.nkv * Dk, 2 * Hk * Dk + gs.q0 * Dv,
+                                 gs.nq * Dv};
+    const int64_t in_seg[8] = {conv_seg[0], conv_seg[1], conv_seg[2], conv_seg[3], conv_seg[4], conv_seg[5],
+                               C + gs.q0 * Dv, gs.nq * Dv};
+    const int64_t ba_seg[4] = {gs.q0, gs.nq, Hv + gs.q0, gs.nq}, v_seg[2] = {gs.q0, gs.nq},
+                  out_seg[2] = {gs.q0 * Dv, gs.nq * Dv};
     add(s, n, &w->ssm_in, NAME("ssm_in.weight"), 2, H, C + HvDv, 0, proj_amp(H), 0);
+    slice_last(m, s, *n, 1, 4, in_seg);
     add(s, n, &w->ssm_ba, NAME("ssm_ba.weight"), 2, H, 2 * (int64_t)c->gdn_value_heads, 0, proj_amp(H), 0);
+    slice_last(m, s, *n, 1, 2, ba_seg);
     add(s, n, &w->ssm_conv1d, NAME("ssm_conv1d.weight"), 2, C, c->gdn_conv_kernel, 0, proj_amp(c->gdn_conv_kernel), 0);
+    slice_last(m, s, *n, 0, 3, conv_seg);
     /* A_log in [0, log 16] (HF draws A in (0, 16)); dt_bias in [-6, -2]: softplus gives steps of 0.002-0.13 */
     add(s, n, &w->ssm_a, NAME("ssm_a"), 1, c->gdn_value_heads, 0, 0, 0.5 * log(16.0), 0.5 * log(16.0));
     s[*n - 1].f32_only = 1;
+    slice_last(m, s, *n, 0, 1, v_seg);
     add(s, n, &w->ssm_dt, NAME("ssm_dt.bias"), 1, c->gdn_value_heads, 0, 0, 2.0, -4.0);
     s[*n - 1].f32_only = 1;
+    slice_last(m, s, *n, 0, 1, v_seg);
     add(s, n, &w->ssm_norm, NAME("ssm_norm.weight"), 1, c->gdn_value_dim, 0, 0, norm_amp, c->gdn_norm.zero_centred ? 0 : 1);
     add(s, n, &w->ssm_out, NAME("ssm_out.weight"), 2, HvDv, H, 0, proj_amp(HvDv), 0);
+    slice_last(m, s, *n, 0, 1, out_seg);
   } else {
+    const int64_t qs = D * (1 + c->attn_gate), Hq = c->q_heads, Hkv = c->kv_heads;
+    const int64_t qkv_seg[6] = {hs.q0 * qs, hs.nq * qs, Hq * qs + hs.kv0 * D, hs.nkv * D, Hq * qs + (Hkv + hs.kv0) * D,
+                                hs.nkv * D};
+    const int64_t o_seg[2] = {hs.q0 * D, hs.nq * D};
     add(s, n, &w->attn_qkv, NAME("attn_qkv.weight"), 2, H, upf_model_qkv_cols(c), 0, proj_amp(H), 0);
+    slice_last(m, s, *n, 1, 3, qkv_seg);
     if (c->qk_norm) {
       add(s, n, &w->attn_q_norm, NAME("attn_q_norm.weight"), 1, D, 0, 0, norm_amp, norm_off);
       add(s, n, &w->attn_k_norm, NAME("attn_k_norm.weight"), 1, D, 0, 0, norm_amp, norm_off);
     }
     add(s, n, &w->attn_output, NAME("attn_output.weight"), 2, c->q_heads * D, H, 0, proj_amp(c->q_heads * D), 0);
+    slice_last(m, s, *n, 0, 1, o_seg);
   }
   if (c->sandwich_norm)
     add(s, n, &w->post_attn_norm, NAME("post_attention_norm.weight"), 1, H, 0, 0, norm_amp, norm_off);
@@ -70,19 +135,29 @@ static void layer_specs(upf_model *m, int32_t l, tensor_spec *s, int *n) {
   if (c->ffn == UPF_FFN_MOE) {
     const upf_moe_config *e = &c->moe;
     add(s, n, &w->moe_router, NAME("ffn_gate_inp.weight"), 2, e->num_experts, H, 0, proj_amp(H), 0);
+    const int64_t e_gu[4] = {e0, lc->moe.inter, e->inter + e0, lc->moe.inter}, e_d[2] = {e0, lc->moe.inter};
+    const int64_t s_gu[4] = {s0, lc->moe.shared_inter, e->shared_inter + s0, lc->moe.shared_inter},
+                  s_d[2] = {s0, lc->moe.shared_inter};
     add(s, n, &w->moe_gate_up, NAME("ffn_gate_up_exps.weight"), 3, e->num_experts, 2 * (int64_t)e->inter, H,
         proj_amp(H), 0);
+    slice_last(m, s, *n, 1, 2, e_gu);
     add(s, n, &w->moe_down, NAME("ffn_down_exps.weight"), 3, e->num_experts, H, e->inter, proj_amp(e->inter), 0);
+    slice_last(m, s, *n, 2, 1, e_d);
     if (e->shared_inter > 0) {
       add(s, n, &w->moe_shared_gate_up, NAME("ffn_gate_up_shexp.weight"), 2, 2 * (int64_t)e->shared_inter, H, 0,
           proj_amp(H), 0);
+      slice_last(m, s, *n, 0, 2, s_gu);
       add(s, n, &w->moe_shared_down, NAME("ffn_down_shexp.weight"), 2, H, e->shared_inter, 0, proj_amp(e->shared_inter),
           0);
+      slice_last(m, s, *n, 1, 1, s_d);
       add(s, n, &w->moe_shared_gate, NAME("ffn_gate_inp_shexp.weight"), 1, H, 0, 0, proj_amp(H), 0);
     }
   } else {
+    const int64_t f_gu[4] = {i0, lc->inter, c->inter + i0, lc->inter}, f_d[2] = {i0, lc->inter};
     add(s, n, &w->ffn_gate_up, NAME("ffn_gate_up.weight"), 2, H, 2 * (int64_t)c->inter, 0, proj_amp(H), 0);
+    slice_last(m, s, *n, 1, 2, f_gu);
     add(s, n, &w->ffn_down, NAME("ffn_down.weight"), 2, c->inter, H, 0, proj_amp(c->inter), 0);
+    slice_last(m, s, *n, 0, 1, f_d);
   }
   if (c->sandwich_norm)
     add(s, n, &w->post_ffn_norm, NAME("post_ffw_norm.weight"), 1, H, 0, 0, norm_amp, norm_off);
@@ -90,7 +165,7 @@ static void layer_specs(upf_model *m, int32_t l, tensor_spec *s, int *n) {
 }
 
 static int model_specs(upf_model *m, tensor_spec *s) {
-  const upf_model_config *c = m->cfg;
+  const upf_model_config *c = m->full_cfg ? m->full_cfg : m->cfg;
   int n = 0;
   const double norm_off = c->norm.zero_centred ? 0.0 : 1.0;
   /* unit-variance embeddings after the embed scale */
@@ -139,7 +214,7 @@ static void *fill_range(void *arg) {
   const fill_job *j = arg;
   const tensor_spec *s = j->spec;
   for (int64_t i = j->begin; i < j->end; i++) {
-    int64_t src = i;
+    int64_t src = s->nseg ? sliced_index(s, i) : i;
     if (s->transpose_of) { /* this tensor is (rows, cols) = source (cols, rows) transposed */
       const int64_t r = i / j->cols, col = i % j->cols, rows = s->shape[0];
       src = col * rows + r;
@@ -187,16 +262,10 @@ static upf_status fill_tensor(const upf_backend *be, const tensor_spec *s, uint6
   return UPF_OK;
 }
 
-upf_status upf_model_init_seeded(upf_model *m, const upf_model_config *cfg, const upf_backend *be, upf_dtype dtype,
-                                 uint64_t seed, int32_t layer_begin, int32_t layer_end) {
-  memset(m, 0, sizeof *m);
-  UPF_TRY(upf_model_config_check(cfg));
-  if (dtype != UPF_DTYPE_F32 && dtype != UPF_DTYPE_BF16)
-    return upf_fail(UPF_ERR_DTYPE, "model %s: dtype %s (f32 or bf16)", cfg->name, upf_dtype_name(dtype));
-  if (layer_begin < 0 || layer_end > cfg->num_layers || layer_begin >= layer_end)
-    return upf_fail(UPF_ERR_INVALID_ARG, "model %s: layer range %d:%d outside 0:%d or empty", cfg->name, layer_begin,
-                    layer_end, cfg->num_layers);
-  m->cfg = cfg, m->be = be, m->dtype = dtype, m->layer_begin = layer_begin, m->layer_end = layer_end;
+/* Allocates and fills every tensor of m (cfg, full_cfg, tp_*, dtype and layer range set). */
+static upf_status fill_model(upf_model *m, uint64_t seed) {
+  const upf_backend *be = m->be;
+  const upf_model_config *cfg = m->cfg;
   tensor_spec *specs = malloc(MAX_SPECS * sizeof *specs);
   const int n = specs ? model_specs(m, specs) : 0;
   int64_t staging = 1; /* elements: the largest tensor, at most one chunk */
@@ -211,7 +280,7 @@ upf_status upf_model_init_seeded(upf_model *m, const upf_model_config *cfg, cons
   upf_status st = specs && host ? UPF_OK : upf_fail(UPF_ERR_NOMEM, "model %s: host staging", cfg->name);
   for (int i = 0; i < n && st == UPF_OK; i++) {
     tensor_spec *s = &specs[i];
-    const upf_dtype dt = s->f32_only ? UPF_DTYPE_F32 : dtype;
+    const upf_dtype dt = s->f32_only ? UPF_DTYPE_F32 : m->dtype;
     st = upf_tensor_init(s->t, NULL, dt, s->ndim, s->shape);
     const size_t bytes = (size_t)upf_tensor_numel(s->t) * upf_dtype_size(dt);
     if (st == UPF_OK)
@@ -228,6 +297,48 @@ upf_status upf_model_init_seeded(upf_model *m, const upf_model_config *cfg, cons
   if (st != UPF_OK)
     upf_model_free(m);
   return st;
+}
+
+static upf_status check_init(const upf_model_config *cfg, upf_dtype dtype, int32_t layer_begin, int32_t layer_end) {
+  UPF_TRY(upf_model_config_check(cfg));
+  if (dtype != UPF_DTYPE_F32 && dtype != UPF_DTYPE_BF16)
+    return upf_fail(UPF_ERR_DTYPE, "model %s: dtype %s (f32 or bf16)", cfg->name, upf_dtype_name(dtype));
+  if (layer_begin < 0 || layer_end > cfg->num_layers || layer_begin >= layer_end)
+    return upf_fail(UPF_ERR_INVALID_ARG, "model %s: layer range %d:%d outside 0:%d or empty", cfg->name, layer_begin,
+                    layer_end, cfg->num_layers);
+  return UPF_OK;
+}
+
+upf_status upf_model_init_seeded(upf_model *m, const upf_model_config *cfg, const upf_backend *be, upf_dtype dtype,
+                                 uint64_t seed, int32_t layer_begin, int32_t layer_end) {
+  memset(m, 0, sizeof *m);
+  UPF_TRY(check_init(cfg, dtype, layer_begin, layer_end));
+  m->cfg = cfg, m->be = be, m->dtype = dtype, m->layer_begin = layer_begin, m->layer_end = layer_end;
+  m->full_cfg = cfg, m->tp_size = 1;
+  return fill_model(m, seed);
+}
+
+upf_status upf_model_init_seeded_tp(upf_model *m, const upf_model_config *cfg, const upf_backend *be, upf_dtype dtype,
+                                    uint64_t seed, int32_t layer_begin, int32_t layer_end, upf_comm *comm) {
+  memset(m, 0, sizeof *m);
+  UPF_TRY(check_init(cfg, dtype, layer_begin, layer_end));
+  if (comm && upf_comm_backend(comm) != be)
+    return upf_fail(UPF_ERR_INVALID_ARG, "model %s: the communicator works on backend %s, the model on %s", cfg->name,
+                    upf_comm_backend(comm)->name, be->name);
+  m->tp_rank = upf_comm_rank(comm), m->tp_size = upf_comm_size(comm);
+  m->tp_cfg = malloc(sizeof *m->tp_cfg);
+  if (!m->tp_cfg)
+    return upf_fail(UPF_ERR_NOMEM, "model %s: tensor-parallel config", cfg->name);
+  const upf_status st = upf_model_config_tp_slice(cfg, m->tp_rank, m->tp_size, m->tp_cfg);
+  if (st != UPF_OK) {
+    free(m->tp_cfg);
+    m->tp_cfg = NULL;
+    return st;
+  }
+  m->cfg = m->tp_cfg, m->full_cfg = cfg, m->be = be, m->dtype = dtype, m->layer_begin = layer_begin;
+  m->layer_end = layer_end;
+  m->comm = comm && upf_comm_kind_of(comm) != UPF_COMM_SINGLE ? comm : NULL;
+  return fill_model(m, seed);
 }
 
 /* Every descriptor of the model, including the ones a config does not use (data NULL). */
@@ -247,6 +358,11 @@ void upf_model_free(upf_model *m) {
       release_tensor(m->be, &t[i]);
   }
   m->weight_bytes = 0;
+  if (m->tp_cfg) {
+    m->cfg = m->full_cfg;
+    free(m->tp_cfg);
+    m->tp_cfg = NULL;
+  }
 }
 
 upf_status upf_model_for_each_tensor(upf_model *m, upf_model_tensor_fn fn, void *user) {

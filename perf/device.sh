@@ -25,6 +25,13 @@
 #     serve [MODEL] [--keep R1,R2]        perf/serve_sweep.sh: upf serve-sim dense vs UniPrefill top-k (default
 #                                         llama3.1-8b, keep 0.5,0.3) at 1, 4, 16, 64 requests of 8K-32K tokens
 #                                         (SERVE_* settings: serve_sweep.sh --help); JSON and summary.md under serve/
+#     tp [MODELS...] [--runs "T1 T2"] [--iters N]
+#                                         tensor parallelism with one NCCL rank on this GPU: test_upf's tp suite
+#                                         (NCCL bootstrapped through a unique-id file: all-reduce identity, TP
+#                                         path = plain path), then UniPrefill TTFT (bf16, cuda) on the plain path
+#                                         and on the TP path (--comm nccl --tp 1) per model (default llama3.1-8b)
+#                                         and run (default "8192 32768"); tp/tp.json: both TTFTs, the overhead,
+#                                         all-reduce bytes per drop layer and their share of the selection time
 #     session [--quick]                   the standard full pass: verify, sanitize and test side by side, then
 #                                         bench alone on the GPU, then peers
 #   options of every device command:
@@ -125,6 +132,12 @@ setup() {
   COMMIT=$(cat "$DEV/COMMIT" 2>/dev/null || echo unknown)
   export UPF_COMMIT=$COMMIT PYTHONUNBUFFERED=1
   export LD_LIBRARY_PATH=$DEV/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  # libnccl (opened at run time by the NCCL communicator): the loader's, else the pip package's
+  if [ -z "${UPF_NCCL_LIB:-}" ] && ! ldconfig -p 2>/dev/null | grep -q 'libnccl\.so\.2'; then
+    local lib
+    lib=$(python3 -c 'import nvidia.nccl as m, os; print(os.path.join(m.__path__[0], "lib", "libnccl.so.2"))' 2>/dev/null)
+    [ -n "$lib" ] && [ -f "$lib" ] && export UPF_NCCL_LIB=$lib
+  fi
   NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
   SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   NPROC=$(nproc)
@@ -251,6 +264,56 @@ do_serve() {
     --keep "$keeps" --cap "$cap"
   note "$DIR/serve/sweep.log"
   grep -E '^serve-|^\|' "$DIR/serve/sweep.log" | tee -a "$DIR/summary.txt"
+}
+
+# tp MODELS: see the usage. libnccl: UPF_NCCL_LIB, else the loader's path, else the pip package
+# nvidia-nccl-cu* of python3 (the CUDA images may carry NCCL only there; setup looks).
+do_tp() {
+  local cap=$1
+  shift
+  local models=("$@") m run tag runs=${RUNS_SET:+$RUNS}
+  [ ${#models[@]} -gt 0 ] || models=(llama3.1-8b)
+  runs=${runs:-8192 32768}
+  say "tp: NCCL ${UPF_NCCL_LIB:-on the loader path}; models ${models[*]}, runs '$runs' (cap $cap s each)"
+  mkdir -p "$DIR/tp"
+  run "$DIR/tp/test_upf-tp.log" "$cap" TMPDIR=/tmp -- sh -c 'cd bin && exec ./test_upf tp'
+  note "$DIR/tp/test_upf-tp.log"
+  for m in "${models[@]}"; do
+    for run in $runs; do
+      tag=$m-${run//,/+}
+      run "$DIR/tp/$tag-plain.log" "$cap" -- bin/upf prefill --model "$m" --lengths "$run" --mode uniprefill \
+        --backend cuda --dtype bf16 --warmup 1 --iters "$ITERS" --json "$DIR/tp/$tag-plain.json"
+      note "$DIR/tp/$tag-plain.log"
+      run "$DIR/tp/$tag-tp1.log" "$cap" -- bin/upf prefill --model "$m" --lengths "$run" --mode uniprefill \
+        --backend cuda --dtype bf16 --warmup 1 --iters "$ITERS" --comm nccl --tp 1 --json "$DIR/tp/$tag-tp1.json"
+      note "$DIR/tp/$tag-tp1.log"
+    done
+  done
+  run "$DIR/tp/tp-summary.txt" 60 -- python3 - "$DIR/tp" <<'PY'
+import glob, json, os, sys
+d = sys.argv[1]; rows = []
+for plain in sorted(glob.glob(os.path.join(d, "*-plain.json"))):
+    tp = plain.replace("-plain.json", "-tp1.json")
+    if not os.path.exists(tp):
+        continue
+    a, b = json.load(open(plain)), json.load(open(tp))
+    drops = [{"layer": x["layer"], "tokens_in": x["tokens_in"], "allreduce_bytes": x.get("allreduce_bytes"),
+              "allreduce_ms": x.get("allreduce_ms"), "tp_select_ms": x.get("tp_select_ms"),
+              "allreduce_share_of_selection": (x["allreduce_ms"] / x["tp_select_ms"]) if x.get("tp_select_ms") else None,
+              "plain_select_ms": y["select_ms"], "tp_drop_step_ms": x["select_ms"]}
+             for x, y in zip(b["drops"], a["drops"])]
+    r = {"model": a["model"], "requests": a["requests"], "plain_ttft_ms": a["ttft_ms"]["median"],
+         "tp1_ttft_ms": b["ttft_ms"]["median"], "overhead": b["ttft_ms"]["median"] / a["ttft_ms"]["median"] - 1,
+         "tp_allreduce": b.get("tp"), "drops": drops, "commit": a["commit"]}
+    rows.append(r)
+    print(f'{r["model"]} {r["requests"]}: plain {r["plain_ttft_ms"]:.2f} ms, TP path (NCCL, 1 rank) '
+          f'{r["tp1_ttft_ms"]:.2f} ms: overhead {100 * r["overhead"]:+.2f}%; '
+          + "; ".join(f'drop {x["layer"]}: {x["allreduce_bytes"]:.0f} B all-reduced, {x["allreduce_ms"]:.3f} of '
+                      f'{x["tp_select_ms"]:.3f} ms selection' for x in drops if x["tp_select_ms"]))
+json.dump(rows, open(os.path.join(d, "tp.json"), "w"), indent=1)
+PY
+  note "$DIR/tp/tp-summary.txt"
+  grep -v '^# rc' "$DIR/tp/tp-summary.txt" | cut -c1-400 | tee -a "$DIR/summary.txt"
 }
 
 # sanitize [OPS...] TOOLS: each tool over `upf verify OP --quick`, at most 8 processes at once.
@@ -421,13 +484,13 @@ shift
 case $CMD in
 -h | --help | help) usage; exit 0 ;;
 stage) stage "$@"; exit $? ;;
-verify | sanitize | test | bench | peers | profile | prefill | serve | session) ;;
-*) die "unknown command $CMD (stage, verify, sanitize, test, bench, peers, profile, prefill, serve, session; --help)" ;;
+verify | sanitize | test | bench | peers | profile | prefill | serve | tp | session) ;;
+*) die "unknown command $CMD (stage, verify, sanitize, test, bench, peers, profile, prefill, serve, tp, session; --help)" ;;
 esac
 
 NAME=$CMD BUNDLE="" CAP="" ENVS=() ARGS=()
 QUICK="" TOOLS=memcheck,racecheck,synccheck FILTER="" REPS="" AB="" BASE=""
-KERNEL="" SKIP=0 COUNT=1 NCUARGS=() RUNS="8192 32768 131072" KEEPS=0.5,0.3,0.2 KEEPS_SET="" LAYERS="" ITERS=1
+KERNEL="" SKIP=0 COUNT=1 NCUARGS=() RUNS="8192 32768 131072" RUNS_SET="" KEEPS=0.5,0.3,0.2 KEEPS_SET="" LAYERS="" ITERS=1
 while [ $# -gt 0 ]; do
   case $1 in
   --name) NAME=${2:?--name needs a value}; shift 2 ;;
@@ -443,7 +506,7 @@ while [ $# -gt 0 ]; do
   --kernel) KERNEL=${2:?--kernel needs a regex}; shift 2 ;;
   --skip) SKIP=${2:?--skip needs a number}; shift 2 ;;
   --count) COUNT=${2:?--count needs a number}; shift 2 ;;
-  --runs) RUNS=${2:?--runs needs lengths}; shift 2 ;;
+  --runs) RUNS=${2:?--runs needs lengths} RUNS_SET=1; shift 2 ;;
   --keep) KEEPS=${2:?--keep needs ratios}; KEEPS_SET=1; shift 2 ;;
   --layers) LAYERS=${2:?--layers needs A:B}; shift 2 ;;
   --iters) ITERS=${2:?--iters needs a number}; shift 2 ;;
@@ -465,6 +528,7 @@ prefill) do_prefill "${CAP:-300}" "${ARGS[@]}" ;;
 serve)
   [ ${#ARGS[@]} -le 1 ] || die "serve takes at most one model"
   do_serve "${CAP:-240}" "${ARGS[@]}" ;;
+tp) do_tp "${CAP:-240}" "${ARGS[@]}" ;;
 bench)
   [ ${#ARGS[@]} -eq 0 ] || die "bench takes no operands (--filter REGEX)"
   [ -n "$FILTER" ] || [ -z "$AB$BASE" ] || die "bench: --ab and --base need --filter"

@@ -28,6 +28,7 @@ void upf_register_cli_serve_tests(void);
 void upf_register_decode_tests(void);
 void upf_register_engine_tests(void);
 void upf_register_gguf_model_tests(void);
+void upf_register_tp_tests(void);
 void upf_register_cuda_tests(void);
 
 static void (*const suites[])(void) = {
@@ -49,6 +50,7 @@ static void (*const suites[])(void) = {
     upf_register_decode_tests,
     upf_register_engine_tests,
     upf_register_gguf_model_tests,
+    upf_register_tp_tests,
     upf_register_cuda_tests,
 };
 

@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "uniprefill/backend.h"
+#include "uniprefill/comm.h"
 #include "uniprefill/dense.h"
 #include "uniprefill/gguf.h"
 #include "uniprefill/moe.h"
@@ -124,6 +125,14 @@ typedef struct {
   upf_tensor output;          /* (H, V)  output.weight (the transpose of token_embd when tied) */
   upf_layer_weights layers[UPF_MODEL_MAX_LAYERS];
   double weight_bytes;
+  /* Tensor parallelism (models/tp.c): NULL comm = one process holding the whole model. With a comm,
+   * cfg is this rank's slice (its query/kv heads, GDN heads, I / R of the FFN and of every expert) and
+   * full_cfg the whole model's; layers all-reduce their row-parallel outputs through comm and the drop
+   * step selects on all-reduced block scores. */
+  upf_comm *comm;
+  int32_t tp_rank, tp_size;
+  const upf_model_config *full_cfg;
+  upf_model_config *tp_cfg; /* owned: what cfg points to under TP */
 } upf_model;
 
 /* Seeded weights for layers [layer_begin, layer_end) (the embedding and head always): every value is a
@@ -134,6 +143,19 @@ typedef struct {
 upf_status upf_model_init_seeded(upf_model *m, const upf_model_config *cfg, const upf_backend *be, upf_dtype dtype,
                                  uint64_t seed, int32_t layer_begin, int32_t layer_end);
 void upf_model_free(upf_model *m);
+/* The same seeded model as a tensor-parallel slice for rank upf_comm_rank(comm) of upf_comm_size(comm)
+ * (models/tp.c): column-parallel attn_qkv (the rank's query heads, and kv heads, replicated when
+ * Hkv < R) and ffn_gate_up / ssm_in (its columns), row-parallel attn_output, ffn_down, ssm_out (its
+ * rows), GDN heads split like attention heads (value heads as query heads, key heads as kv heads), MoE
+ * split by intermediate (I / R of every expert and of the shared expert; the router replicated),
+ * embedding, norms and the LM head replicated. Every slice holds the values of the whole seeded model
+ * at its indices, so R ranks compute what one does. comm is borrowed (the caller destroys it after the
+ * model); a NULL or single-rank comm gives the whole model, with the TP code path when comm is not
+ * NULL and not single. UPF_ERR_SHAPE when the heads or the intermediate sizes do not split over R. */
+upf_status upf_model_init_seeded_tp(upf_model *m, const upf_model_config *cfg, const upf_backend *be, upf_dtype dtype,
+                                    uint64_t seed, int32_t layer_begin, int32_t layer_end, upf_comm *comm);
+/* This rank's slice of cfg (heads and intermediate sizes divided as upf_model_init_seeded_tp does). */
+upf_status upf_model_config_tp_slice(const upf_model_config *cfg, int32_t rank, int32_t size, upf_model_config *out);
 /* Token ids (n) uniform in [0, vocab) from a seed: the prompts of seeded runs (upf prefill --lengths). */
 void upf_model_seeded_ids(uint64_t seed, int32_t vocab, int64_t n, int32_t *ids);
 
@@ -202,6 +224,11 @@ typedef struct {
   int32_t *kept_per_req;  /* (B) host */
   uint8_t *mask;          /* (tokens_in) host token mask, compacted order of the layer's input */
   double select_seconds;  /* selection + compaction (+ the host copies the step needs) */
+  /* Tensor parallelism (comm set): the selection over all-reduced block scores */
+  double allreduce_bytes;   /* block scores all-reduced (fp32), bytes per rank */
+  double allreduce_seconds; /* of which the all-reduce of the block scores */
+  double tp_select_seconds; /* the whole TP selection: stages, all-reduce, mask broadcast and check */
+  int32_t disagreeing_ranks; /* ranks whose own top-p mask differed from rank 0's (then replaced by it) */
 } upf_drop_record;
 
 typedef struct {
@@ -215,6 +242,10 @@ typedef struct {
   double ffn_seconds[UPF_MODEL_MAX_LAYERS];   /* of which the FFN / MoE block (after any drop) */
   int64_t layer_tokens[UPF_MODEL_MAX_LAYERS]; /* tokens each layer processed */
   double total_seconds;       /* embedding to logits, on the host clock after the device finished */
+  /* Tensor parallelism: every all-reduce of the prefill (row-parallel outputs and the selection's block
+   * scores): calls, bytes per rank, host time */
+  int64_t comm_calls;
+  double comm_bytes, comm_seconds;
 } upf_prefill_result;
 
 /* Device memory a prefill of `total_tokens` (the step's packed tokens) over `num_reqs` requests needs

@@ -21,6 +21,7 @@ typedef enum {
   UPF_ERR_CUDA,         /* a CUDA runtime, driver or cuBLAS call failed */
   UPF_ERR_NO_DEVICE,    /* the backend is not available on this machine */
   UPF_ERR_UNSUPPORTED,  /* valid input this build cannot run (e.g. CUDA=0 build) */
+  UPF_ERR_COMM,         /* a collective failed: ranks disagree, a rank timed out, MPI/NCCL error */
   UPF_STATUS_COUNT
 } upf_status;
 
