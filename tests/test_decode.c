@@ -336,6 +336,29 @@ static void test_generate_verify_twin(void) {
 }
 static void test_generate_verify_cuda(void) { generate_verify_on(upf_backend_cuda()); }
 
+/* The negative control of that check: a twin whose slot mapping swaps the slots of the first and the
+ * last token of every step writes two tokens' K/V into each other's places, which only decode reads
+ * (prefill rows attend over the step's own K/V): both of llama-tiny's f32 checks must fail. */
+static upf_status swapped_slots(const upf_kv_slot_batch *b, int32_t *slots) {
+  UPF_TRY(upf_backend_cpu()->kv_slot_mapping(b, slots));
+  const int32_t T = b->cu_seqlens_host[b->num_reqs];
+  const int32_t first = slots[0];
+  slots[0] = slots[T - 1], slots[T - 1] = first;
+  return UPF_OK;
+}
+static void test_generate_verify_negative(void) {
+  if (upf_test_quick()) {
+    printf("skipped in quick mode (seconds natively) ");
+    return;
+  }
+  upf_backend broken = *upf_test_cpu_twin();
+  broken.kv_slot_mapping = swapped_slots;
+  upf_verify_ctx ctx = {.backend = &broken, .log = NULL, .quick = 1};
+  upf_verify_generate_config(&ctx, upf_model_config_by_name("llama-tiny"), UPF_DTYPE_F32);
+  CU_ASSERT_EQUAL(ctx.failed, 2);
+  CU_ASSERT_EQUAL(ctx.passed, 0);
+}
+
 static void test_cuda_kv_ops(void) {
   upf_test_verify_op(UPF_OP_KV_SLOT_MAPPING, upf_backend_cuda(), 5);
   upf_test_verify_op(UPF_OP_SCATTER_ROWS, upf_backend_cuda(), 4);
@@ -348,6 +371,7 @@ void upf_register_decode_tests(void) {
       {"dense decoding equals recomputation (mixed steps, releases)", test_dense_decode_recompute},
       {"decode after drops equals replayed recomputation", test_uniprefill_decode_recompute},
       {"generate verify on the CPU twin", test_generate_verify_twin},
+      {"generate verify fails on a twin that swaps two slots", test_generate_verify_negative},
       CU_TEST_INFO_NULL,
   };
   CU_pSuite suite = upf_test_suite("decode", NULL, NULL, tests);

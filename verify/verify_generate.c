@@ -259,18 +259,20 @@ static void check_generate(upf_verify_ctx *ctx, const upf_model_config *cfg, upf
   gen_run_free(&cpu), gen_run_free(&got), free(truth);
 }
 
+void upf_verify_generate_config(upf_verify_ctx *ctx, const upf_model_config *cfg, upf_dtype dt) {
+  const uint64_t seed = upf_verify_case_seed("model.generate", 0, (uint64_t)cfg->family);
+  upf_select_params sel = cfg->select;
+  sel.p = 0.5f; /* random weights attend almost uniformly: p = 0.5 drops about half the blocks */
+  check_generate(ctx, cfg, dt, seed, UPF_PREFILL_DENSE, &sel);
+  check_generate(ctx, cfg, dt, seed, UPF_PREFILL_UNIPREFILL, &sel);
+}
+
 void upf_verify_generate(upf_verify_ctx *ctx) {
   for (int i = 0; i < upf_model_config_count(); i++) {
     const upf_model_config *cfg = upf_model_config_at(i);
-    if (!strstr(cfg->name, "tiny"))
-      continue;
-    const uint64_t seed = upf_verify_case_seed("model.generate", 0, (uint64_t)cfg->family);
-    upf_select_params sel = cfg->select;
-    sel.p = 0.5f; /* random weights attend almost uniformly: p = 0.5 drops about half the blocks */
-    for (int d = 0; d < 2; d++) {
-      const upf_dtype dt = d ? UPF_DTYPE_BF16 : UPF_DTYPE_F32;
-      check_generate(ctx, cfg, dt, seed, UPF_PREFILL_DENSE, &sel);
-      check_generate(ctx, cfg, dt, seed, UPF_PREFILL_UNIPREFILL, &sel);
+    if (strstr(cfg->name, "tiny")) {
+      upf_verify_generate_config(ctx, cfg, UPF_DTYPE_F32);
+      upf_verify_generate_config(ctx, cfg, UPF_DTYPE_BF16);
     }
   }
 }
