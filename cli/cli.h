@@ -33,5 +33,8 @@ extern const char upf_cli_serve_usage[];
  * (single, R = 1). 0, with the message printed on this rank, when it cannot be created or R is not its
  * size. */
 int upf_cli_tp_open(const char *cmd, const char *kind, int32_t tp, const upf_backend *be, upf_comm **out);
+/* `upf generate` (cli/generate.c). */
+int upf_cli_generate(int argc, char **argv);
+extern const char upf_cli_generate_usage[];
 
 #endif

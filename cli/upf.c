@@ -275,7 +275,8 @@ static const char verify_usage[] =
     "  on the cpu, the reference against golden cases and invariants. --variant runs the named kernel\n"
     "  variants (upf ops lists them; UPF_VARIANT=op=name,... does the same) instead of the defaults.\n"
     "  `model` (model.prefill) runs the tiny model of every family, dense and UniPrefill, f32 and bf16,\n"
-    "  against the CPU reference (after the ops under `all`; not on the cpu itself: see make test).\n";
+    "  against the CPU reference (after the ops under `all`; not on the cpu itself: see make test);\n"
+    "  `model.generate` greedy generation through a session, each decode step's logits and picks.\n";
 
 const upf_backend *upf_cli_default_backend(void) {
   const upf_backend *cuda = upf_backend_cuda();
@@ -305,7 +306,7 @@ static int cmd_verify(int argc, char **argv) {
   if (r != UPF_ARGS_OK)
     return upf_args_exit_code(r);
   if (!upf_verify_filter_known(filter)) {
-    fprintf(stderr, "upf verify: '%s' names no op (see upf ops) and no end-to-end check (model.prefill)\n", filter);
+    fprintf(stderr, "upf verify: '%s' names no op (see upf ops) and no end-to-end check (model.prefill, model.generate)\n", filter);
     return 2;
   }
   upf_status st = variant ? upf_variant_select_spec(variant) : UPF_OK;
@@ -384,6 +385,7 @@ static const command commands[] = {
     {"prefill", upf_cli_prefill, upf_cli_prefill_usage},
     {"export", upf_cli_export, upf_cli_export_usage},
     {"serve-sim", upf_cli_serve, upf_cli_serve_usage},
+    {"generate", upf_cli_generate, upf_cli_generate_usage},
 };
 
 static void usage(FILE *out) {

@@ -185,6 +185,9 @@ void upf_register_moe_benchmarks(void);
 void upf_register_gdn_benchmarks(void);
 /* Attention: prefill (causal, sliding window, cached), paged decode, cache write (perf/bench_attn.c). */
 void upf_register_attn_benchmarks(void);
+/* perf/bench_kv.c: kv.slot_mapping and compact.scatter_rows (cuda at Llama-3.1-8B / Qwen3-Next serving
+ * shapes, cpu small) and session.decode_step (a session's decode step of B requests at a context, cuda). */
+void upf_register_kv_benchmarks(void);
 
 /* perf/bench_registry.c: every family above; a new op's benchmarks add one line there. */
 void upf_register_all_benchmarks(void);

@@ -10,6 +10,7 @@ static void (*const families[])(void) = {
     upf_register_moe_benchmarks,    /* moe.ffn vs the dense GEMM of the same FLOPs */
     upf_register_gdn_benchmarks,    /* gdn.scan at Qwen3-Next shapes: prefill, ragged, decode */
     upf_register_attn_benchmarks,   /* causal/window prefill, paged decode, cache write */
+    upf_register_kv_benchmarks,     /* kv.slot_mapping, compact.scatter_rows, session decode step */
 };
 
 void upf_register_all_benchmarks(void) {

@@ -12,6 +12,7 @@
 #include "ref_cpu/kv.h"
 #include "tests/test_util.h"
 #include "uniprefill/session.h"
+#include "verify/verify_model.h"
 
 static const char *const tiny[] = {"llama-tiny", "gemma3-tiny", "qwen3-next-tiny"};
 
@@ -311,6 +312,53 @@ static void test_slot_mapping_by_hand(void) {
   upf_test_verify_op(UPF_OP_SCATTER_ROWS, upf_test_cpu_twin(), 3);
 }
 
+/* The generate check of verify (upf verify model.generate) on a backend: the CPU twin here, CUDA on a
+ * GPU. On the twin every run equals the CPU's bit for bit, so it checks the check's plumbing: the fp64
+ * truth of every decode step (replayed drops extended over the generated tokens) fits the CPU within
+ * the rule, and every configuration dropped. */
+static void generate_verify_on(const upf_backend *be) {
+  upf_verify_ctx ctx = {.backend = be, .log = NULL, .quick = 1};
+  upf_verify_generate(&ctx);
+  if (ctx.failed) {
+    ctx.log = stdout, ctx.passed = ctx.failed = 0;
+    printf("\n");
+    upf_verify_generate(&ctx);
+  }
+  CU_ASSERT_EQUAL(ctx.failed, 0);
+  CU_ASSERT_EQUAL(ctx.passed, 12); /* 3 configs x 2 dtypes x (dense, uniprefill) */
+}
+static void test_generate_verify_twin(void) {
+  if (upf_test_quick()) { /* seconds natively, minutes under Valgrind; the scenarios above cover the path */
+    printf("skipped in quick mode (the decode scenarios cover the session path) ");
+    return;
+  }
+  generate_verify_on(upf_test_cpu_twin());
+}
+static void test_generate_verify_cuda(void) { generate_verify_on(upf_backend_cuda()); }
+
+/* The negative control of that check: a twin whose slot mapping swaps the slots of the first and the
+ * last token of every step writes two tokens' K/V into each other's places, which only decode reads
+ * (prefill rows attend over the step's own K/V): both of llama-tiny's f32 checks must fail. */
+static upf_status swapped_slots(const upf_kv_slot_batch *b, int32_t *slots) {
+  UPF_TRY(upf_backend_cpu()->kv_slot_mapping(b, slots));
+  const int32_t T = b->cu_seqlens_host[b->num_reqs];
+  const int32_t first = slots[0];
+  slots[0] = slots[T - 1], slots[T - 1] = first;
+  return UPF_OK;
+}
+static void test_generate_verify_negative(void) {
+  if (upf_test_quick()) {
+    printf("skipped in quick mode (seconds natively) ");
+    return;
+  }
+  upf_backend broken = *upf_test_cpu_twin();
+  broken.kv_slot_mapping = swapped_slots;
+  upf_verify_ctx ctx = {.backend = &broken, .log = NULL, .quick = 1};
+  upf_verify_generate_config(&ctx, upf_model_config_by_name("llama-tiny"), UPF_DTYPE_F32);
+  CU_ASSERT_EQUAL(ctx.failed, 2);
+  CU_ASSERT_EQUAL(ctx.passed, 0);
+}
+
 static void test_cuda_kv_ops(void) {
   upf_test_verify_op(UPF_OP_KV_SLOT_MAPPING, upf_backend_cuda(), 5);
   upf_test_verify_op(UPF_OP_SCATTER_ROWS, upf_backend_cuda(), 4);
@@ -322,6 +370,8 @@ void upf_register_decode_tests(void) {
       {"KV memory accounting, kv_len and bad steps by hand", test_memory_accounting},
       {"dense decoding equals recomputation (mixed steps, releases)", test_dense_decode_recompute},
       {"decode after drops equals replayed recomputation", test_uniprefill_decode_recompute},
+      {"generate verify on the CPU twin", test_generate_verify_twin},
+      {"generate verify fails on a twin that swaps two slots", test_generate_verify_negative},
       CU_TEST_INFO_NULL,
   };
   CU_pSuite suite = upf_test_suite("decode", NULL, NULL, tests);
@@ -330,4 +380,5 @@ void upf_register_decode_tests(void) {
   upf_test_add_gpu(suite, "CUDA kv.slot_mapping and compact.scatter_rows verify", test_cuda_kv_ops);
   upf_test_add_gpu(suite, "CUDA dense decoding equals recomputation", test_cuda_dense_decode);
   upf_test_add_gpu(suite, "CUDA decode after drops equals replayed recomputation", test_cuda_uniprefill_decode);
+  upf_test_add_gpu(suite, "CUDA generate verify (model.generate)", test_generate_verify_cuda);
 }

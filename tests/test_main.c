@@ -23,6 +23,7 @@ void upf_register_verify_tests(void);
 void upf_register_cli_tests(void);
 void upf_register_model_tests(void);
 void upf_register_model_masked_tests(void);
+void upf_register_cli_generate_tests(void);
 void upf_register_cli_gguf_tests(void);
 void upf_register_cli_serve_tests(void);
 void upf_register_decode_tests(void);
@@ -45,6 +46,7 @@ static void (*const suites[])(void) = {
     upf_register_cli_tests,
     upf_register_model_tests,
     upf_register_model_masked_tests,
+    upf_register_cli_generate_tests,
     upf_register_cli_gguf_tests,
     upf_register_cli_serve_tests,
     upf_register_decode_tests,

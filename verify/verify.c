@@ -16,7 +16,7 @@ static const upf_verify_fn verify_fns[UPF_OP_COUNT] = {
 static const struct {
   const char *name;
   upf_verify_fn fn;
-} verify_whole[] = {{"model.prefill", upf_verify_model}};
+} verify_whole[] = {{"model.prefill", upf_verify_model}, {"model.generate", upf_verify_generate}};
 
 static int filter_matches(const char *name, const char *filter) {
   return !filter || !strcmp(filter, "all") || !strncmp(name, filter, strlen(filter));

@@ -20,6 +20,11 @@ upf_status upf_model_run_ids(const upf_model_config *cfg, const upf_backend *be,
                              upf_prefill_result *res);
 /* `upf verify model`: every tiny config, f32 and bf16, dense and UniPrefill, backend against CPU. */
 void upf_verify_model(upf_verify_ctx *ctx);
+/* `upf verify model.generate` (verify/verify_generate.c): greedy generation through a session, every
+ * tiny config, f32 and bf16, dense and UniPrefill (the CPU's masks replayed), backend against CPU. */
+void upf_verify_generate(upf_verify_ctx *ctx);
+/* Its two checks (dense, UniPrefill) of one config in one dtype. */
+void upf_verify_generate_config(upf_verify_ctx *ctx, const upf_model_config *cfg, upf_dtype dt);
 
 #ifdef __cplusplus
 }

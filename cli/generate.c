@@ -1,0 +1,379 @@
+/* `upf generate`: greedy decoding after a dense or UniPrefill prefill, through a session
+ * (uniprefill/session.h): every request is prefilled in one step, then each decode step feeds one row
+ * per request (the token picked from its last logits). Every input is checked before any work; the
+ * outputs are written only once the whole run succeeded, and none is left behind when one fails. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli/args.h"
+#include "cli/cli.h"
+#include "cli/model_args.h"
+#include "uniprefill/npy.h"
+#include "uniprefill/session.h"
+
+const char upf_cli_generate_usage[] =
+    "usage: upf generate --model NAME --token-ids IDS.npy [--cu-seqlens CU.npy] --max-new N\n"
+    "                    [--mode dense|uniprefill] [--p P | --keep R] [--page-size P] [--seed S]\n"
+    "                    [--dtype f32|bf16] [--backend cpu|cuda] [--layers A:B] [--out-tokens OUT.npy]\n"
+    "                    [--json R.json]\n"
+    "  Greedy decoding (ties to the lowest id) of N tokens per request after a prefill of a built-in model\n"
+    "  (upf models) on weights seeded by S: all requests prefill in one session step, then N - 1 decode\n"
+    "  steps feed one token per request, attending over the paged KV cache the prefill left.\n"
+    "  IDS <i4 (T,), CU <i4 (B+1) (one request when absent). OUT <i4 (B, N): the generated tokens.\n"
+    "  --mode uniprefill drops tokens after each drop layer's attention: top-p with --p (default: the\n"
+    "  model's), or --keep R: the ceil(R * blocks) best blocks of each request; decode then reads only\n"
+    "  the kept tokens' KV. --page-size: tokens per KV page (16).\n"
+    "  The JSON: per request the prompt length, the drops (layer, kept), the KV pages held against\n"
+    "  dense, TTFT and the time of every token, and the tokens; the session's KV memory in total.\n";
+
+typedef struct {
+  upf_model_args sel;
+  const char *ids_path, *cu_path, *mode, *out_tokens, *json;
+  int32_t max_new, page_size;
+  float p, keep;
+} generate_args;
+
+static double now_seconds(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* The greedy pick: the largest logit, the lowest id among equals (a NaN is never picked over a number). */
+static int32_t argmax(const float *logits, int32_t V) {
+  int32_t best = 0;
+  for (int32_t v = 1; v < V; v++)
+    if (logits[v] > logits[best] || (isnan(logits[best]) && !isnan(logits[v])))
+      best = v;
+  return best;
+}
+
+/* Reads IDS and CU and checks them against the model: 0 (message printed) on bad input. */
+static int read_batch(const generate_args *a, const upf_model_config *cfg, int32_t **ids, int32_t **cu, int32_t *B) {
+  upf_tensor t_ids = {0}, t_cu = {0};
+  upf_status st = upf_npy_read(a->ids_path, &t_ids);
+  if (st != UPF_OK)
+    return upf_cli_error(st, "generate: --token-ids"), 0;
+  *ids = t_ids.data;
+  if (t_ids.dtype != UPF_DTYPE_I32 || t_ids.ndim != 1 || t_ids.shape[0] < 1 || t_ids.shape[0] > INT32_MAX) {
+    fprintf(stderr, "upf generate: --token-ids %s: want <i4 (T,) with 1 <= T < 2^31, got %s with %d dims\n",
+            a->ids_path, upf_dtype_name(t_ids.dtype), t_ids.ndim);
+    return 0;
+  }
+  const int64_t T = t_ids.shape[0];
+  for (int64_t t = 0; t < T; t++)
+    if ((*ids)[t] < 0 || (*ids)[t] >= cfg->vocab) {
+      fprintf(stderr, "upf generate: --token-ids %s: id %d at %lld is outside the vocabulary [0, %d) of %s\n",
+              a->ids_path, (*ids)[t], (long long)t, cfg->vocab, cfg->name);
+      return 0;
+    }
+  if (!a->cu_path) {
+    *B = 1;
+    *cu = malloc(2 * sizeof **cu);
+    if (!*cu)
+      return upf_cli_error(upf_fail(UPF_ERR_NOMEM, "cu_seqlens"), "generate"), 0;
+    (*cu)[0] = 0, (*cu)[1] = (int32_t)T;
+    return 1;
+  }
+  st = upf_npy_read(a->cu_path, &t_cu);
+  if (st != UPF_OK)
+    return upf_cli_error(st, "generate: --cu-seqlens"), 0;
+  *cu = t_cu.data;
+  if (t_cu.dtype != UPF_DTYPE_I32 || t_cu.ndim != 1 || t_cu.shape[0] < 2 || t_cu.shape[0] > INT32_MAX) {
+    fprintf(stderr, "upf generate: --cu-seqlens %s: want <i4 (B+1,) with B >= 1, got %s with %d dims\n", a->cu_path,
+            upf_dtype_name(t_cu.dtype), t_cu.ndim);
+    return 0;
+  }
+  *B = (int32_t)(t_cu.shape[0] - 1);
+  st = upf_cu_seqlens_check(*cu, *B, T);
+  if (st != UPF_OK)
+    return upf_cli_error(st, "generate: --cu-seqlens"), 0;
+  for (int32_t r = 0; r < *B; r++)
+    if ((*cu)[r + 1] == (*cu)[r]) {
+      fprintf(stderr, "upf generate: --cu-seqlens %s: request %d has no tokens\n", a->cu_path, r);
+      return 0;
+    }
+  return 1;
+}
+
+/* What the run saw: per request its drops and pages, the step times, the tokens. */
+typedef struct {
+  int32_t B, N;
+  const int32_t *cu;
+  int32_t *tokens;       /* (B, N) */
+  double *step_seconds;  /* (N): step 0 the prefill (TTFT), step i the decode step that produced token i */
+  upf_kv_drop (*drops)[UPF_MODEL_MAX_LAYERS]; /* (B) */
+  int32_t *num_drops;    /* (B) */
+  int64_t *pages, *pages_dense; /* (B) KV pages each request holds at the end, and would hold dense */
+  upf_session_memory mem;
+} run_record;
+
+static upf_status run(const generate_args *a, const upf_model *m, const upf_session_config *sc, const int32_t *ids,
+                      run_record *rec) {
+  const int32_t B = rec->B, N = rec->N, V = m->cfg->vocab;
+  upf_session *s = NULL;
+  UPF_TRY(upf_session_create(m, sc, &s));
+  int32_t *req = malloc((size_t)B * sizeof *req);
+  upf_session_row *rows = malloc((size_t)B * sizeof *rows);
+  upf_status st = req && rows ? UPF_OK : upf_fail(UPF_ERR_NOMEM, "generate: rows");
+  for (int32_t r = 0; st == UPF_OK && r < B; r++) {
+    st = upf_session_add_request(s, ids + rec->cu[r], rec->cu[r + 1] - rec->cu[r], &req[r]);
+    rows[r] = (upf_session_row){req[r], UPF_ROW_PREFILL, 0};
+  }
+  for (int32_t i = 0; st == UPF_OK && i < N; i++) {
+    upf_prefill_result res;
+    const double t0 = now_seconds();
+    st = upf_session_step(s, rows, B, NULL, &res);
+    if (st != UPF_OK)
+      break;
+    rec->step_seconds[i] = now_seconds() - t0;
+    for (int32_t r = 0; r < B; r++) {
+      const int32_t tok = argmax(res.logits + (size_t)r * V, V);
+      rec->tokens[(size_t)r * N + i] = tok;
+      rows[r] = (upf_session_row){req[r], UPF_ROW_DECODE, tok};
+    }
+    upf_prefill_result_free(&res);
+  }
+  for (int32_t r = 0; st == UPF_OK && r < B; r++) {
+    upf_session_request_info info;
+    st = upf_session_request(s, req[r], &info);
+    if (st != UPF_OK)
+      break;
+    rec->num_drops[r] = info.num_drops;
+    memcpy(rec->drops[r], info.drops, (size_t)info.num_drops * sizeof *info.drops);
+    /* pages per group from kv_len at the group's first attention layer (session.h: every layer of a
+     * group holds the same entries) */
+    int32_t seen[UPF_SESSION_MAX_GROUPS] = {0};
+    rec->pages[r] = rec->pages_dense[r] = 0;
+    for (int32_t l = m->layer_begin; st == UPF_OK && l < m->layer_end; l++) {
+      const int32_t g = upf_session_group_of_layer(s, l);
+      if (g < 0 || seen[g])
+        continue;
+      seen[g] = 1;
+      int64_t len = 0;
+      st = upf_session_kv_len(s, req[r], l, &len);
+      rec->pages[r] += upf_session_pages_for(s, len);
+      rec->pages_dense[r] += upf_session_pages_for(s, (int64_t)info.prompt_len + info.decoded);
+    }
+  }
+  if (st == UPF_OK)
+    upf_session_memory_usage(s, &rec->mem);
+  free(req), free(rows);
+  upf_session_free(s);
+  return st;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  const double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* The JSON record, into f. */
+static void print_json(FILE *f, const generate_args *a, const upf_model *m, const upf_session_config *sc,
+                       const run_record *rec, int argc, char **argv) {
+  const upf_model_config *c = m->cfg;
+  char commit[64] = "unknown";
+  FILE *g = popen("git rev-parse --short HEAD 2>/dev/null", "r");
+  if (g) {
+    if (!fgets(commit, sizeof commit, g))
+      snprintf(commit, sizeof commit, "unknown");
+    commit[strcspn(commit, "\n")] = '\0';
+    pclose(g);
+  }
+  const int32_t N = rec->N;
+  fprintf(f, "{\n  \"model\": \"%s\",\n  \"layers\": [%d, %d],\n  \"partial_model\": %s,\n", c->name, m->layer_begin,
+          m->layer_end, upf_model_args_partial(&a->sel) ? "true" : "false");
+  fprintf(f, "  \"mode\": \"%s\",\n  \"dtype\": \"%s\",\n  \"backend\": \"%s\",\n  \"device\": \"%s\",\n", a->mode,
+          upf_dtype_name(m->dtype), m->be->name, m->be->describe());
+  fprintf(f, "  \"select\": {\"block\": %d, \"sink\": %d, \"last_q\": %d, \"p\": %g, \"keep_ratio\": %g},\n",
+          sc->select.block, sc->select.sink, sc->select.last_q, (double)sc->select.p, (double)sc->select.keep_ratio);
+  fprintf(f, "  \"max_new\": %d,\n  \"page_size\": %d,\n  \"requests\": [", N, sc->page_size);
+  for (int32_t r = 0; r < rec->B; r++) {
+    fprintf(f, "%s\n    {\"prompt_len\": %d, \"drops\": [", r ? "," : "", rec->cu[r + 1] - rec->cu[r]);
+    for (int32_t k = 0; k < rec->num_drops[r]; k++)
+      fprintf(f, "%s{\"layer\": %d, \"kept\": %d}", k ? ", " : "", rec->drops[r][k].layer, rec->drops[r][k].kept_len);
+    fprintf(f, "], \"kv_pages\": %lld, \"kv_pages_dense\": %lld, \"ttft_ms\": %.4f, \"token_ms\": [",
+            (long long)rec->pages[r], (long long)rec->pages_dense[r], rec->step_seconds[0] * 1e3);
+    for (int32_t i = 0; i < N; i++)
+      fprintf(f, "%s%.4f", i ? ", " : "", rec->step_seconds[i] * 1e3);
+    fprintf(f, "], \"tokens\": [");
+    for (int32_t i = 0; i < N; i++)
+      fprintf(f, "%s%d", i ? ", " : "", rec->tokens[(size_t)r * N + i]);
+    fprintf(f, "]}");
+  }
+  double median = 0;
+  if (N > 1) {
+    double *d = malloc((size_t)(N - 1) * sizeof *d);
+    if (d) {
+      memcpy(d, rec->step_seconds + 1, (size_t)(N - 1) * sizeof *d);
+      qsort(d, (size_t)(N - 1), sizeof *d, cmp_double);
+      median = d[(N - 1) / 2];
+      free(d);
+    }
+  }
+  const upf_session_memory *mem = &rec->mem;
+  fprintf(f, "\n  ],\n  \"ttft_ms\": %.4f,\n  \"decode_step_ms_median\": %.4f,\n", rec->step_seconds[0] * 1e3,
+          median * 1e3);
+  fprintf(f, "  \"kv\": {\"pages_in_use\": %lld, \"pages_dense\": %lld, \"bytes_in_use\": %.0f, \"bytes_dense\": %.0f, "
+             "\"bytes_saved\": %.0f, \"bytes_capacity\": %.0f},\n",
+          (long long)mem->pages_in_use, (long long)mem->pages_dense, mem->bytes_in_use, mem->bytes_dense,
+          mem->bytes_saved, mem->bytes_capacity);
+  fprintf(f, "  \"commit\": \"%s\",\n  \"command\": \"upf generate", commit);
+  for (int i = 0; i < argc; i++) {
+    fputc(' ', f);
+    for (const char *s = argv[i]; *s; s++) {
+      if (*s == '"' || *s == '\\')
+        fputc('\\', f);
+      fputc(*s, f);
+    }
+  }
+  fprintf(f, "\"\n}\n");
+}
+
+/* The outputs, all or none: the JSON to a temporary file, the tokens (upf_npy_write replaces its
+ * file atomically), then the JSON renamed into place; a failure removes what was written. */
+static int write_outputs(const generate_args *a, const upf_model *m, const upf_session_config *sc,
+                         const run_record *rec, int argc, char **argv) {
+  char tmp[4096] = "";
+  if (a->json) {
+    snprintf(tmp, sizeof tmp, "%s.tmp-%d", a->json, (int)getpid());
+    FILE *f = fopen(tmp, "w");
+    if (!f)
+      return upf_cli_error(upf_fail(UPF_ERR_IO, "cannot write %s", tmp), "generate: --json");
+    print_json(f, a, m, sc, rec, argc, argv);
+    if (ferror(f) | (fclose(f) != 0)) {
+      remove(tmp);
+      return upf_cli_error(upf_fail(UPF_ERR_IO, "cannot write %s", tmp), "generate: --json");
+    }
+  }
+  if (a->out_tokens) {
+    upf_tensor t;
+    const int64_t shape[2] = {rec->B, rec->N};
+    upf_tensor_init(&t, rec->tokens, UPF_DTYPE_I32, 2, shape);
+    const upf_status st = upf_npy_write(a->out_tokens, &t);
+    if (st != UPF_OK) {
+      if (a->json)
+        remove(tmp);
+      return upf_cli_error(st, "generate: --out-tokens");
+    }
+  }
+  if (a->json && rename(tmp, a->json) != 0) {
+    remove(tmp);
+    if (a->out_tokens)
+      remove(a->out_tokens);
+    return upf_cli_error(upf_fail(UPF_ERR_IO, "cannot write %s", a->json), "generate: --json");
+  }
+  return 0;
+}
+
+int upf_cli_generate(int argc, char **argv) {
+  generate_args a = {.sel = UPF_MODEL_ARGS_DEFAULT, .mode = "dense", .page_size = 16, .p = -1};
+  upf_arg args[] = {
+      UPF_MODEL_ARG_FLAGS(a.sel),
+      {"--token-ids", UPF_ARG_STRING, &a.ids_path, 1},
+      {"--cu-seqlens", UPF_ARG_STRING, &a.cu_path},
+      {"--max-new", UPF_ARG_INT, &a.max_new, 1, 1, 1 << 20},
+      {"--mode", UPF_ARG_STRING, &a.mode},
+      {"--p", UPF_ARG_FLOAT, &a.p},
+      {"--keep", UPF_ARG_FLOAT, &a.keep},
+      {"--page-size", UPF_ARG_INT, &a.page_size, 0, 1, 1 << 16},
+      {"--out-tokens", UPF_ARG_STRING, &a.out_tokens},
+      {"--json", UPF_ARG_STRING, &a.json},
+  };
+  upf_arg_parser p = {"upf generate", upf_cli_generate_usage, args, (int)(sizeof args / sizeof *args), NULL, 0, 0};
+  const upf_args_result pr = upf_args_parse(&p, argc, argv);
+  if (pr != UPF_ARGS_OK)
+    return upf_args_exit_code(pr);
+  const int rc_sel = upf_model_args_resolve("generate", &a.sel);
+  if (rc_sel)
+    return rc_sel;
+  const upf_model_config *cfg = a.sel.cfg;
+  upf_prefill_mode mode;
+  if (!strcmp(a.mode, "dense"))
+    mode = UPF_PREFILL_DENSE;
+  else if (!strcmp(a.mode, "uniprefill"))
+    mode = UPF_PREFILL_UNIPREFILL;
+  else {
+    fprintf(stderr, "upf generate: --mode '%s': want dense or uniprefill\n", a.mode);
+    return 2;
+  }
+  const int p_seen = upf_args_find(&p, "--p")->seen, keep_seen = upf_args_find(&p, "--keep")->seen;
+  if (mode == UPF_PREFILL_DENSE && (p_seen || keep_seen)) {
+    fprintf(stderr, "upf generate: --p and --keep need --mode uniprefill\n");
+    return 2;
+  }
+  if (p_seen && keep_seen) {
+    fprintf(stderr, "upf generate: give at most one of --p (top-p) and --keep (top-k keep ratio)\n");
+    return 2;
+  }
+  if (p_seen && !(a.p > 0.0f && a.p <= 1.0f)) {
+    fprintf(stderr, "upf generate: --p %g: want a top-p mass in (0, 1]\n", (double)a.p);
+    return 2;
+  }
+  if (keep_seen && !(a.keep > 0.0f && a.keep <= 1.0f)) {
+    fprintf(stderr, "upf generate: --keep %g: want a keep ratio in (0, 1]\n", (double)a.keep);
+    return 2;
+  }
+  const upf_arg_path paths[] = {{"--token-ids", a.ids_path, 0}, {"--cu-seqlens", a.cu_path, 0},
+                                {"--out-tokens", a.out_tokens, 1}, {"--json", a.json, 1}};
+  if (!upf_args_check_paths("upf generate", paths, 4))
+    return 2;
+
+  int32_t *ids = NULL, *cu = NULL, B = 0;
+  if (!read_batch(&a, cfg, &ids, &cu, &B)) {
+    free(ids), free(cu);
+    return 2;
+  }
+  upf_model m;
+  upf_status st = upf_model_args_build("generate", &a.sel, &m);
+  if (st != UPF_OK) {
+    free(ids), free(cu);
+    return upf_cli_error(st, "generate: building the model");
+  }
+  upf_session_config sc = upf_session_config_default(&m);
+  sc.mode = mode, sc.page_size = a.page_size, sc.max_requests = B;
+  if (p_seen)
+    sc.select.p = a.p;
+  if (keep_seen)
+    sc.select.keep_ratio = a.keep;
+  /* every group holds each request at its dense length at most: prompt + N - 1 fed tokens */
+  sc.pages_per_group = 0;
+  for (int32_t r = 0; r < B; r++)
+    sc.pages_per_group += ((int64_t)cu[r + 1] - cu[r] + a.max_new - 1 + a.page_size - 1) / a.page_size;
+
+  const int32_t N = a.max_new;
+  run_record rec = {.B = B, .N = N, .cu = cu};
+  rec.tokens = calloc((size_t)B * (size_t)N, sizeof *rec.tokens);
+  rec.step_seconds = calloc((size_t)N, sizeof *rec.step_seconds);
+  rec.drops = calloc((size_t)B, sizeof *rec.drops);
+  rec.num_drops = calloc((size_t)B, sizeof *rec.num_drops);
+  rec.pages = calloc((size_t)B, sizeof *rec.pages);
+  rec.pages_dense = calloc((size_t)B, sizeof *rec.pages_dense);
+  st = rec.tokens && rec.step_seconds && rec.drops && rec.num_drops && rec.pages && rec.pages_dense
+           ? run(&a, &m, &sc, ids, &rec)
+           : upf_fail(UPF_ERR_NOMEM, "generate: %d x %d tokens", B, N);
+  int rc = st == UPF_OK ? 0 : upf_cli_error(st, "generate");
+  if (rc == 0) {
+    printf("%s%s, %s, %s on %s: %d requests, %d prompt tokens, %d new tokens each\n", cfg->name,
+           upf_model_args_partial(&a.sel) ? " (partial model)" : "", a.mode, upf_dtype_name(m.dtype), m.be->name, B,
+           cu[B], N);
+    double decode = 0;
+    for (int32_t i = 1; i < N; i++)
+      decode += rec.step_seconds[i];
+    printf("  TTFT %.3f ms; %d decode steps of %d rows, %.3f ms each on average\n", rec.step_seconds[0] * 1e3, N - 1,
+           B, N > 1 ? decode / (N - 1) * 1e3 : 0.0);
+    printf("  KV pages %lld of %lld dense (%.1f%% of the dense bytes)\n", (long long)rec.mem.pages_in_use,
+           (long long)rec.mem.pages_dense,
+           rec.mem.bytes_dense > 0 ? 100.0 * rec.mem.bytes_in_use / rec.mem.bytes_dense : 100.0);
+    rc = write_outputs(&a, &m, &sc, &rec, argc, argv);
+  }
+  free(rec.tokens), free(rec.step_seconds), free(rec.drops), free(rec.num_drops), free(rec.pages),
+      free(rec.pages_dense);
+  free(ids), free(cu);
+  upf_model_free(&m);
+  return rc;
+}
