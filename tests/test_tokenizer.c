@@ -144,6 +144,9 @@ static void test_pretokenize(void) {
   CU_ASSERT_EQUAL(upf_cpt_class(0x200B), UPF_CPT_OTHER);   /* zero-width space is not \s */
   CU_ASSERT_EQUAL(upf_cpt_class(0x1F600), UPF_CPT_OTHER);
   CU_ASSERT_EQUAL(upf_cpt_class(0x10FFFF), UPF_CPT_OTHER);
+  /* Unicode 15.1, as llama.cpp's tables: the Garay digits (Nd since Unicode 16) are not numbers yet */
+  CU_ASSERT_EQUAL(upf_cpt_class(0x10D40), UPF_CPT_OTHER);
+  CU_ASSERT_EQUAL(upf_cpt_class(0x1E4F0), UPF_CPT_NUMBER); /* Nag Mundari digit zero (Unicode 15.0) */
 }
 
 static void test_utf8(void) {

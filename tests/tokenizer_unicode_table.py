@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
 """Writes core/tokenizer_unicode.c: the Unicode classes the byte-level BPE pre-tokenizer needs
-(\\p{L} letters, \\p{N} numbers) as sorted codepoint ranges, from the unicodedata2 package (the latest
-Unicode Character Database; the reference llama.cpp generates its tables from the latest UCD too).
+(\\p{L} letters, \\p{N} numbers) as sorted codepoint ranges, from the Unicode Character Database
+of the unicodedata2 package. The version is pinned to the one llama.cpp's src/unicode-data.cpp was
+generated from, 15.1 (checked: its letter and number flags agree with these tables on every
+codepoint); codepoints assigned later are "other" there, and so here.
 
+    pip install unicodedata2==15.1.0
     python3 tests/tokenizer_unicode_table.py > core/tokenizer_unicode.c
 """
 import sys
@@ -31,6 +34,8 @@ def emit(name, rs, f):
 
 
 def main():
+    if ud.unidata_version != "15.1.0":
+        sys.exit(f"unicodedata2 has UCD {ud.unidata_version}; install unicodedata2==15.1.0")
     f = sys.stdout
     letters = ranges(lambda cp: ud.category(chr(cp)).startswith("L"))
     numbers = ranges(lambda cp: ud.category(chr(cp)).startswith("N"))
