@@ -3,7 +3,8 @@
  * pre-tokenizer on hand-split texts, the GGUF glue on files written by the GGUF writer, and the two
  * real GGUF files against golden ids from llama.cpp and transformers (tests/data/tokenizer_golden.txt,
  * written by tests/tokenizer_golden.py). The real files are looked for in $UPF_MODEL_DIR, else
- * ~/.cache/uniprefill/models; each case that needs an absent file is skipped by name. */
+ * $UPF_MODEL_CACHE/models, else ~/.cache/uniprefill/models; a test whose file is absent is skipped
+ * by name. */
 #include <CUnit/CUnit.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -497,15 +498,21 @@ static void golden_for(const char *model) {
     printf("\n  SKIPPED tokenizer/%s: quick mode (Valgrind): the real vocabularies are covered natively", model);
     return;
   }
-  const char *dir = getenv("UPF_MODEL_DIR");
+  /* as ci/fetch-models.sh and the gguf suite: UPF_MODEL_DIR, else $UPF_MODEL_CACHE/models, else
+   * ~/.cache/uniprefill/models */
+  const char *dir = getenv("UPF_MODEL_DIR"), *cache = getenv("UPF_MODEL_CACHE"), *home = getenv("HOME");
   char path[1024];
   if (dir && *dir)
     snprintf(path, sizeof path, "%s/%s", dir, model);
+  else if (cache && *cache)
+    snprintf(path, sizeof path, "%s/models/%s", cache, model);
   else
-    snprintf(path, sizeof path, "%s/.cache/uniprefill/models/%s", getenv("HOME") ? getenv("HOME") : "", model);
+    snprintf(path, sizeof path, "%s/.cache/uniprefill/models/%s", home ? home : "", model);
   FILE *probe = fopen(path, "rb");
   if (!probe) {
-    printf("\n  SKIPPED tokenizer/%s: %s not found (set UPF_MODEL_DIR or run ci/fetch-models.sh)", model, path);
+    printf("\n  SKIPPED tokenizer/%s: %s is absent (ci/fetch-models.sh fetches it; UPF_MODEL_DIR or UPF_MODEL_CACHE "
+           "choose the directory)",
+           model, path);
     return;
   }
   fclose(probe);
