@@ -36,5 +36,8 @@ int upf_cli_tp_open(const char *cmd, const char *kind, int32_t tp, const upf_bac
 /* `upf generate` (cli/generate.c). */
 int upf_cli_generate(int argc, char **argv);
 extern const char upf_cli_generate_usage[];
+/* `upf tokenize` (cli/tokenize.c). */
+int upf_cli_tokenize(int argc, char **argv);
+extern const char upf_cli_tokenize_usage[];
 
 #endif

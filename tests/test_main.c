@@ -14,6 +14,7 @@ void upf_register_core_tests(void);
 void upf_register_variant_tests(void);
 void upf_register_npy_tests(void);
 void upf_register_gguf_tests(void);
+void upf_register_tokenizer_tests(void);
 void upf_register_select_tests(void);
 void upf_register_dense_tests(void);
 void upf_register_moe_tests(void);
@@ -26,6 +27,7 @@ void upf_register_model_masked_tests(void);
 void upf_register_cli_generate_tests(void);
 void upf_register_cli_gguf_tests(void);
 void upf_register_cli_serve_tests(void);
+void upf_register_cli_tokenize_tests(void);
 void upf_register_decode_tests(void);
 void upf_register_engine_tests(void);
 void upf_register_gguf_model_tests(void);
@@ -37,6 +39,7 @@ static void (*const suites[])(void) = {
     upf_register_variant_tests,
     upf_register_npy_tests,
     upf_register_gguf_tests,
+    upf_register_tokenizer_tests,
     upf_register_select_tests,
     upf_register_dense_tests,
     upf_register_moe_tests,
@@ -49,6 +52,7 @@ static void (*const suites[])(void) = {
     upf_register_cli_generate_tests,
     upf_register_cli_gguf_tests,
     upf_register_cli_serve_tests,
+    upf_register_cli_tokenize_tests,
     upf_register_decode_tests,
     upf_register_engine_tests,
     upf_register_gguf_model_tests,
