@@ -1920,6 +1920,96 @@ upf_status upload_plan(const sel_plan &p, uint8_t *dev_blob) {
   return upf_cuda_upload_async(dev_blob, blob.data(), blob.size());
 }
 
+/* Stages 1-3 of select_run and select_block_scores, one code path for both: the score kernel picked
+ * and the fused plan laid out (prepare), the workspace pieces carved after the caller's (take), the
+ * score, row-stats and block-mass kernels launched (launch). */
+struct score_stage {
+  kernel_cfg cfg = {};
+  size_t o_M = 0, o_U = 0, o_MC = 0, o_LC = 0, o_rm = 0, o_ri = 0;
+
+  upf_status prepare(const upf_select_inputs *in, sel_plan &p) {
+    bool use_mma = mma_applies(in);
+    if (p.S > 0) {
+      if (p.G >= 64)
+        UPF_TRY(pick_score_kernel<1>(in, p.D, use_mma, cfg));
+      else
+        UPF_TRY(pick_score_kernel<0>(in, p.D, use_mma, cfg));
+      int occ = 1;
+      UPF_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, cfg.fn, cfg.threads, cfg.smem));
+      plan_fused(p, cfg.rows_per_cta, (int64_t)upf_cuda_num_sms() * std::max(occ, 1));
+    }
+    return UPF_OK;
+  }
+
+  void take(ws_carver &wc, const sel_plan &p) {
+    o_M = wc.take(sizeof(float) * (size_t)p.m_len);
+    o_U = wc.take(sizeof(float) * (size_t)p.u_len);
+    o_MC = wc.take(sizeof(float) * (size_t)p.c_len);
+    o_LC = wc.take(sizeof(float) * (size_t)p.c_len);
+    o_rm = wc.take(sizeof(float) * (size_t)p.S * (size_t)p.Rn);
+    o_ri = wc.take(sizeof(float) * (size_t)p.S * (size_t)p.Rn);
+  }
+
+  /* block_score (num_blocks) on the stream; bad_req (device) receives the first scored request whose
+   * scores were not finite. */
+  upf_status launch(const upf_select_inputs *in, const upf_select_params *params, const sel_plan &p,
+                    const sel_dev_plan &dp, uint8_t *base, float *block_score, unsigned *bad_req,
+                    cudaStream_t stream) const {
+    if (p.S > 0) {
+      score_args x;
+      x.q = in->q.data;
+      x.k = in->k.data;
+      x.qs0 = in->q.stride[0];
+      x.qs1 = in->q.stride[1];
+      x.ks0 = in->k.stride[0];
+      x.ks1 = in->k.stride[1];
+      x.Hq = p.Hq;
+      x.Hkv = p.Hkv;
+      x.grp = p.grp;
+      x.L = p.L;
+      x.D = p.D;
+      x.G = p.G;
+      x.SG = p.SG;
+      x.UG = p.UG;
+      x.KC = p.KC;
+      x.RG = p.RG;
+      x.RPC = p.RPC;
+      x.S = p.S;
+      x.Rn = p.Rn;
+      x.c = (float)((double)upf_select_scale(params, p.D) * 1.4426950408889634);
+      x.reqs = dp.reqs;
+      x.M = (float *)(base + o_M);
+      x.U = (float *)(base + o_U);
+      x.MC = (float *)(base + o_MC);
+      x.LC = (float *)(base + o_LC);
+      x.bad_req = bad_req;
+      void *args[] = {&x};
+      UPF_CUDA_TRY(cudaLaunchKernel(cfg.fn, dim3((unsigned)p.ctas), dim3(cfg.threads), args, cfg.smem, stream));
+      UPF_CUDA_LAUNCH_TRY("sel_score_kernel");
+      int64_t rows = (int64_t)p.S * p.Rn;
+      sel_row_stats_kernel<<<grid_for(rows, 256), 256, 0, stream>>>(dp.reqs, p.S, p.Rn, x.MC, x.LC,
+                                                                    (float *)(base + o_rm), (float *)(base + o_ri));
+      UPF_CUDA_LAUNCH_TRY("sel_row_stats_kernel");
+      sel_block_mass_kernel<<<(unsigned)p.num_blocks, BM_THREADS, 0, stream>>>(
+          dp, p.B, p.Rn, p.G, p.SG, p.UG, x.M, x.U, (const float *)(base + o_rm), (const float *)(base + o_ri),
+          block_score);
+      UPF_CUDA_LAUNCH_TRY("sel_block_mass_kernel");
+    } else if (p.num_blocks > 0) {
+      sel_unscored_blocks_kernel<<<grid_for(p.num_blocks, 256), 256, 0, stream>>>(dp, p.B, p.num_blocks, nullptr,
+                                                                                   block_score);
+      UPF_CUDA_LAUNCH_TRY("sel_unscored_blocks_kernel");
+    }
+    return UPF_OK;
+  }
+};
+
+/* A scored request whose fp32 scores were not finite: the input that is NaN/Inf, else an overflow. */
+upf_status report_bad_scores(const upf_select_inputs *in, const sel_plan &p, int r, const char *op) {
+  bool found = false;
+  UPF_TRY(find_nonfinite(in, p, upf_cuda_stream(), op, &found));
+  return upf_fail(UPF_ERR_NONFINITE, "%s (cuda): request %d: scores overflowed fp32 (q and k are finite)", op, r);
+}
+
 } // namespace
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -1933,28 +2023,13 @@ extern "C" upf_status upf_cuda_select_run(const upf_select_inputs *in, const upf
   cudaStream_t stream = upf_cuda_stream();
   sel_plan p;
   plan_build(in, params, p);
-
-  bool use_mma = mma_applies(in);
-  kernel_cfg cfg = {};
-  if (p.S > 0) {
-    if (p.G >= 64)
-      UPF_TRY(pick_score_kernel<1>(in, p.D, use_mma, cfg));
-    else
-      UPF_TRY(pick_score_kernel<0>(in, p.D, use_mma, cfg));
-    int occ = 1;
-    UPF_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, cfg.fn, cfg.threads, cfg.smem));
-    plan_fused(p, cfg.rows_per_cta, (int64_t)upf_cuda_num_sms() * std::max(occ, 1));
-  }
+  score_stage sc;
+  UPF_TRY(sc.prepare(in, p));
 
   ws_carver wc;
   size_t o_blob = wc.take(p.blob_bytes);
   size_t o_res = wc.take(sizeof(sel_result));
-  size_t o_M = wc.take(sizeof(float) * (size_t)p.m_len);
-  size_t o_U = wc.take(sizeof(float) * (size_t)p.u_len);
-  size_t o_MC = wc.take(sizeof(float) * (size_t)p.c_len);
-  size_t o_LC = wc.take(sizeof(float) * (size_t)p.c_len);
-  size_t o_rm = wc.take(sizeof(float) * (size_t)p.S * (size_t)p.Rn);
-  size_t o_ri = wc.take(sizeof(float) * (size_t)p.S * (size_t)p.Rn);
+  sc.take(wc, p);
   size_t o_bs = wc.take(out->block_score ? 0 : sizeof(float) * (size_t)p.num_blocks);
   size_t o_bm = wc.take(out->block_mask ? 0 : (size_t)p.num_blocks);
   size_t o_tp = wc.take(topp_ws_bytes(p));
@@ -1970,62 +2045,45 @@ extern "C" upf_status upf_cuda_select_run(const upf_select_inputs *in, const upf
   sel_dev_plan dp = plan_device(p, base + o_blob);
   UPF_CUDA_TRY(cudaMemsetAsync(d_res, 0xFF, sizeof(sel_result), stream));
 
-  if (p.S > 0) {
-    score_args x;
-    x.q = in->q.data;
-    x.k = in->k.data;
-    x.qs0 = in->q.stride[0];
-    x.qs1 = in->q.stride[1];
-    x.ks0 = in->k.stride[0];
-    x.ks1 = in->k.stride[1];
-    x.Hq = p.Hq;
-    x.Hkv = p.Hkv;
-    x.grp = p.grp;
-    x.L = p.L;
-    x.D = p.D;
-    x.G = p.G;
-    x.SG = p.SG;
-    x.UG = p.UG;
-    x.KC = p.KC;
-    x.RG = p.RG;
-    x.RPC = p.RPC;
-    x.S = p.S;
-    x.Rn = p.Rn;
-    x.c = (float)((double)upf_select_scale(params, p.D) * 1.4426950408889634);
-    x.reqs = dp.reqs;
-    x.M = (float *)(base + o_M);
-    x.U = (float *)(base + o_U);
-    x.MC = (float *)(base + o_MC);
-    x.LC = (float *)(base + o_LC);
-    x.bad_req = &d_res->bad_req;
-    void *args[] = {&x};
-    UPF_CUDA_TRY(cudaLaunchKernel(cfg.fn, dim3((unsigned)p.ctas), dim3(cfg.threads), args, cfg.smem, stream));
-    UPF_CUDA_LAUNCH_TRY("sel_score_kernel");
-    int64_t rows = (int64_t)p.S * p.Rn;
-    sel_row_stats_kernel<<<grid_for(rows, 256), 256, 0, stream>>>(dp.reqs, p.S, p.Rn, x.MC, x.LC,
-                                                                  (float *)(base + o_rm), (float *)(base + o_ri));
-    UPF_CUDA_LAUNCH_TRY("sel_row_stats_kernel");
-    sel_block_mass_kernel<<<(unsigned)p.num_blocks, BM_THREADS, 0, stream>>>(
-        dp, p.B, p.Rn, p.G, p.SG, p.UG, x.M, x.U, (const float *)(base + o_rm), (const float *)(base + o_ri),
-        block_score);
-    UPF_CUDA_LAUNCH_TRY("sel_block_mass_kernel");
-  } else if (p.num_blocks > 0) {
-    sel_unscored_blocks_kernel<<<grid_for(p.num_blocks, 256), 256, 0, stream>>>(dp, p.B, p.num_blocks, nullptr,
-                                                                                 block_score);
-    UPF_CUDA_LAUNCH_TRY("sel_unscored_blocks_kernel");
-  }
+  UPF_TRY(sc.launch(in, params, p, dp, base, block_score, &d_res->bad_req, stream));
   UPF_TRY(run_topp(p, dp, params, block_score, block_mask, &d_res->bad_score, base + o_tp, stream));
   UPF_TRY(run_expand(in, p, dp, params, block_mask, out, base + o_ex, &d_res->kept_total, stream));
 
   sel_result res;
   UPF_TRY(upf_cuda_download_small(&res, d_res, sizeof res));
-  if (res.bad_req != ~0u || res.bad_score != ~0ull) {
-    bool found = false;
-    UPF_TRY(find_nonfinite(in, p, stream, "select", &found));
-    int r = res.bad_req != ~0u ? p.reqs[res.bad_req].r : (int)(res.bad_score >> 32);
-    return upf_fail(UPF_ERR_NONFINITE, "select (cuda): request %d: scores overflowed fp32 (q and k are finite)", r);
-  }
+  if (res.bad_req != ~0u || res.bad_score != ~0ull)
+    return report_bad_scores(in, p, res.bad_req != ~0u ? p.reqs[res.bad_req].r : (int)(res.bad_score >> 32), "select");
   out->kept_total = res.kept_total;
+  return UPF_OK;
+}
+
+/* Stages 1-3 of select_run alone: the same plan, kernels and workspace layout up to block_score. */
+extern "C" upf_status upf_cuda_select_block_scores(const upf_select_inputs *in, const upf_select_params *params,
+                                                   float *block_score) {
+  UPF_TRY(upf_cuda_init());
+  UPF_TRY(upf_select_validate(in, params));
+  UPF_TRY(check_head_dim(in, "select.block_scores"));
+  cudaStream_t stream = upf_cuda_stream();
+  sel_plan p;
+  plan_build(in, params, p);
+  score_stage sc;
+  UPF_TRY(sc.prepare(in, p));
+  ws_carver wc;
+  size_t o_blob = wc.take(p.blob_bytes);
+  size_t o_res = wc.take(sizeof(sel_result));
+  sc.take(wc, p);
+  void *ws;
+  UPF_TRY(upf_cuda_workspace(wc.at, &ws));
+  uint8_t *base = (uint8_t *)ws;
+  sel_result *d_res = (sel_result *)(base + o_res);
+  UPF_TRY(upload_plan(p, base + o_blob));
+  sel_dev_plan dp = plan_device(p, base + o_blob);
+  UPF_CUDA_TRY(cudaMemsetAsync(d_res, 0xFF, sizeof(sel_result), stream));
+  UPF_TRY(sc.launch(in, params, p, dp, base, block_score, &d_res->bad_req, stream));
+  sel_result res;
+  UPF_TRY(upf_cuda_download_small(&res, d_res, sizeof res));
+  if (res.bad_req != ~0u)
+    return report_bad_scores(in, p, p.reqs[res.bad_req].r, "select.block_scores");
   return UPF_OK;
 }
 

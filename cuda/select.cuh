@@ -18,6 +18,8 @@ upf_status upf_cuda_select_block_softmax(const upf_select_inputs *in, const upf_
                                          const float *scores, float *token_mass);
 upf_status upf_cuda_select_block_reduce(const upf_select_inputs *in, const upf_select_params *params,
                                         const float *token_mass, float *block_score);
+upf_status upf_cuda_select_block_scores(const upf_select_inputs *in, const upf_select_params *params,
+                                        float *block_score);
 upf_status upf_cuda_select_topp(const upf_select_inputs *in, const upf_select_params *params,
                                 const float *block_score, uint8_t *block_mask);
 upf_status upf_cuda_select_expand(const upf_select_inputs *in, const upf_select_params *params,

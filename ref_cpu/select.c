@@ -316,6 +316,33 @@ upf_status cpu_select_block_reduce(const upf_select_inputs *in, const upf_select
   return UPF_OK;
 }
 
+/* Stages 1-3 by the code ref_select_run uses (double throughout, rounded once), so the block scores
+ * equal select_run's bit for bit. */
+upf_status cpu_select_block_scores(const upf_select_inputs *in, const upf_select_params *params,
+                                   float *block_score) {
+  UPF_TRY(upf_select_validate(in, params));
+  UPF_TRY(ref_select_check_finite(in, params));
+  int64_t block_base = 0;
+  upf_status st = UPF_OK;
+  for (int32_t r = 0; st == UPF_OK && r < in->num_reqs; r++) {
+    int64_t tok0 = in->cu_seqlens_host[r], n = in->cu_seqlens_host[r + 1] - tok0;
+    int64_t nb = upf_select_blocks_of(n, params->block);
+    if (!upf_select_is_scored(n, params)) {
+      memset(block_score + block_base, 0, (size_t)nb * sizeof *block_score);
+      block_base += nb;
+      continue;
+    }
+    double *b = malloc((size_t)(nb ? nb : 1) * sizeof *b);
+    st = b ? ref_select_request_scores(in, tok0, n, params, b)
+           : upf_fail(UPF_ERR_NOMEM, "select.block_scores (cpu): cannot allocate scratch");
+    for (int64_t c = 0; st == UPF_OK && c < nb; c++)
+      block_score[block_base + c] = (float)b[c];
+    block_base += nb;
+    free(b);
+  }
+  return st;
+}
+
 upf_status cpu_select_topp(const upf_select_inputs *in, const upf_select_params *params, const float *block_score,
                            uint8_t *block_mask) {
   UPF_TRY(check_layout(in, params));

@@ -61,6 +61,8 @@ upf_status cpu_select_block_softmax(const upf_select_inputs *in, const upf_selec
                                     const float *scores, float *token_mass);
 upf_status cpu_select_block_reduce(const upf_select_inputs *in, const upf_select_params *params,
                                    const float *token_mass, float *block_score);
+upf_status cpu_select_block_scores(const upf_select_inputs *in, const upf_select_params *params,
+                                   float *block_score);
 upf_status cpu_select_topp(const upf_select_inputs *in, const upf_select_params *params, const float *block_score,
                            uint8_t *block_mask);
 upf_status cpu_select_expand(const upf_select_inputs *in, const upf_select_params *params,

@@ -508,6 +508,63 @@ void upf_verify_select_expand(upf_verify_ctx *ctx) {
     for_each_case(ctx, op, CASE_STAGES, expand_case);
 }
 
+/* ---- stages 1-3 fused ---- */
+
+/* The backend's select.block_scores against its own select_run (bit for bit: one code path) and
+ * against the double reference (SPEC 7 tolerance of the input dtype; on the CPU, the reference
+ * itself, so fp32 rounding only). */
+static void block_scores_case(upf_verify_ctx *ctx, case_run *cr, const char *op) {
+  const upf_backend *be = ctx->backend;
+  upf_check check;
+  const int64_t nb = cr->num_blocks;
+  double *ref = malloc((size_t)(nb ? nb : 1) * sizeof *ref);
+  float *got = malloc((size_t)(nb ? nb : 1) * sizeof *got);
+  host_outputs ref_out, run_out;
+  dev_outputs dev;
+  memset(&dev, 0, sizeof dev);
+  upf_guarded g = {0};
+  int ok = host_outputs_alloc(&ref_out, cr) & host_outputs_alloc(&run_out, cr) && ref && got;
+  upf_status st = ok ? ref_select_run(&cr->host, &cr->params, &ref_out.out, ref) : upf_fail(UPF_ERR_NOMEM, "verify");
+  const char *what = "reference";
+  if (st == UPF_OK) {
+    what = "block_scores";
+    st = upf_guarded_alloc(be, (size_t)nb * sizeof(float), &g);
+  }
+  if (st == UPF_OK)
+    st = be->select_block_scores(&cr->dev, &cr->params, g.ptr);
+  if (st == UPF_OK)
+    st = fetch_guarded(&g, got, "block_score");
+  if (st == UPF_OK) {
+    what = "select_run";
+    st = dev_outputs_alloc(be, cr, &dev);
+  }
+  if (st == UPF_OK)
+    st = be->select_run(&cr->dev, &cr->params, &dev.out);
+  if (st == UPF_OK)
+    st = dev_outputs_fetch(&dev, &run_out);
+  if (st != UPF_OK) {
+    case_check_init(cr, op, NULL, &check);
+    record_status(ctx, &check, st, what);
+  } else {
+    case_check_init(cr, op, "reference", &check);
+    upf_compare_f32(got, ref, nb, upf_tolerance_for(upf_verify_on_reference(ctx) ? UPF_DTYPE_F32 : cr->pb.q.dtype),
+                    &check);
+    upf_verify_record(ctx, &check);
+    case_check_init(cr, op, "equals select_run", &check);
+    upf_compare_exact(got, run_out.block_score, nb, 4, &check);
+    upf_verify_record(ctx, &check);
+  }
+  upf_guarded_free(&g);
+  dev_outputs_free(&dev);
+  host_outputs_free(&ref_out), host_outputs_free(&run_out);
+  free(ref), free(got);
+}
+
+void upf_verify_select_block_scores(upf_verify_ctx *ctx) {
+  const char *op = upf_op_name(UPF_OP_SELECT_BLOCK_SCORES);
+  for_each_case(ctx, op, upf_verify_on_reference(ctx) ? CASE_STAGES : 0, block_scores_case);
+}
+
 /* CPU stage chain with fp32 between stages, as a second code path to compare the pipeline with. */
 static upf_status cpu_stage_chain(case_run *cr, host_outputs *h) {
   int64_t T = cr->num_tokens;
