@@ -127,9 +127,14 @@ int upf_comm_available(upf_comm_kind kind, const char **why_not) {
 
 static upf_status single_allreduce(upf_comm *c, void *buf, int64_t count, upf_dtype dtype) { return UPF_OK; }
 static upf_status single_broadcast(upf_comm *c, void *buf, int64_t bytes, int32_t root) { return UPF_OK; }
+static upf_status single_broadcast_check(upf_comm *c, void *buf, int64_t bytes, int32_t root, int32_t *differing) {
+  *differing = 0;
+  return UPF_OK;
+}
 static upf_status single_barrier(upf_comm *c) { return UPF_OK; }
 static void single_destroy(upf_comm *c) {}
-static const upf_comm_ops single_ops = {single_allreduce, single_broadcast, single_barrier, single_destroy};
+static const upf_comm_ops single_ops = {single_allreduce, single_broadcast, single_broadcast_check, single_barrier,
+                                        single_destroy};
 
 /* ---- environment ---- */
 
@@ -288,6 +293,8 @@ upf_status upf_comm_create(const char *kind, const upf_backend *be, const upf_co
 void upf_comm_destroy(upf_comm *c) {
   if (!c)
     return;
+  if (c->scratch)
+    c->be->release(c->scratch);
   c->ops->destroy(c);
   if (c->boot)
     upf_comm_destroy(c->boot);
@@ -343,6 +350,33 @@ upf_status upf_comm_broadcast(upf_comm *c, void *buf, int64_t bytes, int32_t roo
   c->stats.bcast_bytes += (double)bytes;
   c->stats.bcast_seconds += upf_comm_now() - t0;
   return st;
+}
+
+upf_status upf_comm_broadcast_check(upf_comm *c, void *buf, int64_t bytes, int32_t root, int32_t *differing) {
+  int32_t unused;
+  UPF_TRY(check_usable(c, "broadcast"));
+  if (bytes < 0 || (bytes > 0 && !buf) || root < 0 || root >= c->size)
+    return upf_fail(UPF_ERR_INVALID_ARG, "comm broadcast: %lld bytes from root %d of %d ranks", (long long)bytes, root,
+                    c->size);
+  const double t0 = upf_comm_now();
+  const upf_status st = c->ops->broadcast_check(c, buf, bytes, root, differing ? differing : &unused);
+  c->seq++;
+  c->stats.bcast_calls++;
+  c->stats.bcast_bytes += (double)bytes;
+  c->stats.bcast_seconds += upf_comm_now() - t0;
+  return st;
+}
+
+upf_status upf_comm_scratch(upf_comm *c, size_t bytes, void **ptr) {
+  if (bytes > c->scratch_bytes) {
+    if (c->scratch)
+      c->be->release(c->scratch);
+    c->scratch = NULL, c->scratch_bytes = 0;
+    UPF_TRY(c->be->alloc(&c->scratch, bytes));
+    c->scratch_bytes = bytes;
+  }
+  *ptr = c->scratch;
+  return UPF_OK;
 }
 
 upf_status upf_comm_barrier(upf_comm *c) {

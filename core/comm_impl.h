@@ -13,6 +13,7 @@ typedef struct {
   /* The collective on validated arguments (the common layer checked pointers and sizes locally). */
   upf_status (*allreduce)(upf_comm *c, void *buf, int64_t count, upf_dtype dtype);
   upf_status (*broadcast)(upf_comm *c, void *buf, int64_t bytes, int32_t root);
+  upf_status (*broadcast_check)(upf_comm *c, void *buf, int64_t bytes, int32_t root, int32_t *differing);
   upf_status (*barrier)(upf_comm *c);
   void (*destroy)(upf_comm *c);
 } upf_comm_ops;
@@ -28,10 +29,16 @@ struct upf_comm {
   const upf_comm_ops *ops;
   void *impl;
   upf_comm *boot;       /* NCCL bootstrapped through MPI: the MPI communicator it used */
+  void *scratch;        /* (scratch_bytes) grow-only, in be's memory: upf_comm_scratch */
+  size_t scratch_bytes;
 };
 
 /* Header every rank exchanges before a collective: the same values on every rank or UPF_ERR_COMM. */
-enum { UPF_COMM_OP_ALLREDUCE = 1, UPF_COMM_OP_BROADCAST, UPF_COMM_OP_BARRIER };
+enum { UPF_COMM_OP_ALLREDUCE = 1, UPF_COMM_OP_BROADCAST, UPF_COMM_OP_BARRIER, UPF_COMM_OP_BROADCAST_CHECK };
+
+/* *ptr = at least `bytes` of the communicator's scratch in its backend's memory (grown, never shrunk;
+ * freed with the communicator): buffers a caller needs on every call, allocated once. */
+upf_status upf_comm_scratch(upf_comm *c, size_t bytes, void **ptr);
 
 /* Seconds since an arbitrary origin (monotonic). */
 double upf_comm_now(void);

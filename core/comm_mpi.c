@@ -67,7 +67,7 @@ static upf_status check_header(upf_comm *c, int op, int64_t a, int64_t b, const 
   if (err != MPI_SUCCESS)
     return mpi_fail(c, err, what);
   UPF_TRY(wait_request(c, &req, what));
-  static const char *const names[] = {"", "all-reduce", "broadcast", "barrier"};
+  static const char *const names[] = {"", "all-reduce", "broadcast", "barrier", "broadcast"};
   for (int i = 0; i < 4; i++) {
     if (recv[i] == -recv[4 + i])
       continue;
@@ -81,7 +81,7 @@ static upf_status check_header(upf_comm *c, int op, int64_t a, int64_t b, const 
     return upf_fail(UPF_ERR_COMM,
                     "comm mpi (rank %d of %d): %s: the ranks disagree on the %s (%lld here, from %lld to %lld over the "
                     "ranks)",
-                    c->rank, c->size, names[op], op == UPF_COMM_OP_BROADCAST ? (i == 1 ? "size" : "root")
+                    c->rank, c->size, names[op], op != UPF_COMM_OP_ALLREDUCE ? (i == 1 ? "size" : "root")
                                                                              : (i == 1 ? "element count" : "dtype"),
                     (long long)mine[i], (long long)-recv[4 + i], (long long)recv[i]);
   }
@@ -158,6 +158,39 @@ static upf_status mpi_broadcast(upf_comm *c, void *buf, int64_t bytes, int32_t r
   return on_host(c) || c->rank == root ? UPF_OK : c->be->upload(buf, p, (size_t)bytes);
 }
 
+/* Every rank's bytes gathered on every rank (a single rank too: its own bytes come back), the ranks that
+ * differ from root's counted, root's copied into buf. */
+static upf_status mpi_broadcast_check(upf_comm *c, void *buf, int64_t bytes, int32_t root, int32_t *differing) {
+  mpi_state *s = c->impl;
+  *differing = 0;
+  UPF_TRY(check_header(c, UPF_COMM_OP_BROADCAST_CHECK, bytes, root, "broadcast"));
+  if (bytes == 0)
+    return UPF_OK;
+  if (bytes > 2147483647 / c->size)
+    return upf_fail(UPF_ERR_INVALID_ARG, "comm mpi broadcast: %lld bytes from %d ranks exceed one MPI message",
+                    (long long)bytes, c->size);
+  /* host: [mine (bytes, only when staged) | gathered (size * bytes)] */
+  UPF_TRY(host_buffer(c, (size_t)bytes * (size_t)(c->size + 1)));
+  char *mine = buf, *all = (char *)s->host + bytes;
+  if (!on_host(c)) {
+    mine = s->host;
+    UPF_TRY(c->be->download(mine, buf, (size_t)bytes));
+  }
+  MPI_Request req;
+  const int err = MPI_Iallgather(mine, (int)bytes, MPI_BYTE, all, (int)bytes, MPI_BYTE, s->comm, &req);
+  if (err != MPI_SUCCESS)
+    return mpi_fail(c, err, "broadcast");
+  UPF_TRY(wait_request(c, &req, "broadcast"));
+  const char *from = all + (size_t)root * (size_t)bytes;
+  for (int32_t r = 0; r < c->size; r++)
+    *differing += memcmp(all + (size_t)r * (size_t)bytes, from, (size_t)bytes) != 0;
+  if (on_host(c)) {
+    memcpy(buf, from, (size_t)bytes);
+    return UPF_OK;
+  }
+  return c->be->upload(buf, from, (size_t)bytes);
+}
+
 static upf_status mpi_barrier(upf_comm *c) {
   mpi_state *s = c->impl;
   UPF_TRY(check_header(c, UPF_COMM_OP_BARRIER, 0, 0, "barrier"));
@@ -184,7 +217,7 @@ static void mpi_destroy(upf_comm *c) {
     MPI_Finalize();
 }
 
-static const upf_comm_ops mpi_ops = {mpi_allreduce, mpi_broadcast, mpi_barrier, mpi_destroy};
+static const upf_comm_ops mpi_ops = {mpi_allreduce, mpi_broadcast, mpi_broadcast_check, mpi_barrier, mpi_destroy};
 
 upf_status upf_comm_mpi_plugin_init(upf_comm *c) {
   int inited = 0, finalized = 0;

@@ -103,9 +103,14 @@ static void test_single_comm(void) {
  * rank's slice of a model (nothing is reduced). */
 static upf_status fake_allreduce(upf_comm *c, void *buf, int64_t n, upf_dtype dt) { return UPF_OK; }
 static upf_status fake_broadcast(upf_comm *c, void *buf, int64_t n, int32_t root) { return UPF_OK; }
+static upf_status fake_broadcast_check(upf_comm *c, void *buf, int64_t n, int32_t root, int32_t *differing) {
+  *differing = 0;
+  return UPF_OK;
+}
 static upf_status fake_barrier(upf_comm *c) { return UPF_OK; }
 static void fake_destroy(upf_comm *c) {}
-static const upf_comm_ops fake_ops = {fake_allreduce, fake_broadcast, fake_barrier, fake_destroy};
+static const upf_comm_ops fake_ops = {fake_allreduce, fake_broadcast, fake_broadcast_check, fake_barrier,
+                                      fake_destroy};
 
 static upf_comm fake_comm(int32_t rank, int32_t size) {
   upf_comm c;

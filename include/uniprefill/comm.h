@@ -64,6 +64,10 @@ int upf_comm_available(upf_comm_kind kind, const char **why_not);
 upf_status upf_comm_allreduce_sum(upf_comm *comm, void *buf, int64_t count, upf_dtype dtype);
 /* buf (bytes) on every rank = root's buf. */
 upf_status upf_comm_broadcast(upf_comm *comm, void *buf, int64_t bytes, int32_t root);
+/* The same, and *differing (may be NULL) = the number of ranks whose buf differed from root's before the
+ * call, the same on every rank: one collective (every rank's bytes gathered), for decisions that must
+ * be identical on every rank and whose disagreement is worth counting. */
+upf_status upf_comm_broadcast_check(upf_comm *comm, void *buf, int64_t bytes, int32_t root, int32_t *differing);
 upf_status upf_comm_barrier(upf_comm *comm);
 
 upf_comm_stats upf_comm_get_stats(const upf_comm *comm);
@@ -78,15 +82,20 @@ typedef struct {
 upf_status upf_head_split_of(int32_t q_heads, int32_t kv_heads, int32_t rank, int32_t size, upf_head_split *out);
 
 /* ---- Selection under tensor parallelism (core/comm_select.c) ----
- * Each rank runs stages 1-3 of the selection (the backend's select_part_gemm, select_block_softmax,
- * select_block_reduce) over its own heads (in->q (T, Hq/R, D), in->k (T, its kv heads, D)), all-reduces
- * the partial block scores in fp32, runs top-p on the reduced scores, then takes rank 0's block mask
- * (broadcast) so every rank compacts the same tokens even if its own decision differed, and expands it.
- * out as for select_run (block_score receives the reduced scores, block_mask the final mask). */
+ * Each rank runs stages 1-3 of the selection (the backend's select_block_scores) over its own heads
+ * (in->q (T, Hq/R, D), in->k (T, its kv heads, D)), all-reduces the partial block scores in fp32, runs
+ * top-p on the reduced scores, then takes rank 0's block mask (upf_comm_broadcast_check, which counts
+ * the ranks whose own decision differed) so every rank compacts the same tokens, and expands it. out as
+ * for select_run (block_score receives the reduced scores, block_mask the final mask); when they are
+ * NULL, a grow-only buffer of the communicator holds them, so a call allocates nothing once warm. */
 typedef struct {
   double allreduce_bytes;   /* block scores all-reduced, per rank */
-  double allreduce_seconds; /* host time of that all-reduce */
+  /* host time of each step (each ends with the host knowing its result, so the split adds up) */
+  double scores_seconds;    /* select_block_scores over this rank's heads */
+  double allreduce_seconds; /* the all-reduce of the block scores */
+  double topp_seconds;      /* select_topp on the reduced scores */
   double check_seconds;     /* the mask broadcast and the disagreement count */
+  double expand_seconds;    /* select_expand */
   double seconds;           /* the whole call */
   int32_t disagreeing_ranks; /* ranks whose own top-p mask differed from rank 0's (the same on every rank) */
 } upf_select_tp_stats;
