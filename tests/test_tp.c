@@ -14,6 +14,7 @@
 #include "tests/test_util.h"
 #include "uniprefill/bf16.h"
 #include "uniprefill/model.h"
+#include "verify/select_inputs.h"
 
 /* ---- head split ---- */
 
@@ -70,6 +71,10 @@ static void test_single_comm(void) {
   CU_ASSERT_EQUAL(upf_comm_barrier(c), UPF_OK);
   upf_comm_stats s = upf_comm_get_stats(c);
   CU_ASSERT(s.calls == 1 && s.bytes == 12.0 && s.bcast_calls == 1 && s.bcast_bytes == 4.0);
+  int32_t differing = -1;
+  CU_ASSERT_EQUAL(upf_comm_broadcast_check(c, b, 4, 0, &differing), UPF_OK);
+  CU_ASSERT(differing == 0 && !strcmp(b, "abc") && upf_comm_get_stats(c).bcast_calls == 2);
+  CU_ASSERT_EQUAL(upf_comm_broadcast_check(c, b, 4, 1, &differing), UPF_ERR_INVALID_ARG);
   /* argument errors, each naming what is wrong */
   int32_t ints[2] = {0, 0};
   CU_ASSERT_EQUAL(upf_comm_allreduce_sum(c, ints, 2, UPF_DTYPE_I32), UPF_ERR_DTYPE);
@@ -96,6 +101,87 @@ static void test_single_comm(void) {
   if (!upf_comm_available(UPF_COMM_NCCL, &why))
     CU_ASSERT(strstr(why, "NCCL") || strstr(why, "nccl") || strstr(why, "CUDA"));
 }
+
+/* ---- select.block_scores, the partial scores of a rank ---- */
+
+/* On be: block_scores equals select_run's block_score bit for bit, over all heads and over each rank's
+ * heads of 4 ranks; the blocks of unscored requests are 0; the 4 ranks' partial scores sum to the
+ * whole within fp32 rounding (softmax mass is additive over heads); a NaN in q is refused. */
+static void check_block_scores(const upf_backend *be) {
+  const int32_t lens[] = {700, 30, 1, 333}, B = 4, Hq = 8, Hkv = 2, D = 32, R = 4;
+  upf_select_params p = upf_select_params_default();
+  p.block = 16, p.sink = 16, p.last_q = 16, p.p = 0.7f;
+  upf_select_problem pb;
+  CU_ASSERT_EQUAL_FATAL(upf_select_problem_make(&pb, lens, B, Hq, Hkv, D, UPF_DTYPE_F32, UPF_DIST_HEAVY, 5), UPF_OK);
+  const upf_select_inputs host = upf_select_problem_inputs(&pb);
+  const int64_t T = pb.cu_seqlens[B];
+  int64_t off[5];
+  upf_select_block_offsets(pb.cu_seqlens, B, p.block, off);
+  const int64_t nb = off[B];
+  const size_t qb = (size_t)upf_tensor_numel(&pb.q) * 4, kb = (size_t)upf_tensor_numel(&pb.k) * 4;
+  void *dq = NULL, *dk = NULL, *dcu = NULL, *dscore = NULL, *drun = NULL, *dmask = NULL, *dtm = NULL;
+  void *dki = NULL, *dncu = NULL, *dcnt = NULL;
+  CU_ASSERT_EQUAL_FATAL(be->alloc(&dq, qb), UPF_OK);
+  CU_ASSERT_EQUAL_FATAL(be->alloc(&dk, kb), UPF_OK);
+  CU_ASSERT_EQUAL_FATAL(be->alloc(&dcu, (size_t)(B + 1) * 4), UPF_OK);
+  CU_ASSERT_EQUAL_FATAL(be->alloc(&dscore, (size_t)nb * 4), UPF_OK);
+  CU_ASSERT_EQUAL_FATAL(be->alloc(&drun, (size_t)nb * 4), UPF_OK);
+  CU_ASSERT_EQUAL_FATAL(be->alloc(&dmask, (size_t)nb), UPF_OK);
+  CU_ASSERT_EQUAL_FATAL(be->alloc(&dtm, (size_t)T), UPF_OK);
+  CU_ASSERT_EQUAL_FATAL(be->alloc(&dki, (size_t)T * 4), UPF_OK);
+  CU_ASSERT_EQUAL_FATAL(be->alloc(&dncu, (size_t)(B + 1) * 4), UPF_OK);
+  CU_ASSERT_EQUAL_FATAL(be->alloc(&dcnt, (size_t)B * 4), UPF_OK);
+  CU_ASSERT_EQUAL(be->upload(dq, pb.q.data, qb), UPF_OK);
+  CU_ASSERT_EQUAL(be->upload(dk, pb.k.data, kb), UPF_OK);
+  CU_ASSERT_EQUAL(be->upload(dcu, pb.cu_seqlens, (size_t)(B + 1) * 4), UPF_OK);
+  float *whole = calloc((size_t)nb, 4), *got = calloc((size_t)nb, 4), *run = calloc((size_t)nb, 4);
+  double *sum = calloc((size_t)nb, sizeof *sum);
+  for (int32_t r = -1; r < R; r++) { /* -1: every head; else rank r's heads */
+    upf_select_inputs in = host;
+    in.q.data = dq, in.k.data = dk, in.cu_seqlens = dcu;
+    if (r >= 0) {
+      upf_head_split hs;
+      CU_ASSERT_EQUAL_FATAL(upf_head_split_of(Hq, Hkv, r, R, &hs), UPF_OK);
+      in.q.data = (float *)dq + hs.q0 * D, in.q.shape[1] = hs.nq;
+      in.k.data = (float *)dk + hs.kv0 * D, in.k.shape[1] = hs.nkv;
+    }
+    CU_ASSERT_EQUAL(be->fill(dscore, 0x7f, (size_t)nb * 4), UPF_OK); /* every block must be written */
+    CU_ASSERT_EQUAL(be->select_block_scores(&in, &p, dscore), UPF_OK);
+    upf_select_outputs out = {drun, dmask, dtm, dki, dncu, dcnt, 0};
+    CU_ASSERT_EQUAL(be->select_run(&in, &p, &out), UPF_OK);
+    CU_ASSERT_EQUAL(be->download(got, dscore, (size_t)nb * 4), UPF_OK);
+    CU_ASSERT_EQUAL(be->download(run, drun, (size_t)nb * 4), UPF_OK);
+    CU_ASSERT(!memcmp(got, run, (size_t)nb * 4));
+    for (int64_t c = off[1]; c < off[3]; c++) /* requests 1 (30 <= sink + L tokens) and 2 (a decode row) are not scored */
+      CU_ASSERT(got[c] == 0.0f);
+    for (int64_t c = 0; c < nb; c++) {
+      if (r < 0)
+        whole[c] = got[c];
+      else
+        sum[c] += got[c];
+    }
+  }
+  int close = 1;
+  for (int64_t c = 0; c < nb; c++)
+    close &= fabs(sum[c] - whole[c]) <= 1e-5 + 1e-5 * fabs(whole[c]);
+  CU_ASSERT(close);
+  CU_ASSERT(whole[0] > 0.0f && whole[off[3]] > 0.0f);
+  /* a NaN in the last query row of request 0 */
+  ((float *)pb.q.data)[(int64_t)(lens[0] - 1) * Hq * D + 3] = NAN;
+  CU_ASSERT_EQUAL(be->upload(dq, pb.q.data, qb), UPF_OK);
+  upf_select_inputs in = host;
+  in.q.data = dq, in.k.data = dk, in.cu_seqlens = dcu;
+  CU_ASSERT_EQUAL(be->select_block_scores(&in, &p, dscore), UPF_ERR_NONFINITE);
+  CU_ASSERT_PTR_NOT_NULL(strstr(upf_last_error(), "NaN"));
+  void *bufs[] = {dq, dk, dcu, dscore, drun, dmask, dtm, dki, dncu, dcnt};
+  for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+    be->release(bufs[i]);
+  free(whole), free(got), free(run), free(sum);
+  upf_select_problem_free(&pb);
+}
+
+static void test_block_scores_cpu(void) { check_block_scores(upf_backend_cpu()); }
+static void test_block_scores_cuda(void) { check_block_scores(upf_backend_cuda()); }
 
 /* ---- weight slices ---- */
 
@@ -284,6 +370,9 @@ static void test_nccl_one_rank(void) {
   CU_ASSERT_EQUAL(upf_comm_allreduce_sum(c, d16, 8, UPF_DTYPE_BF16), UPF_OK);
   CU_ASSERT_EQUAL(upf_comm_broadcast(c, d, 16, 0), UPF_OK);
   CU_ASSERT_EQUAL(upf_comm_barrier(c), UPF_OK);
+  int32_t differing = -1; /* one rank: its own bytes back, none differs */
+  CU_ASSERT_EQUAL(upf_comm_broadcast_check(c, d, 33, 0, &differing), UPF_OK);
+  CU_ASSERT_EQUAL(differing, 0);
   CU_ASSERT_EQUAL(be->download(back, d, sizeof back), UPF_OK);
   CU_ASSERT_EQUAL(be->download(b16, d16, sizeof b16), UPF_OK);
   CU_ASSERT(!memcmp(host, back, sizeof host)); /* one rank: the sum is the identity */
@@ -330,10 +419,13 @@ static CU_TestInfo tp_tests[] = {
     {"head split (kv heads replicated when Hkv < R)", test_head_split},
     {"single-rank communicator, argument errors", test_single_comm},
     {"weight slices equal the whole model at their indices", test_weight_slices},
+    {"select.block_scores equals select_run's block scores (cpu), per rank too", test_block_scores_cpu},
     CU_TEST_INFO_NULL,
 };
 
 void upf_register_tp_tests(void) {
   CU_pSuite suite = upf_test_suite("tp", NULL, NULL, tp_tests);
+  upf_test_add_gpu(suite, "select.block_scores equals select_run's block scores (cuda), per rank too",
+                   test_block_scores_cuda);
   upf_test_add_gpu(suite, "nccl one rank: identity, TP path equals plain path", test_nccl_one_rank);
 }

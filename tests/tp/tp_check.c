@@ -86,6 +86,26 @@ static void check_collectives(upf_comm *comm) {
   ok = status_ok(upf_comm_broadcast(comm, buf, sizeof buf, size - 1), "broadcast");
   report(ok && !strcmp(buf, msg), "broadcast", "64 bytes from the last rank");
   report(status_ok(upf_comm_barrier(comm), "barrier"), "barrier", "all ranks");
+
+  /* broadcast_check from rank 0: the odd ranks change one byte each (ranks 1 and 3 at -np 4), so every
+   * rank ends with rank 0's bytes and the same count of odd ranks */
+  unsigned char mine[37];
+  for (int i = 0; i < 37; i++)
+    mine[i] = (unsigned char)(i * 7 + 1);
+  if (rank % 2 == 1)
+    mine[rank] ^= 0x5a;
+  int32_t differing = -1;
+  ok = status_ok(upf_comm_broadcast_check(comm, mine, 37, 0, &differing), "broadcast_check");
+  for (int i = 0; ok && i < 37; i++)
+    ok = mine[i] == (unsigned char)(i * 7 + 1);
+  report(ok && differing == size / 2, "broadcast_check", "37 bytes from rank 0: %d rank(s) differed (want %d)",
+         differing, size / 2);
+  /* all ranks equal: none differs */
+  for (int i = 0; i < 37; i++)
+    mine[i] = (unsigned char)i;
+  differing = -1;
+  ok = status_ok(upf_comm_broadcast_check(comm, mine, 37, 0, &differing), "broadcast_check");
+  report(ok && differing == 0, "broadcast_check agreeing", "%d rank(s) differed (want 0)", differing);
 }
 
 /* Ranks disagree on the element count: every rank gets UPF_ERR_COMM, none hangs. A fresh
