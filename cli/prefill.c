@@ -207,6 +207,11 @@ static upf_status write_json(const char *path, const prefill_args *a, const upf_
     if (m->comm)
       fprintf(f, "\"tp_select_ms\": %.4f, \"allreduce_bytes\": %.0f, \"allreduce_ms\": %.4f, \"disagreeing_ranks\": %d, ",
               d->tp_select_seconds * 1e3, d->allreduce_bytes, d->allreduce_seconds * 1e3, d->disagreeing_ranks);
+    if (m->comm)
+      fprintf(f, "\"tp_split_ms\": {\"block_scores\": %.4f, \"allreduce\": %.4f, \"topp\": %.4f, \"check\": %.4f, "
+                 "\"expand\": %.4f}, ",
+              d->tp.scores_seconds * 1e3, d->tp.allreduce_seconds * 1e3, d->tp.topp_seconds * 1e3,
+              d->tp.check_seconds * 1e3, d->tp.expand_seconds * 1e3);
     fprintf(f, "\"kept_per_request\": [");
     for (int32_t r = 0; r < B; r++)
       fprintf(f, "%s%d", r ? ", " : "", d->kept_per_req[r]);
@@ -477,10 +482,12 @@ int upf_cli_prefill(int argc, char **argv) {
              upf_comm_kind_name(upf_comm_kind_of(comm)), (long long)res.comm_calls, res.comm_bytes / 1e6,
              res.comm_seconds * 1e3);
     for (int k = 0; comm && k < res.num_drops; k++)
-      printf("  drop layer %2d (tp): block scores %.0f bytes all-reduced in %.3f ms of a %.3f ms selection; %d rank(s) "
-             "disagreed with rank 0\n",
+      printf("  drop layer %2d (tp): block scores %.0f bytes all-reduced in %.3f ms of a %.3f ms selection (block "
+             "scores %.3f, top-p %.3f, mask broadcast and check %.3f, expand %.3f ms); %d rank(s) disagreed with rank 0\n",
              res.drops[k].layer, res.drops[k].allreduce_bytes, res.drops[k].allreduce_seconds * 1e3,
-             res.drops[k].tp_select_seconds * 1e3, res.drops[k].disagreeing_ranks);
+             res.drops[k].tp_select_seconds * 1e3, res.drops[k].tp.scores_seconds * 1e3,
+             res.drops[k].tp.topp_seconds * 1e3, res.drops[k].tp.check_seconds * 1e3,
+             res.drops[k].tp.expand_seconds * 1e3, res.drops[k].disagreeing_ranks);
     for (int k = 0; k < res.num_drops; k++)
       printf("  drop layer %2d: %lld -> %lld tokens (%.1f%%), selection + compaction %.3f ms\n", res.drops[k].layer,
              (long long)res.drops[k].tokens_in, (long long)res.drops[k].tokens_kept,

@@ -68,7 +68,7 @@ upf_status upf_layer_drop(const upf_model *m, const upf_select_params *params, c
       upf_select_tp_stats ts;
       st = upf_select_tp_run(m->comm, be, &in, params, &out, NULL, &ts);
       rec->allreduce_bytes = ts.allreduce_bytes, rec->allreduce_seconds = ts.allreduce_seconds;
-      rec->tp_select_seconds = ts.seconds, rec->disagreeing_ranks = ts.disagreeing_ranks;
+      rec->tp_select_seconds = ts.seconds, rec->disagreeing_ranks = ts.disagreeing_ranks, rec->tp = ts;
     } else {
       st = be->select_run(&in, params, &out);
     }

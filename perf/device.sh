@@ -300,7 +300,7 @@ for plain in sorted(glob.glob(os.path.join(d, "*-plain.json"))):
     drops = [{"layer": x["layer"], "tokens_in": x["tokens_in"], "allreduce_bytes": x.get("allreduce_bytes"),
               "allreduce_ms": x.get("allreduce_ms"), "tp_select_ms": x.get("tp_select_ms"),
               "allreduce_share_of_selection": (x["allreduce_ms"] / x["tp_select_ms"]) if x.get("tp_select_ms") else None,
-              "plain_select_ms": y["select_ms"], "tp_drop_step_ms": x["select_ms"]}
+              "plain_select_ms": y["select_ms"], "tp_drop_step_ms": x["select_ms"], "tp_split_ms": x.get("tp_split_ms")}
              for x, y in zip(b["drops"], a["drops"])]
     r = {"model": a["model"], "requests": a["requests"], "plain_ttft_ms": a["ttft_ms"]["median"],
          "tp1_ttft_ms": b["ttft_ms"]["median"], "overhead": b["ttft_ms"]["median"] / a["ttft_ms"]["median"] - 1,
@@ -310,6 +310,11 @@ for plain in sorted(glob.glob(os.path.join(d, "*-plain.json"))):
           f'{r["tp1_ttft_ms"]:.2f} ms: overhead {100 * r["overhead"]:+.2f}%; '
           + "; ".join(f'drop {x["layer"]}: {x["allreduce_bytes"]:.0f} B all-reduced, {x["allreduce_ms"]:.3f} of '
                       f'{x["tp_select_ms"]:.3f} ms selection' for x in drops if x["tp_select_ms"]))
+    for x in drops:  # where the TP selection's time goes, against the plain selection + compaction
+        sp = x["tp_split_ms"] or {}
+        print(f'  drop {x["layer"]} ({x["tokens_in"]} tokens): TP selection {x["tp_select_ms"] or 0:.3f} ms = '
+              + ", ".join(f'{k} {v:.3f}' for k, v in sp.items())
+              + f' ms; TP drop step {x["tp_drop_step_ms"]:.3f} ms vs plain {x["plain_select_ms"]:.3f} ms')
 json.dump(rows, open(os.path.join(d, "tp.json"), "w"), indent=1)
 PY
   note "$DIR/tp/tp-summary.txt"

@@ -229,6 +229,7 @@ typedef struct {
   double allreduce_seconds; /* of which the all-reduce of the block scores */
   double tp_select_seconds; /* the whole TP selection: stages, all-reduce, mask broadcast and check */
   int32_t disagreeing_ranks; /* ranks whose own top-p mask differed from rank 0's (then replaced by it) */
+  upf_select_tp_stats tp;    /* the TP selection's steps (their times split the selection) */
 } upf_drop_record;
 
 typedef struct {
