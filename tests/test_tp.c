@@ -379,7 +379,7 @@ static void test_nccl_one_rank(void) {
   CU_ASSERT(!memcmp(h16, b16, sizeof h16));
   be->release(d), be->release(d16);
 
-  /* the TP path (staged selection, all-reduces) with one NCCL rank against the plain path */
+  /* the TP path (fused block scores, all-reduce, mask check) with one NCCL rank against the plain path */
   const upf_model_config *cfg = upf_model_config_by_name("llama-tiny");
   const int32_t lens[] = {200, 24, 1, 96}, B = 4;
   int32_t cu[5] = {0};

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Tensor parallelism on CPU ranks under mpirun (make test, make test-tp; SPEC.md section 5):
-#   tp_check at -np 2 and -np 4: collectives, a size mismatch, the head-split selection against one
-#     rank, forced disagreement, the TP prefill of every tiny family against one rank and the fp64 truth;
+#   tp_check at -np 2 and -np 4: collectives (broadcast_check included), a size mismatch, the head-split
+#     selection against one rank, forced disagreement, the TP prefill of every tiny family against one rank and the fp64 truth;
 #   upf prefill --tp and upf select --tp: rank 0's outputs against a one-rank run, nothing printed by
 #     the other ranks; a --tp that is not the number of ranks fails on every rank, without hanging.
 # Every tiny family has 4 query heads over 2 kv heads (GDN: 4 value over 2 key heads), FFN and expert
