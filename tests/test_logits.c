@@ -4,14 +4,20 @@
  * logits.last, a prefill of a prefix gives the logits the full prefill has at that position
  * (causality through every layer), UniPrefill's outputs at its kept positions only, and bad input. */
 #include <CUnit/CUnit.h>
+#include <libgen.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "ref_cpu/logits.h"
 #include "tests/test_util.h"
 #include "uniprefill/model.h"
+#include "uniprefill/npy.h"
 #include "uniprefill/rng.h"
 #include "verify/verify.h"
 #include "verify/verify_model.h"
@@ -202,6 +208,94 @@ static void test_prefill_positions_uniprefill(void) {
   CU_ASSERT_PTR_NOT_NULL(strstr(upf_last_error(), "position 6"));
 }
 
+/* Runs build/upf (next to this binary) with args in dir; its exit status; stderr to dir/stderr.txt. */
+static int run_upf_in(const char *dir, const char *args) {
+  char self[PATH_MAX], cmd[PATH_MAX + 2048];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0)
+    return -1;
+  self[n] = '\0';
+  snprintf(cmd, sizeof cmd, "cd %s && '%s/upf' %s 2>stderr.txt >stdout.txt", dir, dirname(self), args);
+  const int st = system(cmd);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+static int stderr_has(const char *dir, const char *needle) {
+  char path[128], buf[4096];
+  snprintf(path, sizeof path, "%s/stderr.txt", dir);
+  FILE *f = fopen(path, "r");
+  if (!f)
+    return 0;
+  const size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  return strstr(buf, needle) != NULL;
+}
+
+/* upf prefill --out-argmax / --out-nll on llama-tiny (seed 1, two requests): the files' types and
+ * shapes, NaN NLL at each request's last position, the argmax there = that of --out-logits, the NLL
+ * = the library's with next-token targets; UniPrefill mode and an unwritable path fail, no file. */
+static void test_cli_out_argmax_nll(void) {
+  char dir[] = "/tmp/upf_logits_XXXXXX";
+  CU_ASSERT_PTR_NOT_NULL_FATAL(mkdtemp(dir));
+  const char *base = "prefill --model llama-tiny --backend cpu --dtype f32 --lengths 20,13";
+  char args[512];
+  snprintf(args, sizeof args, "%s --out-argmax A.npy --out-nll N.npy --out-logits L.npy", base);
+  CU_ASSERT_EQUAL_FATAL(run_upf_in(dir, args), 0);
+  char pa[96], pn[96], pl[96];
+  snprintf(pa, sizeof pa, "%s/A.npy", dir), snprintf(pn, sizeof pn, "%s/N.npy", dir);
+  snprintf(pl, sizeof pl, "%s/L.npy", dir);
+  upf_tensor ta, tn, tl;
+  CU_ASSERT_EQUAL_FATAL(upf_npy_read(pa, &ta), UPF_OK);
+  CU_ASSERT_EQUAL_FATAL(upf_npy_read(pn, &tn), UPF_OK);
+  CU_ASSERT_EQUAL_FATAL(upf_npy_read(pl, &tl), UPF_OK);
+  CU_ASSERT(ta.dtype == UPF_DTYPE_I32 && ta.ndim == 1 && ta.shape[0] == 33);
+  CU_ASSERT(tn.dtype == UPF_DTYPE_F64 && tn.ndim == 1 && tn.shape[0] == 33);
+  const int32_t *a = ta.data;
+  const double *nll = tn.data;
+  const float *l = tl.data;
+  const int32_t last[2] = {19, 32};
+  for (int r = 0; r < 2; r++) {
+    int32_t arg = 0;
+    for (int j = 1; j < 512; j++)
+      arg = l[r * 512 + j] > l[r * 512 + arg] ? j : arg;
+    CU_ASSERT_EQUAL(a[last[r]], arg);
+    CU_ASSERT(isnan(nll[last[r]]));
+  }
+  /* the library on the same seeded model and ids */
+  const upf_model_config *cfg = upf_model_config_by_name("llama-tiny");
+  int32_t ids[33], targets[33];
+  const int32_t cu[3] = {0, 20, 33};
+  upf_model_seeded_ids(1, cfg->vocab, 33, ids);
+  for (int t = 0; t < 33; t++)
+    targets[t] = t == 19 || t == 32 ? -1 : ids[t + 1];
+  upf_prefill_options o = {.select = cfg->select, .per_position = 1, .targets = targets};
+  upf_prefill_result res;
+  CU_ASSERT_EQUAL_FATAL(upf_model_run_ids(cfg, upf_backend_cpu(), UPF_DTYPE_F32, 1, ids, cu, 2, &o, &res), UPF_OK);
+  int same = 0;
+  for (int t = 0; t < 33; t++)
+    same += res.argmax[t] == a[t] && (t == 19 || t == 32 || (nll[t] == res.nll[t] && nll[t] > 0));
+  CU_ASSERT_EQUAL(same, 33);
+  upf_prefill_result_free(&res);
+  upf_tensor_free(&ta), upf_tensor_free(&tn), upf_tensor_free(&tl);
+
+  /* UniPrefill mode: refused before any work, no file */
+  snprintf(args, sizeof args, "%s --mode uniprefill --out-argmax U.npy", base);
+  CU_ASSERT_EQUAL(run_upf_in(dir, args), 2);
+  CU_ASSERT(stderr_has(dir, "--out-argmax and --out-nll need --mode dense"));
+  snprintf(pa, sizeof pa, "%s/U.npy", dir);
+  CU_ASSERT_EQUAL(access(pa, F_OK), -1);
+  /* an output in a directory that does not exist */
+  snprintf(args, sizeof args, "%s --out-nll no/such/dir/N2.npy --out-argmax A2.npy", base);
+  CU_ASSERT_EQUAL(run_upf_in(dir, args), 2);
+  CU_ASSERT(stderr_has(dir, "--out-nll"));
+  snprintf(pa, sizeof pa, "%s/A2.npy", dir);
+  CU_ASSERT_EQUAL(access(pa, F_OK), -1);
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  CU_ASSERT_EQUAL(system(cmd), 0);
+}
+
 static CU_TestInfo logits_tests[] = {
     {"logits.rows verify entries: cpu (goldens, bad inputs, invariants) and the cpu twin (seeded cases)",
      test_logits_rows_verify_entries},
@@ -210,6 +304,7 @@ static CU_TestInfo logits_tests[] = {
      test_prefill_positions_dense},
     {"prefill per position (uniprefill): kept positions only, origins, tails; bad tail/targets",
      test_prefill_positions_uniprefill},
+    {"upf prefill --out-argmax / --out-nll: files, = the library, errors leave no file", test_cli_out_argmax_nll},
     CU_TEST_INFO_NULL,
 };
 
