@@ -273,9 +273,12 @@ static void test_cli_out_argmax_nll(void) {
   upf_prefill_options o = {.select = cfg->select, .per_position = 1, .targets = targets};
   upf_prefill_result res;
   CU_ASSERT_EQUAL_FATAL(upf_model_run_ids(cfg, upf_backend_cpu(), UPF_DTYPE_F32, 1, ids, cu, 2, &o, &res), UPF_OK);
+  /* within a rounding: the CLI runs natively, this process may run under Valgrind, where OpenBLAS
+   * picks other kernels */
   int same = 0;
   for (int t = 0; t < 33; t++)
-    same += res.argmax[t] == a[t] && (t == 19 || t == 32 || (nll[t] == res.nll[t] && nll[t] > 0));
+    same += res.argmax[t] == a[t] &&
+            (t == 19 || t == 32 || (fabs(nll[t] - res.nll[t]) <= 1e-5 * (1 + nll[t]) && nll[t] > 0));
   CU_ASSERT_EQUAL(same, 33);
   upf_prefill_result_free(&res);
   upf_tensor_free(&ta), upf_tensor_free(&tn), upf_tensor_free(&tl);
