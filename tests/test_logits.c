@@ -209,6 +209,46 @@ static void test_prefill_positions_uniprefill(void) {
   CU_ASSERT_PTR_NOT_NULL(strstr(upf_last_error(), "position 6"));
 }
 
+/* CUDA against the CPU (dense, f32, llama-tiny and gemma3-tiny): argmax at >= 95% of the positions
+ * (the rest near ties), NLL and tail logits within 1e-3. Skipped where no CUDA device is usable. */
+static void test_prefill_positions_cuda_vs_cpu(void) {
+  const upf_backend *cuda = upf_backend_cuda();
+  if (cuda->probe() != UPF_OK) {
+    printf("(skipped: %s) ", upf_last_error());
+    return;
+  }
+  const char *names[2] = {"llama-tiny", "gemma3-tiny"};
+  const int32_t cu[3] = {0, 70, 110}, T = 110, N = 16;
+  for (int i = 0; i < 2; i++) {
+    const upf_model_config *cfg = upf_model_config_by_name(names[i]);
+    int32_t ids[110], targets[110];
+    upf_model_seeded_ids(9, cfg->vocab, T, ids);
+    for (int32_t t = 0; t < T; t++)
+      targets[t] = t == 69 || t == 109 ? -1 : ids[t + 1];
+    upf_prefill_options o = {.select = cfg->select, .per_position = 1, .targets = targets, .tail_logits = N};
+    upf_prefill_result c, g;
+    CU_ASSERT_EQUAL_FATAL(upf_model_run_ids(cfg, upf_backend_cpu(), UPF_DTYPE_F32, 7, ids, cu, 2, &o, &c), UPF_OK);
+    CU_ASSERT_EQUAL_FATAL(upf_model_run_ids(cfg, cuda, UPF_DTYPE_F32, 7, ids, cu, 2, &o, &g), UPF_OK);
+    CU_ASSERT_EQUAL_FATAL(g.num_positions, T);
+    int agree = 0;
+    double worst_nll = 0, worst_tail = 0;
+    for (int32_t t = 0; t < T; t++) {
+      agree += c.argmax[t] == g.argmax[t];
+      if (targets[t] >= 0)
+        worst_nll = fmax(worst_nll, fabs(c.nll[t] - g.nll[t]));
+      else
+        CU_ASSERT(isnan(g.nll[t]));
+    }
+    for (int64_t j = 0; j < 2 * N * (int64_t)cfg->vocab; j++)
+      worst_tail = fmax(worst_tail, fabs((double)c.tail_logits[j] - g.tail_logits[j]));
+    CU_ASSERT(agree >= 0.95 * T);
+    CU_ASSERT(worst_nll < 1e-3);
+    CU_ASSERT(worst_tail < 1e-3);
+    printf("(%s: argmax %d/%d, NLL %.2e, tail %.2e) ", names[i], agree, T, worst_nll, worst_tail);
+    upf_prefill_result_free(&c), upf_prefill_result_free(&g);
+  }
+}
+
 /* Runs build/upf (next to this binary) with args in dir; its exit status; stderr to dir/stderr.txt. */
 static int run_upf_in(const char *dir, const char *args) {
   char self[PATH_MAX], cmd[PATH_MAX + 2048];
@@ -309,6 +349,7 @@ static CU_TestInfo logits_tests[] = {
     {"prefill per position (uniprefill): kept positions only, origins, tails; bad tail/targets",
      test_prefill_positions_uniprefill},
     {"upf prefill --out-argmax / --out-nll: files, = the library, errors leave no file", test_cli_out_argmax_nll},
+    {"per-position outputs: cuda == cpu (argmax, NLL, tail logits; GPU only)", test_prefill_positions_cuda_vs_cpu},
     CU_TEST_INFO_NULL,
 };
 
