@@ -31,6 +31,7 @@ void upf_register_cli_tokenize_tests(void);
 void upf_register_decode_tests(void);
 void upf_register_engine_tests(void);
 void upf_register_gguf_model_tests(void);
+void upf_register_logits_tests(void);
 void upf_register_tp_tests(void);
 void upf_register_cuda_tests(void);
 
@@ -56,6 +57,7 @@ static void (*const suites[])(void) = {
     upf_register_decode_tests,
     upf_register_engine_tests,
     upf_register_gguf_model_tests,
+    upf_register_logits_tests,
     upf_register_tp_tests,
     upf_register_cuda_tests,
 };
