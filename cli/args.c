@@ -199,3 +199,33 @@ int upf_args_check_paths(const char *command, const upf_arg_path *paths, int n) 
   free(canon);
   return ok;
 }
+
+int upf_args_read_file(const char *command, const char *flag, const char *path, char **text, int64_t *len) {
+  FILE *f = fopen(path, "rb");
+  if (!f) {
+    fprintf(stderr, "%s: %s %s: cannot open it (%s)\n", command, flag, path, strerror(errno));
+    return 0;
+  }
+  int64_t n = 0, cap = 1 << 16;
+  char *buf = malloc((size_t)cap);
+  size_t got;
+  while (buf && (got = fread(buf + n, 1, (size_t)(cap - n), f)) > 0) {
+    n += (int64_t)got;
+    if (n == cap) {
+      char *p = realloc(buf, (size_t)cap * 2);
+      if (!p)
+        free(buf);
+      buf = p, cap *= 2;
+    }
+  }
+  int bad = !buf || ferror(f);
+  int err = errno;
+  fclose(f);
+  if (bad) {
+    fprintf(stderr, "%s: %s %s: cannot read it (%s)\n", command, flag, path, buf ? strerror(err) : "out of memory");
+    free(buf);
+    return 0;
+  }
+  *text = buf, *len = n;
+  return 1;
+}

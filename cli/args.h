@@ -58,4 +58,8 @@ typedef struct {
  * Prints a message naming the flags and returns 0 on the first problem, 1 when all is well. */
 int upf_args_check_paths(const char *command, const upf_arg_path *paths, int n);
 
+/* Reads the whole file at path (a command's input given by flag) into a malloc'd buffer (not
+ * terminated); 0 after one line on stderr naming the flag and the file when it cannot. */
+int upf_args_read_file(const char *command, const char *flag, const char *path, char **text, int64_t *len);
+
 #endif

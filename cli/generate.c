@@ -14,9 +14,11 @@
 #include "cli/model_args.h"
 #include "uniprefill/npy.h"
 #include "uniprefill/session.h"
+#include "uniprefill/tokenizer.h"
 
 const char upf_cli_generate_usage[] =
-    "usage: upf generate --model NAME --token-ids IDS.npy [--cu-seqlens CU.npy] --max-new N\n"
+    "usage: upf generate (--model NAME | --gguf FILE) (--token-ids IDS.npy [--cu-seqlens CU.npy] | --text STR |\n"
+    "                    --file F) --max-new N\n"
     "                    [--mode dense|uniprefill] [--p P | --keep R] [--page-size P] [--seed S]\n"
     "                    [--dtype f32|bf16] [--backend cpu|cuda] [--layers A:B] [--out-tokens OUT.npy]\n"
     "                    [--json R.json]\n"
@@ -24,6 +26,8 @@ const char upf_cli_generate_usage[] =
     "  (upf models) on weights seeded by S: all requests prefill in one session step, then N - 1 decode\n"
     "  steps feed one token per request, attending over the paged KV cache the prefill left.\n"
     "  IDS <i4 (T,), CU <i4 (B+1) (one request when absent). OUT <i4 (B, N): the generated tokens.\n"
+    "  --gguf: the model of a GGUF file; --text / --file: one request, the text through the file's\n"
+    "  tokenizer (its BOS added, special tokens parsed); the generated text is printed.\n"
     "  --mode uniprefill drops tokens after each drop layer's attention: top-p with --p (default: the\n"
     "  model's), or --keep R: the ceil(R * blocks) best blocks of each request; decode then reads only\n"
     "  the kept tokens' KV. --page-size: tokens per KV page (16).\n"
@@ -32,7 +36,7 @@ const char upf_cli_generate_usage[] =
 
 typedef struct {
   upf_model_args sel;
-  const char *ids_path, *cu_path, *mode, *out_tokens, *json;
+  const char *ids_path, *cu_path, *text, *text_file, *mode, *out_tokens, *json;
   int32_t max_new, page_size;
   float p, keep;
 } generate_args;
@@ -54,6 +58,15 @@ static int32_t argmax(const float *logits, int32_t V) {
 
 /* Reads IDS and CU and checks them against the model: 0 (message printed) on bad input. */
 static int read_batch(const generate_args *a, const upf_model_config *cfg, int32_t **ids, int32_t **cu, int32_t *B) {
+  if (a->text || a->text_file) { /* one request: the text through the file's tokenizer */
+    int64_t n = 0;
+    if (upf_model_args_encode("generate", &a->sel, a->text, a->text_file, ids, &n))
+      return 0;
+    if (!(*cu = malloc(2 * sizeof **cu)))
+      return upf_cli_error(UPF_ERR_NOMEM, "generate: --text"), 0;
+    (*cu)[0] = 0, (*cu)[1] = (int32_t)n, *B = 1;
+    return 1;
+  }
   upf_tensor t_ids = {0}, t_cu = {0};
   upf_status st = upf_npy_read(a->ids_path, &t_ids);
   if (st != UPF_OK)
@@ -270,11 +283,34 @@ static int write_outputs(const generate_args *a, const upf_model *m, const upf_s
   return 0;
 }
 
+/* With a GGUF model: each request's generated text, through the file's tokenizer (a failure to decode
+ * is reported and leaves the outputs alone: the tokens are the result). */
+static void print_texts(const char *gguf, const run_record *rec) {
+  upf_gguf *g = NULL;
+  upf_tokenizer *tok = NULL;
+  upf_status st = upf_gguf_open(gguf, &g);
+  if (st == UPF_OK)
+    st = upf_tokenizer_from_gguf(g, &tok);
+  for (int32_t r = 0; st == UPF_OK && r < rec->B; r++) {
+    char *text = NULL;
+    int64_t len = 0;
+    st = upf_tokenizer_decode(tok, rec->tokens + (size_t)r * rec->N, rec->N, 0, &text, &len);
+    if (st == UPF_OK)
+      printf("  request %d: %.*s\n", r, (int)len, text);
+    free(text);
+  }
+  if (st != UPF_OK)
+    upf_cli_error(st, "generate: decoding the text");
+  upf_tokenizer_free(tok), upf_gguf_close(g);
+}
+
 int upf_cli_generate(int argc, char **argv) {
   generate_args a = {.sel = UPF_MODEL_ARGS_DEFAULT, .mode = "dense", .page_size = 16, .p = -1};
   upf_arg args[] = {
       UPF_MODEL_ARG_FLAGS(a.sel),
-      {"--token-ids", UPF_ARG_STRING, &a.ids_path, 1},
+      {"--token-ids", UPF_ARG_STRING, &a.ids_path},
+      {"--text", UPF_ARG_STRING, &a.text},
+      {"--file", UPF_ARG_STRING, &a.text_file},
       {"--cu-seqlens", UPF_ARG_STRING, &a.cu_path},
       {"--max-new", UPF_ARG_INT, &a.max_new, 1, 1, 1 << 20},
       {"--mode", UPF_ARG_STRING, &a.mode},
@@ -292,6 +328,14 @@ int upf_cli_generate(int argc, char **argv) {
   if (rc_sel)
     return rc_sel;
   const upf_model_config *cfg = a.sel.cfg;
+  if (!!a.ids_path + !!a.text + !!a.text_file != 1) {
+    fprintf(stderr, "upf generate: give exactly one of --token-ids, --text and --file\n");
+    return 2;
+  }
+  if (a.cu_path && !a.ids_path) {
+    fprintf(stderr, "upf generate: --cu-seqlens goes with --token-ids\n");
+    return 2;
+  }
   upf_prefill_mode mode;
   if (!strcmp(a.mode, "dense"))
     mode = UPF_PREFILL_DENSE;
@@ -319,8 +363,9 @@ int upf_cli_generate(int argc, char **argv) {
     return 2;
   }
   const upf_arg_path paths[] = {{"--token-ids", a.ids_path, 0}, {"--cu-seqlens", a.cu_path, 0},
-                                {"--out-tokens", a.out_tokens, 1}, {"--json", a.json, 1}};
-  if (!upf_args_check_paths("upf generate", paths, 4))
+                                {"--file", a.text_file, 0},       {"--out-tokens", a.out_tokens, 1},
+                                {"--json", a.json, 1}};
+  if (!upf_args_check_paths("upf generate", paths, (int)(sizeof paths / sizeof *paths)))
     return 2;
 
   int32_t *ids = NULL, *cu = NULL, B = 0;
@@ -369,6 +414,8 @@ int upf_cli_generate(int argc, char **argv) {
     printf("  KV pages %lld of %lld dense (%.1f%% of the dense bytes)\n", (long long)rec.mem.pages_in_use,
            (long long)rec.mem.pages_dense,
            rec.mem.bytes_dense > 0 ? 100.0 * rec.mem.bytes_in_use / rec.mem.bytes_dense : 100.0);
+    if (a.sel.gguf)
+      print_texts(a.sel.gguf, &rec);
     rc = write_outputs(&a, &m, &sc, &rec, argc, argv);
   }
   free(rec.tokens), free(rec.step_seconds), free(rec.drops), free(rec.num_drops), free(rec.pages),

@@ -3,8 +3,10 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "cli/cli.h"
+#include "uniprefill/tokenizer.h"
 
 /* "A:B" into [a, b); 0 on a malformed range. */
 static int parse_range(const char *s, int32_t n, int32_t *a, int32_t *b) {
@@ -86,4 +88,43 @@ upf_status upf_model_args_build_tp(const char *command, const upf_model_args *ma
     st = upf_model_load_gguf(m, file, ma->cfg, ma->be, ma->dt, ma->layer_begin, ma->layer_end);
   upf_gguf_close(file);
   return st;
+}
+
+int upf_model_args_encode(const char *command, const upf_model_args *ma, const char *text, const char *file,
+                          int32_t **ids, int64_t *n) {
+  const char *flag = text ? "--text" : "--file";
+  if (!ma->gguf) {
+    fprintf(stderr, "upf %s: %s needs --gguf FILE: the tokenizer comes from the model file (--model %s has none; "
+                    "give --token-ids)\n", command, flag, ma->model ? ma->model : "");
+    return 2;
+  }
+  char cmd[64];
+  snprintf(cmd, sizeof cmd, "upf %s", command);
+  char *owned = NULL;
+  int64_t len = text ? (int64_t)strlen(text) : 0;
+  if (!text && !upf_args_read_file(cmd, "--file", file, &owned, &len))
+    return 2;
+  upf_gguf *g = NULL;
+  upf_tokenizer *tok = NULL;
+  upf_status st = upf_gguf_open(ma->gguf, &g);
+  if (st == UPF_OK)
+    st = upf_tokenizer_from_gguf(g, &tok);
+  char what[96];
+  snprintf(what, sizeof what, "%s: --gguf (its tokenizer)", command);
+  if (st != UPF_OK) {
+    free(owned), upf_gguf_close(g);
+    return upf_cli_error(st, what);
+  }
+  st = upf_tokenizer_encode(tok, text ? text : owned, len, UPF_TOKENIZE_ADD_SPECIAL | UPF_TOKENIZE_PARSE_SPECIAL, ids,
+                            n);
+  free(owned), upf_tokenizer_free(tok), upf_gguf_close(g);
+  snprintf(what, sizeof what, "%s: %s", command, flag);
+  if (st != UPF_OK)
+    return upf_cli_error(st, what);
+  if (*n < 1 || *n > INT32_MAX) {
+    fprintf(stderr, "upf %s: %s: the text gives %lld tokens: want 1 to 2^31-1\n", command, flag, (long long)*n);
+    free(*ids), *ids = NULL;
+    return 2;
+  }
+  return 0;
 }

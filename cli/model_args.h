@@ -48,6 +48,13 @@ upf_status upf_model_args_build(const char *command, const upf_model_args *ma, u
 upf_status upf_model_args_build_tp(const char *command, const upf_model_args *ma, upf_comm *comm, int rank0,
                                    upf_model *m);
 
+/* The prompt as text (--text STR, or --file F when text is NULL), encoded by the --gguf file's tokenizer
+ * with the model's default special tokens (its BOS) and special tokens written in the text parsed as
+ * tokens, as llama.cpp's tools do. 0 with ids (malloc'd, n of them, n >= 1), else the exit code after
+ * one line on stderr naming the flag at fault (a built-in model has no tokenizer). */
+int upf_model_args_encode(const char *command, const upf_model_args *ma, const char *text, const char *file,
+                          int32_t **ids, int64_t *n);
+
 /* 1 when the layer range is not the whole model. */
 int upf_model_args_partial(const upf_model_args *ma);
 

@@ -48,7 +48,8 @@ int upf_cli_models(int argc, char **argv) {
 }
 
 const char upf_cli_prefill_usage[] =
-    "usage: upf prefill (--model NAME | --gguf FILE) (--lengths N1,N2,... | --token-ids IDS.npy [--cu-seqlens CU.npy])\n"
+    "usage: upf prefill (--model NAME | --gguf FILE)\n"
+    "                   (--lengths N1,N2,... | --token-ids IDS.npy [--cu-seqlens CU.npy] | --text STR | --file F)\n"
     "                   [--seed S] [--mode dense|uniprefill] [--select topp|topk] [--p P] [--keep R]\n"
     "                   [--dtype f32|bf16] [--backend cpu|cuda] [--layers A:B] [--out-logits L.npy]\n"
     "                   [--tp R] [--comm auto|single|mpi|nccl]\n"
@@ -57,7 +58,9 @@ const char upf_cli_prefill_usage[] =
     "  End-to-end prefill of a built-in model (upf models) on weights seeded by S, or of the llama or\n"
     "  gemma3 model of a GGUF file (--gguf: its weights dequantised to --dtype; drop layers scaled from\n"
     "  the family's published choice, models/README.md).\n"
-    "  IDS <i4 (T,), CU <i4 (B+1) (one request when absent); with --lengths the ids come from the seed.\n"
+    "  IDS <i4 (T,), CU <i4 (B+1) (one request when absent); with --lengths the ids come from the seed;\n"
+    "  --text / --file (with --gguf): one request, the text through the file's tokenizer (its BOS added,\n"
+    "  special tokens in the text parsed).\n"
     "  L <f4 (B, vocab): the last-position logits of each request.\n"
     "  A <i4 (T,): the argmax token at every position (ties to the lowest id); N <f8 (T,): the NLL of the\n"
     "  next token of the request at every position (natural log; NaN at each request's last). Dense mode\n"
@@ -76,7 +79,7 @@ const char upf_cli_prefill_usage[] =
 
 typedef struct {
   upf_model_args sel; /* --model, --seed, --dtype, --backend, --layers */
-  const char *lengths, *ids_path, *cu_path, *mode, *select;
+  const char *lengths, *ids_path, *cu_path, *text, *text_file, *mode, *select;
   const char *out_logits, *dump_dir, *replay_dir, *json, *comm;
   const char *out_argmax, *out_nll;
   int32_t warmup, iters, ideal, tp;
@@ -303,6 +306,15 @@ static int build_batch(const prefill_args *a, const upf_model_config *cfg, int32
     upf_model_seeded_ids((uint64_t)a->sel.seed, cfg->vocab, (*cu)[n], *ids);
     return 1;
   }
+  if (a->text || a->text_file) { /* one request: the text through the file's tokenizer */
+    int64_t n = 0;
+    if (upf_model_args_encode("prefill", &a->sel, a->text, a->text_file, ids, &n))
+      return 0;
+    if (!(*cu = malloc(2 * sizeof **cu)))
+      return upf_cli_error(UPF_ERR_NOMEM, "prefill: --text"), 0;
+    (*cu)[0] = 0, (*cu)[1] = (int32_t)n, *B = 1;
+    return 1;
+  }
   upf_tensor t_ids, t_cu;
   upf_status st = upf_npy_read(a->ids_path, &t_ids);
   if (st != UPF_OK)
@@ -342,6 +354,7 @@ int upf_cli_prefill(int argc, char **argv) {
   upf_arg args[] = {
       UPF_MODEL_ARG_FLAGS(a.sel),                    {"--lengths", UPF_ARG_STRING, &a.lengths},
       {"--token-ids", UPF_ARG_STRING, &a.ids_path},  {"--cu-seqlens", UPF_ARG_STRING, &a.cu_path},
+      {"--text", UPF_ARG_STRING, &a.text},           {"--file", UPF_ARG_STRING, &a.text_file},
       {"--mode", UPF_ARG_STRING, &a.mode},           {"--select", UPF_ARG_STRING, &a.select},
       {"--p", UPF_ARG_FLOAT, &a.p},                  {"--keep", UPF_ARG_FLOAT, &a.keep},
       {"--out-logits", UPF_ARG_STRING, &a.out_logits},
@@ -360,8 +373,8 @@ int upf_cli_prefill(int argc, char **argv) {
   if (rc_sel)
     return rc_sel;
   const upf_model_config *cfg = a.sel.cfg;
-  if (!a.lengths == !a.ids_path) {
-    fprintf(stderr, "upf prefill: give exactly one of --lengths and --token-ids\n");
+  if (!!a.lengths + !!a.ids_path + !!a.text + !!a.text_file != 1) {
+    fprintf(stderr, "upf prefill: give exactly one of --lengths, --token-ids, --text and --file\n");
     return 2;
   }
   if (a.cu_path && !a.ids_path) {
@@ -418,10 +431,10 @@ int upf_cli_prefill(int argc, char **argv) {
       fprintf(stderr, "upf prefill: %s %s: not a directory\n", i ? "--replay-masks" : "--dump-masks", dirs[i]);
       return 2;
     }
-  const upf_arg_path paths[] = {{"--token-ids", a.ids_path, 0}, {"--cu-seqlens", a.cu_path, 0},
+  const upf_arg_path paths[] = {{"--token-ids", a.ids_path, 0}, {"--cu-seqlens", a.cu_path, 0}, {"--file", a.text_file, 0},
                                 {"--out-logits", a.out_logits, 1}, {"--json", a.json, 1},
                                 {"--out-argmax", a.out_argmax, 1}, {"--out-nll", a.out_nll, 1}};
-  if (!upf_args_check_paths("upf prefill", paths, 6))
+  if (!upf_args_check_paths("upf prefill", paths, (int)(sizeof paths / sizeof *paths)))
     return 2;
   const upf_backend *be = a.sel.be;
   upf_status st = UPF_OK;
@@ -434,8 +447,9 @@ int upf_cli_prefill(int argc, char **argv) {
   /* the ids and the lengths are checked before the weights are built */
   for (int64_t t = 0; t < cu[B]; t++)
     if (ids[t] < 0 || ids[t] >= cfg->vocab) {
-      fprintf(stderr, "upf prefill: --token-ids %s: id %d at %lld is outside the vocabulary [0, %d) of %s\n",
-              a.ids_path, ids[t], (long long)t, cfg->vocab, cfg->name);
+      fprintf(stderr, "upf prefill: %s %s: id %d at %lld is outside the vocabulary [0, %d) of %s\n",
+              a.ids_path ? "--token-ids" : "--text", a.ids_path ? a.ids_path : "(tokenised)", ids[t], (long long)t,
+              cfg->vocab, cfg->name);
       free(ids), free(cu);
       return 2;
     }

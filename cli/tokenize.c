@@ -21,37 +21,6 @@ const char upf_cli_tokenize_usage[] =
     "  (\"<|im_start|>\") become their ids unless --no-parse-special.\n"
     "  --decode prints the text of the ids of IDS.npy (<i4 or <i8, one dimension), specials rendered.\n";
 
-/* Reads a whole file into a malloc'd buffer. */
-static int read_text(const char *path, char **text, int64_t *len) {
-  FILE *f = fopen(path, "rb");
-  if (!f) {
-    fprintf(stderr, "upf tokenize: --file %s: cannot open it (%s)\n", path, strerror(errno));
-    return 0;
-  }
-  int64_t n = 0, cap = 1 << 16;
-  char *buf = malloc((size_t)cap);
-  size_t got;
-  while (buf && (got = fread(buf + n, 1, (size_t)(cap - n), f)) > 0) {
-    n += (int64_t)got;
-    if (n == cap) {
-      char *p = realloc(buf, (size_t)cap * 2);
-      if (!p)
-        free(buf);
-      buf = p, cap *= 2;
-    }
-  }
-  int bad = !buf || ferror(f);
-  int err = errno;
-  fclose(f);
-  if (bad) {
-    fprintf(stderr, "upf tokenize: --file %s: cannot read it (%s)\n", path, buf ? strerror(err) : "out of memory");
-    free(buf);
-    return 0;
-  }
-  *text = buf, *len = n;
-  return 1;
-}
-
 static int decode_ids(const upf_tokenizer *tok, const char *path) {
   upf_tensor t = {0};
   upf_status st = upf_npy_read(path, &t);
@@ -132,7 +101,7 @@ int upf_cli_tokenize(int argc, char **argv) {
   char *owned = NULL;
   const char *text = text_arg;
   int64_t len = text_arg ? (int64_t)strlen(text_arg) : 0;
-  if (file && !read_text(file, &owned, &len)) {
+  if (file && !upf_args_read_file("upf tokenize", "--file", file, &owned, &len)) {
     upf_tokenizer_free(tok);
     return 1;
   }

@@ -168,11 +168,71 @@ static void test_prefill_gguf_bad_inputs(void) {
   CU_ASSERT(exists(in_dir("r.json")));
 }
 
+/* The real SmolLM2 file (UPF_MODEL_DIR, else ~/.cache/uniprefill/models), NULL when absent or quick. */
+static const char *smollm2_file(const char *test) {
+  static char path[PATH_MAX];
+  const char *d = getenv("UPF_MODEL_DIR"), *home = getenv("HOME");
+  if (d && *d)
+    snprintf(path, sizeof path, "%s/SmolLM2-135M-Instruct.Q4_1.gguf", d);
+  else
+    snprintf(path, sizeof path, "%s/.cache/uniprefill/models/SmolLM2-135M-Instruct.Q4_1.gguf", home ? home : "");
+  if (upf_test_quick() || !exists(path)) {
+    printf("SKIPPED cli gguf/%s: %s ", test, upf_test_quick() ? "quick mode" : "no SmolLM2 file (ci/fetch-models.sh)");
+    return NULL;
+  }
+  return path;
+}
+
+/* --text / --file: the file's tokenizer then the model, equal to `upf tokenize` then --token-ids, for
+ * prefill and generate; every misuse named. */
+static void test_text_prompts(void) {
+  char file[128];
+  snprintf(file, sizeof file, "%s", in_dir("tiny.gguf"));
+  CU_ASSERT_EQUAL_FATAL(run_upf("export --model llama-tiny --out %s", file), 0);
+  CU_ASSERT_EQUAL(run_upf("prefill --model llama-tiny --text hello --backend cpu"), 2);
+  CU_ASSERT(stderr_contains("--text needs --gguf"));
+  CU_ASSERT_EQUAL(run_upf("prefill --gguf %s --text hello --lengths 4 --backend cpu", file), 2);
+  CU_ASSERT(stderr_contains("exactly one of --lengths, --token-ids, --text and --file"));
+  CU_ASSERT_EQUAL(run_upf("generate --gguf %s --text hello --file %s --max-new 2 --backend cpu", file, file), 2);
+  CU_ASSERT(stderr_contains("exactly one of --token-ids, --text and --file"));
+  CU_ASSERT_NOT_EQUAL(run_upf("prefill --gguf %s --file %s/none.txt --backend cpu", file, dir), 0);
+  CU_ASSERT(stderr_contains("--file") && stderr_contains("none.txt"));
+  /* an exported seeded model has no usable tokenizer */
+  CU_ASSERT_NOT_EQUAL(run_upf("generate --gguf %s --text hello --max-new 2 --backend cpu --out-tokens %s", file,
+                              in_dir("t.npy")), 0);
+  CU_ASSERT(stderr_contains("tokenizer"));
+  CU_ASSERT(!exists(in_dir("t.npy")));
+
+  const char *real = smollm2_file("text prompts");
+  if (!real)
+    return;
+  const char *text = "The capital of France is";
+  FILE *f = fopen(in_dir("prompt.txt"), "w");
+  CU_ASSERT_FATAL(f != NULL);
+  fputs(text, f);
+  fclose(f);
+  CU_ASSERT_EQUAL_FATAL(run_upf("tokenize --gguf %s --text '%s' --out %s", real, text, in_dir("ids.npy")), 0);
+  CU_ASSERT_EQUAL(run_upf("prefill --gguf %s --text '%s' --backend cpu --dtype f32 --out-logits %s", real, text,
+                          in_dir("l1.npy")), 0);
+  CU_ASSERT_EQUAL(run_upf("prefill --gguf %s --file %s --backend cpu --dtype f32 --out-logits %s", real,
+                          in_dir("prompt.txt"), in_dir("l2.npy")), 0);
+  CU_ASSERT_EQUAL(run_upf("prefill --gguf %s --token-ids %s --backend cpu --dtype f32 --out-logits %s", real,
+                          in_dir("ids.npy"), in_dir("l3.npy")), 0);
+  CU_ASSERT(same_file(in_dir("l1.npy"), in_dir("l3.npy")));
+  CU_ASSERT(same_file(in_dir("l2.npy"), in_dir("l3.npy")));
+  CU_ASSERT_EQUAL(run_upf("generate --gguf %s --text '%s' --max-new 4 --backend cpu --dtype f32 --out-tokens %s", real,
+                          text, in_dir("g1.npy")), 0);
+  CU_ASSERT_EQUAL(run_upf("generate --gguf %s --token-ids %s --max-new 4 --backend cpu --dtype f32 --out-tokens %s",
+                          real, in_dir("ids.npy"), in_dir("g2.npy")), 0);
+  CU_ASSERT(same_file(in_dir("g1.npy"), in_dir("g2.npy")));
+}
+
 void upf_register_cli_gguf_tests(void) {
   static const CU_TestInfo tests[] = {
       {"export then prefill --gguf", test_export_then_prefill},
       {"export bad inputs", test_export_bad_inputs},
       {"prefill --gguf bad inputs", test_prefill_gguf_bad_inputs},
+      {"--text and --file prompts", test_text_prompts},
       CU_TEST_INFO_NULL,
   };
   upf_test_suite("cli gguf", setup, teardown, tests);
