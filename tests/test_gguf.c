@@ -1014,31 +1014,6 @@ static void test_fuzz(void) {
 
 /* ---- the real model files -------------------------------------------------------------------- */
 
-/* UPF_MODEL_DIR, else the models/ of ci/fetch-models.sh's cache (UPF_MODEL_CACHE, default
- * ~/.cache/uniprefill). */
-static const char *model_dir(char *buf, size_t cap) {
-  const char *d = getenv("UPF_MODEL_DIR"), *cache = getenv("UPF_MODEL_CACHE"), *home = getenv("HOME");
-  if (d && *d)
-    return d;
-  if (cache && *cache)
-    snprintf(buf, cap, "%s/models", cache);
-  else
-    snprintf(buf, cap, "%s/.cache/uniprefill/models", home ? home : "");
-  return buf;
-}
-
-/* The model file's path, or NULL after printing why the test is skipped. */
-static const char *model_path(const char *file, const char *test, char *buf, size_t cap) {
-  char dir[400];
-  snprintf(buf, cap, "%s/%s", model_dir(dir, sizeof dir), file);
-  if (access(buf, R_OK) != 0) {
-    printf("\n  SKIPPED gguf/%s: %s is absent (ci/fetch-models.sh fetches it; UPF_MODEL_DIR or UPF_MODEL_CACHE choose the directory)\n",
-           test, buf);
-    return NULL;
-  }
-  return buf;
-}
-
 static int allowed_type(upf_ggml_type t) {
   return t == UPF_GGML_TYPE_F32 || t == UPF_GGML_TYPE_Q4_1 || t == UPF_GGML_TYPE_Q5_0 || t == UPF_GGML_TYPE_Q8_0 ||
          t == UPF_GGML_TYPE_Q4_K || t == UPF_GGML_TYPE_Q6_K;
@@ -1123,7 +1098,7 @@ static const probe smol_probes[] = {
 
 static void test_real_smollm2(void) {
   char path[600];
-  if (!model_path("SmolLM2-135M-Instruct.Q4_1.gguf", "real SmolLM2", path, sizeof path))
+  if (!upf_test_model_file(path, sizeof path, "SmolLM2-135M-Instruct.Q4_1.gguf", "gguf", "real SmolLM2"))
     return;
   upf_gguf *g;
   ASSERT_OK(upf_gguf_open(path, &g));
@@ -1166,12 +1141,11 @@ static const probe gemma_probes[] = {
 
 static void test_real_gemma3(void) {
   char path[600];
-  if (!model_path("gemma-3-270m-q4_k_m.gguf", "real Gemma-3", path, sizeof path))
+  if (!upf_test_model_file(path, sizeof path, "gemma-3-270m-q4_k_m.gguf", "gguf", "real Gemma-3"))
     return;
-  if (upf_test_quick()) {
-    printf("\n  SKIPPED gguf/real Gemma-3 in quick mode: parsing its 262144-token vocabulary under Valgrind is slow; the native pass reads it\n");
+  if (upf_test_skip_quick("gguf", "real Gemma-3",
+                          "parsing its 262144-token vocabulary under Valgrind is slow; the native pass reads it"))
     return;
-  }
   upf_gguf *g;
   ASSERT_OK(upf_gguf_open(path, &g));
   CU_ASSERT_EQUAL(upf_gguf_file_size(g), 253113024);
@@ -1197,21 +1171,11 @@ static void test_real_gemma3(void) {
 
 /* The venv's python and the check script, or NULL after printing why the test is skipped. */
 static const char *gguf_py(const char *test, char *buf, size_t cap) {
-  if (upf_test_quick()) {
-    printf("\n  SKIPPED gguf/%s in quick mode: the gguf-py cross-check runs in the native pass\n", test);
+  if (upf_test_skip_quick("gguf", test, "the gguf-py cross-check runs in the native pass") ||
+      !upf_test_gguf_python(buf, cap, "gguf", test))
     return NULL;
-  }
-  const char *cache = getenv("UPF_MODEL_CACHE"), *home = getenv("HOME");
-  if (cache && *cache)
-    snprintf(buf, cap, "%s/venv/bin/python", cache);
-  else
-    snprintf(buf, cap, "%s/.cache/uniprefill/venv/bin/python", home ? home : "");
-  if (access(buf, X_OK) != 0) {
-    printf("\n  SKIPPED gguf/%s: no gguf-py venv at %s (ci/fetch-models.sh creates it)\n", test, buf);
-    return NULL;
-  }
   if (access("tests/gguf_check.py", R_OK) != 0) {
-    printf("\n  SKIPPED gguf/%s: tests/gguf_check.py not found (run from the repository root)\n", test);
+    upf_test_skip("gguf", test, "tests/gguf_check.py not found (run from the repository root)");
     return NULL;
   }
   return buf;
@@ -1267,7 +1231,7 @@ static void test_py_sizes(void) {
 /* Rows of the probes dequantised by gguf-py from the same bytes, compared bit for bit. */
 static void py_dequant(const char *file, const char *test, const probe *p, int n) {
   char py[600], path[600];
-  if (!gguf_py(test, py, sizeof py) || !model_path(file, test, path, sizeof path))
+  if (!gguf_py(test, py, sizeof py) || !upf_test_model_file(path, sizeof path, file, "gguf", test))
     return;
   upf_gguf *g;
   ASSERT_OK(upf_gguf_open(path, &g));

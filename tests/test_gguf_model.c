@@ -217,28 +217,11 @@ static void test_round_trip_gemma3(void) {
     round_trip("gemma3-tiny", UPF_DTYPE_F32);
 }
 
-/* The python of the venv with gguf-py, or NULL (reason printed). */
-static const char *gguf_python(void) {
-  static char py[PATH_MAX];
-  const char *env = getenv("UPF_GGUF_PYTHON"), *home = getenv("HOME");
-  if (env && *env)
-    snprintf(py, sizeof py, "%s", env);
-  else
-    snprintf(py, sizeof py, "%s/.cache/uniprefill/venv/bin/python", home ? home : "");
-  if (!is_file(py)) {
-    printf("SKIPPED gguf model/gguf-py reads the exports: no %s (ci/fetch-models.sh makes the venv) ", py);
-    return NULL;
-  }
-  return py;
-}
-
 static void test_gguf_py_reads_exports(void) {
-  if (upf_test_quick()) {
-    printf("(skipped under UPF_TEST_QUICK) ");
-    return;
-  }
-  const char *py = gguf_python();
-  if (!py)
+  static const char test[] = "gguf-py reads the exports";
+  static char py[PATH_MAX];
+  if (upf_test_skip_quick("gguf model", test, "the native pass runs gguf-py") ||
+      !upf_test_gguf_python(py, sizeof py, "gguf model", test))
     return;
   static const char *const models[] = {"llama-tiny", "gemma3-tiny", "qwen3-next-tiny"};
   static const char *const archs[] = {"llama", "gemma3", "qwen3next"};
@@ -273,31 +256,17 @@ static void test_gguf_py_reads_exports(void) {
 
 /* ---- Real files ---- */
 
-/* UPF_MODEL_DIR/file or ~/.cache/uniprefill/models/file; NULL (reason printed under `test`) when
- * absent or in quick mode. */
+/* The real file's path (static), or NULL after printing why `test` is skipped: absent, or quick mode. */
 static const char *model_file(const char *file, const char *test) {
   static char path[PATH_MAX];
-  if (upf_test_quick()) {
-    printf("(skipped under UPF_TEST_QUICK) ");
+  if (upf_test_skip_quick("gguf model", test, "the real files are read in the native pass"))
     return NULL;
-  }
-  const char *d = getenv("UPF_MODEL_DIR"), *home = getenv("HOME");
-  if (d && *d)
-    snprintf(path, sizeof path, "%s/%s", d, file);
-  else
-    snprintf(path, sizeof path, "%s/.cache/uniprefill/models/%s", home ? home : "", file);
-  if (!is_file(path)) {
-    printf("SKIPPED gguf model/%s: no %s (ci/fetch-models.sh fetches it) ", test, path);
-    return NULL;
-  }
-  return path;
+  return upf_test_model_file(path, sizeof path, file, "gguf model", test);
 }
 
 static void test_real_configs(void) {
-  if (upf_test_quick()) {
-    printf("(skipped under UPF_TEST_QUICK) ");
+  if (upf_test_skip_quick("gguf model", "real configs", "the real files are read in the native pass"))
     return;
-  }
   const char *p = model_file("SmolLM2-135M-Instruct.Q4_1.gguf", "real configs");
   upf_gguf *g = NULL;
   static upf_gguf_model_config s, m;

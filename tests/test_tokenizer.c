@@ -493,29 +493,11 @@ static double now(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static void golden_for(const char *model) {
-  if (upf_test_quick()) {
-    printf("\n  SKIPPED tokenizer/%s: quick mode (Valgrind): the real vocabularies are covered natively", model);
+static void golden_for(const char *model, const char *test) {
+  char path[4096];
+  if (upf_test_skip_quick("tokenizer", test, "the real vocabularies are covered natively") ||
+      !upf_test_model_file(path, sizeof path, model, "tokenizer", test))
     return;
-  }
-  /* as ci/fetch-models.sh and the gguf suite: UPF_MODEL_DIR, else $UPF_MODEL_CACHE/models, else
-   * ~/.cache/uniprefill/models */
-  const char *dir = getenv("UPF_MODEL_DIR"), *cache = getenv("UPF_MODEL_CACHE"), *home = getenv("HOME");
-  char path[1024];
-  if (dir && *dir)
-    snprintf(path, sizeof path, "%s/%s", dir, model);
-  else if (cache && *cache)
-    snprintf(path, sizeof path, "%s/models/%s", cache, model);
-  else
-    snprintf(path, sizeof path, "%s/.cache/uniprefill/models/%s", home ? home : "", model);
-  FILE *probe = fopen(path, "rb");
-  if (!probe) {
-    printf("\n  SKIPPED tokenizer/%s: %s is absent (ci/fetch-models.sh fetches it; UPF_MODEL_DIR or UPF_MODEL_CACHE "
-           "choose the directory)",
-           model, path);
-    return;
-  }
-  fclose(probe);
   int count = 0;
   golden_case *c = read_golden(&count);
   CU_ASSERT_FATAL(c != NULL && count > 0);
@@ -572,8 +554,12 @@ static void golden_for(const char *model) {
   free(c);
 }
 
-static void test_golden_smollm2(void) { golden_for("SmolLM2-135M-Instruct.Q4_1.gguf"); }
-static void test_golden_gemma3(void) { golden_for("gemma-3-270m-q4_k_m.gguf"); }
+static void test_golden_smollm2(void) {
+  golden_for("SmolLM2-135M-Instruct.Q4_1.gguf", "golden: SmolLM2-135M (byte-level BPE)");
+}
+static void test_golden_gemma3(void) {
+  golden_for("gemma-3-270m-q4_k_m.gguf", "golden: Gemma-3-270M (SentencePiece)");
+}
 
 /* Random bytes through both tiny models: every call succeeds (the SPM one has an unknown token; no
  * sequence here decodes above U+10FFFF), the ids are in range and decode. */

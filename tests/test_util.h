@@ -1,10 +1,11 @@
 /* Helpers shared by the CUnit suites: registering a suite from its table of tests, registering tests
- * that need a CUDA device (reported as skipped, by name, where there is none) and the quick mode used
- * under Valgrind. */
+ * that need a CUDA device (reported as skipped, by name, where there is none), the quick mode used
+ * under Valgrind, and the real model files and gguf-py venv cached outside git (tests/test_util.c). */
 #ifndef UNIPREFILL_TEST_UTIL_H
 #define UNIPREFILL_TEST_UTIL_H
 
 #include <CUnit/CUnit.h>
+#include <stddef.h>
 
 #include "uniprefill/backend.h"
 #include "uniprefill/ops.h"
@@ -20,6 +21,22 @@ CU_pTest upf_test_add_gpu(CU_pSuite suite, const char *name, CU_TestFunc fn);
 
 /* UPF_TEST_QUICK=1: smaller cases (the Valgrind run). */
 int upf_test_quick(void);
+
+/* Prints the line that names a skipped test: "SKIPPED suite/test: " and the printf-style reason. */
+void upf_test_skip(const char *suite, const char *test, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* In quick mode: prints "SKIPPED suite/test: quick mode: why" and returns 1; else 0. */
+int upf_test_skip_quick(const char *suite, const char *test, const char *why);
+
+/* A real model file as ci/fetch-models.sh caches it: $UPF_MODEL_DIR/file, else
+ * $UPF_MODEL_CACHE/models/file, else ~/.cache/uniprefill/models/file, written into buf. Returns buf
+ * when the file is readable, else NULL after printing the skip line of suite/test. */
+const char *upf_test_model_file(char *buf, size_t cap, const char *file, const char *suite, const char *test);
+
+/* The python of the venv with gguf-py: $UPF_GGUF_PYTHON, else $UPF_MODEL_CACHE/venv/bin/python, else
+ * ~/.cache/uniprefill/venv/bin/python, written into buf. Returns buf when it is executable, else NULL
+ * after printing the skip line of suite/test. */
+const char *upf_test_gguf_python(char *buf, size_t cap, const char *suite, const char *test);
 
 /* The CPU backend table under another address and name ("cpu-twin"): the verify harness treats it as
  * a backend under test, so its seeded cases run without a GPU. */
