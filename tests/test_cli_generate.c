@@ -4,88 +4,23 @@
  * does; every bad input exits non-zero, names the input and writes nothing. Runs the upf binary that
  * sits beside this test binary. */
 #include <CUnit/CUnit.h>
-#include <libgen.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
+#include "tests/cli_harness.h"
 #include "tests/test_util.h"
 #include "uniprefill/npy.h"
 #include "uniprefill/session.h"
 
-static char upf_path[PATH_MAX];
-static char dir[64];
-static char paths[32][128];
-static int num_paths;
+static cli_suite cli;
 
-static int gen_setup(void) {
-  char self[PATH_MAX];
-  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-  if (n <= 0)
-    return 1;
-  self[n] = '\0';
-  snprintf(upf_path, sizeof upf_path, "%s/upf", dirname(self));
-  snprintf(dir, sizeof dir, "/tmp/upf_gen_XXXXXX");
-  return mkdtemp(dir) ? 0 : 1;
-}
-
-static int gen_teardown(void) {
-  char cmd[128];
-  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-  return system(cmd) == 0 ? 0 : 1;
-}
-
-/* dir/name, valid for the whole suite. */
-static const char *in_dir(const char *name) {
-  for (int i = 0; i < num_paths; i++)
-    if (!strcmp(paths[i] + strlen(dir) + 1, name))
-      return paths[i];
-  if (num_paths == 32)
-    return "/nonexistent/too-many-paths";
-  snprintf(paths[num_paths], sizeof paths[num_paths], "%s/%s", dir, name);
-  return paths[num_paths++];
-}
-
-static int exists(const char *path) {
-  struct stat st;
-  return stat(path, &st) == 0;
-}
-
-static int run_upf(const char *args) {
-  char cmd[PATH_MAX + 4096 + 256];
-  snprintf(cmd, sizeof cmd, "'%s' %s 2>%s/stderr.txt >%s/stdout.txt", upf_path, args, dir, dir);
-  const int st = system(cmd);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
-}
-
-static int file_contains(const char *path, const char *needle) {
-  static char buf[1 << 16];
-  FILE *f = fopen(path, "r");
-  size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
-  if (f)
-    fclose(f);
-  buf[n] = '\0';
-  return strstr(buf, needle) != NULL;
-}
-
-#define ASSERT_STDERR(needle, args)                                                               \
-  do {                                                                                            \
-    const int found_ = file_contains(in_dir("stderr.txt"), needle);                               \
-    if (!found_)                                                                                  \
-      printf("\n    expected '%s' in the stderr of: upf %s\n", (const char *)(needle), (args)); \
-    CU_ASSERT(found_);                                                                            \
-  } while (0)
-
-static void write_i32(const char *path, const int32_t *v, int64_t n) {
-  upf_tensor t;
-  upf_tensor_init(&t, (void *)v, UPF_DTYPE_I32, 1, &n);
-  CU_ASSERT_EQUAL_FATAL(upf_npy_write(path, &t), UPF_OK);
-}
+static int setup(void) { return cli_setup(&cli, "upf_gen"); }
+static int teardown(void) { return cli_teardown(&cli); }
 
 /* The prompts: three requests of llama-tiny's vocabulary (the short one below sink + last_q). */
 #define NREQ 3
@@ -98,8 +33,8 @@ static void write_prompts(void) {
   for (int r = 0; r < NREQ; r++)
     prompt_cu[r + 1] = prompt_cu[r] + lens[r];
   upf_model_seeded_ids(21, 512, prompt_cu[NREQ], prompt_ids);
-  write_i32(in_dir("ids.npy"), prompt_ids, prompt_cu[NREQ]);
-  write_i32(in_dir("cu.npy"), prompt_cu, NREQ + 1);
+  CU_ASSERT_FATAL(cli_write_i32(cli_path(&cli, "ids.npy"), prompt_ids, prompt_cu[NREQ]));
+  CU_ASSERT_FATAL(cli_write_i32(cli_path(&cli, "cu.npy"), prompt_cu, NREQ + 1));
 }
 
 static int argmax(const float *x, int32_t n) {
@@ -155,22 +90,22 @@ static const char *base = "generate --model llama-tiny --backend cpu --dtype f32
 static void test_generate_outputs(void) {
   write_prompts();
   char args[4096];
-  const char *tok = in_dir("tokens.npy"), *json = in_dir("gen.json");
+  const char *tok = cli_path(&cli, "tokens.npy"), *json = cli_path(&cli, "gen.json");
   snprintf(args, sizeof args, "%s --token-ids %s --cu-seqlens %s --max-new %d --mode uniprefill --p 0.5 --out-tokens %s "
-           "--json %s", base, in_dir("ids.npy"), in_dir("cu.npy"), NEW, tok, json);
-  CU_ASSERT_EQUAL_FATAL(run_upf(args), 0);
+           "--json %s", base, cli_path(&cli, "ids.npy"), cli_path(&cli, "cu.npy"), NEW, tok, json);
+  CU_ASSERT_EQUAL_FATAL(cli_run(&cli, "%s", args), 0);
   int32_t got[NREQ * NEW], want[NREQ * NEW];
   CU_ASSERT_FATAL(read_tokens(tok, got));
   library_tokens(UPF_PREFILL_UNIPREFILL, 0.5f, want);
   CU_ASSERT_EQUAL(memcmp(got, want, sizeof got), 0);
   /* the JSON: the long request dropped at both drop layers; its KV pages fewer than dense */
-  CU_ASSERT(file_contains(json, "\"prompt_len\": 70, \"drops\": [{\"layer\": 2, \"kept\": "));
-  CU_ASSERT(file_contains(json, "\"kv_pages_dense\": 15,")); /* ceil((70 + 4) / 16) = 5 pages x 3 groups */
-  CU_ASSERT(file_contains(json, "\"token_ms\": ["));
-  CU_ASSERT(file_contains(json, "\"bytes_saved\": "));
+  CU_ASSERT(cli_file_contains(json, "\"prompt_len\": 70, \"drops\": [{\"layer\": 2, \"kept\": "));
+  CU_ASSERT(cli_file_contains(json, "\"kv_pages_dense\": 15,")); /* ceil((70 + 4) / 16) = 5 pages x 3 groups */
+  CU_ASSERT(cli_file_contains(json, "\"token_ms\": ["));
+  CU_ASSERT(cli_file_contains(json, "\"bytes_saved\": "));
   char tokens_line[256];
   snprintf(tokens_line, sizeof tokens_line, "\"tokens\": [%d, %d, %d, %d, %d]", got[0], got[1], got[2], got[3], got[4]);
-  CU_ASSERT(file_contains(json, tokens_line));
+  CU_ASSERT(cli_file_contains(json, tokens_line));
 }
 
 /* Dense generation against recomputation: a fresh `upf prefill` of each prompt + its first NEW - 1
@@ -178,10 +113,10 @@ static void test_generate_outputs(void) {
  * difference (f32, well under 1e-3). Then UniPrefill at p = 1 keeps every token: the same tokens. */
 static void test_generate_dense_recompute_and_p1(void) {
   char args[4096];
-  const char *dense = in_dir("dense.npy"), *p1 = in_dir("p1.npy");
+  const char *dense = cli_path(&cli, "dense.npy"), *p1 = cli_path(&cli, "p1.npy");
   snprintf(args, sizeof args, "%s --token-ids %s --cu-seqlens %s --max-new %d --out-tokens %s", base,
-           in_dir("ids.npy"), in_dir("cu.npy"), NEW, dense);
-  CU_ASSERT_EQUAL_FATAL(run_upf(args), 0);
+           cli_path(&cli, "ids.npy"), cli_path(&cli, "cu.npy"), NEW, dense);
+  CU_ASSERT_EQUAL_FATAL(cli_run(&cli, "%s", args), 0);
   int32_t got[NREQ * NEW], p1_tokens[NREQ * NEW];
   CU_ASSERT_FATAL(read_tokens(dense, got));
   int32_t ids[70 + 20 + 45 + NREQ * NEW], cu[NREQ + 1] = {0};
@@ -190,13 +125,13 @@ static void test_generate_dense_recompute_and_p1(void) {
     memcpy(ids + cu[r] + lens[r], got + r * NEW, sizeof(int32_t) * (NEW - 1));
     cu[r + 1] = cu[r] + lens[r] + NEW - 1;
   }
-  write_i32(in_dir("re-ids.npy"), ids, cu[NREQ]);
-  write_i32(in_dir("re-cu.npy"), cu, NREQ + 1);
+  CU_ASSERT_FATAL(cli_write_i32(cli_path(&cli, "re-ids.npy"), ids, cu[NREQ]));
+  CU_ASSERT_FATAL(cli_write_i32(cli_path(&cli, "re-cu.npy"), cu, NREQ + 1));
   snprintf(args, sizeof args, "prefill --model llama-tiny --backend cpu --dtype f32 --token-ids %s --cu-seqlens %s "
-           "--out-logits %s", in_dir("re-ids.npy"), in_dir("re-cu.npy"), in_dir("re-logits.npy"));
-  CU_ASSERT_EQUAL_FATAL(run_upf(args), 0);
+           "--out-logits %s", cli_path(&cli, "re-ids.npy"), cli_path(&cli, "re-cu.npy"), cli_path(&cli, "re-logits.npy"));
+  CU_ASSERT_EQUAL_FATAL(cli_run(&cli, "%s", args), 0);
   upf_tensor lg = {0};
-  CU_ASSERT_EQUAL_FATAL(upf_npy_read(in_dir("re-logits.npy"), &lg), UPF_OK);
+  CU_ASSERT_EQUAL_FATAL(upf_npy_read(cli_path(&cli, "re-logits.npy"), &lg), UPF_OK);
   CU_ASSERT_FATAL(lg.ndim == 2 && lg.shape[0] == NREQ && lg.shape[1] == 512);
   int checked = 0;
   for (int r = 0; r < NREQ; r++) {
@@ -214,31 +149,31 @@ static void test_generate_dense_recompute_and_p1(void) {
   CU_ASSERT(checked >= 2); /* a margin under 1e-3 between random logits is rare: the check really ran */
   upf_tensor_free(&lg);
   snprintf(args, sizeof args, "%s --token-ids %s --cu-seqlens %s --max-new %d --mode uniprefill --p 1 --out-tokens %s",
-           base, in_dir("ids.npy"), in_dir("cu.npy"), NEW, p1);
-  CU_ASSERT_EQUAL_FATAL(run_upf(args), 0);
+           base, cli_path(&cli, "ids.npy"), cli_path(&cli, "cu.npy"), NEW, p1);
+  CU_ASSERT_EQUAL_FATAL(cli_run(&cli, "%s", args), 0);
   CU_ASSERT_FATAL(read_tokens(p1, p1_tokens));
   CU_ASSERT_EQUAL(memcmp(got, p1_tokens, sizeof got), 0);
 }
 
 static void test_generate_bad_input(void) {
   const int32_t outside[] = {1, 512, 3}, bad_sum[] = {0, 70, 130}, backwards[] = {0, 90, 70, 135};
-  write_i32(in_dir("ids-outside.npy"), outside, 3);
-  write_i32(in_dir("cu-sum.npy"), bad_sum, 3);
-  write_i32(in_dir("cu-backwards.npy"), backwards, 4);
+  CU_ASSERT_FATAL(cli_write_i32(cli_path(&cli, "ids-outside.npy"), outside, 3));
+  CU_ASSERT_FATAL(cli_write_i32(cli_path(&cli, "cu-sum.npy"), bad_sum, 3));
+  CU_ASSERT_FATAL(cli_write_i32(cli_path(&cli, "cu-backwards.npy"), backwards, 4));
   const float not_int[] = {0, 135};
   upf_tensor t;
   const int64_t two = 2;
   upf_tensor_init(&t, (void *)not_int, UPF_DTYPE_F32, 1, &two);
-  CU_ASSERT_EQUAL_FATAL(upf_npy_write(in_dir("cu-f32.npy"), &t), UPF_OK);
-  const char *ids = in_dir("ids.npy"), *dirpath = in_dir("a-directory");
+  CU_ASSERT_EQUAL_FATAL(upf_npy_write(cli_path(&cli, "cu-f32.npy"), &t), UPF_OK);
+  const char *ids = cli_path(&cli, "ids.npy"), *dirpath = cli_path(&cli, "a-directory");
   CU_ASSERT_EQUAL_FATAL(mkdir(dirpath, 0755), 0);
   char v[8][512];
-  snprintf(v[0], sizeof v[0], "--token-ids %s", in_dir("ids-outside.npy"));
-  snprintf(v[1], sizeof v[1], "--token-ids %s --cu-seqlens %s", ids, in_dir("cu-sum.npy"));
-  snprintf(v[2], sizeof v[2], "--token-ids %s --cu-seqlens %s", ids, in_dir("cu-backwards.npy"));
-  snprintf(v[3], sizeof v[3], "--token-ids %s --cu-seqlens %s", ids, in_dir("cu-f32.npy"));
+  snprintf(v[0], sizeof v[0], "--token-ids %s", cli_path(&cli, "ids-outside.npy"));
+  snprintf(v[1], sizeof v[1], "--token-ids %s --cu-seqlens %s", ids, cli_path(&cli, "cu-sum.npy"));
+  snprintf(v[2], sizeof v[2], "--token-ids %s --cu-seqlens %s", ids, cli_path(&cli, "cu-backwards.npy"));
+  snprintf(v[3], sizeof v[3], "--token-ids %s --cu-seqlens %s", ids, cli_path(&cli, "cu-f32.npy"));
   snprintf(v[4], sizeof v[4], "--token-ids %s --json %s", ids, dirpath);
-  snprintf(v[5], sizeof v[5], "--token-ids %s/missing.npy", dir);
+  snprintf(v[5], sizeof v[5], "--token-ids %s/missing.npy", cli.dir);
   const struct {
     const char *args, *message;
   } bad[] = {
@@ -258,7 +193,7 @@ static void test_generate_bad_input(void) {
       {v[4], "--json"},
       {v[5], "--token-ids"},
   };
-  const char *out = in_dir("must-not-exist.npy"), *json = in_dir("must-not-exist.json");
+  const char *out = cli_path(&cli, "must-not-exist.npy"), *json = cli_path(&cli, "must-not-exist.json");
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
     char args[4096];
     snprintf(args, sizeof args, "generate %s --backend cpu %s %s %s --out-tokens %s%s%s",
@@ -267,15 +202,15 @@ static void test_generate_bad_input(void) {
              out, strstr(bad[i].args, "--max-new") ? "" : " --max-new 3", strstr(bad[i].args, "--json") ? "" : " --json ");
     if (!strstr(bad[i].args, "--json"))
       strncat(args, json, sizeof args - strlen(args) - 1);
-    CU_ASSERT_NOT_EQUAL(run_upf(args), 0);
-    ASSERT_STDERR(bad[i].message, args);
-    CU_ASSERT(!exists(out) && !exists(json));
+    CU_ASSERT_NOT_EQUAL(cli_run(&cli, "%s", args), 0);
+    CLI_ASSERT_STDERR(&cli, bad[i].message);
+    CU_ASSERT(!cli_exists(out) && !cli_exists(json));
   }
   /* the directory named as an output is left as it was */
   struct stat st;
   CU_ASSERT(stat(dirpath, &st) == 0 && S_ISDIR(st.st_mode));
-  CU_ASSERT_EQUAL(run_upf("generate --help"), 0);
-  CU_ASSERT(file_contains(in_dir("stdout.txt"), "usage: upf generate"));
+  CU_ASSERT_EQUAL(cli_run(&cli, "generate --help"), 0);
+  CLI_ASSERT_STDOUT(&cli, "usage: upf generate");
 }
 
 void upf_register_cli_generate_tests(void) {
@@ -285,5 +220,5 @@ void upf_register_cli_generate_tests(void) {
       {"generate: bad input exits non-zero, named, nothing written", test_generate_bad_input},
       CU_TEST_INFO_NULL,
   };
-  upf_test_suite("cli_generate", gen_setup, gen_teardown, tests);
+  upf_test_suite("cli_generate", setup, teardown, tests);
 }

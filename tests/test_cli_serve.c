@@ -3,75 +3,25 @@
  * every bad input exits non-zero naming it and leaves no output behind. Runs the upf binary that sits
  * beside this test binary. */
 #include <CUnit/CUnit.h>
-#include <libgen.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
+#include "tests/cli_harness.h"
 #include "tests/test_util.h"
 #include "uniprefill/npy.h"
 
-static char upf_path[PATH_MAX];
-static char dir[64];
+static cli_suite cli;
 
-static int serve_setup(void) {
-  char self[PATH_MAX];
-  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-  if (n <= 0)
-    return 1;
-  self[n] = '\0';
-  snprintf(upf_path, sizeof upf_path, "%s/upf", dirname(self));
-  snprintf(dir, sizeof dir, "/tmp/upf_serve_XXXXXX");
-  return mkdtemp(dir) ? 0 : 1;
-}
+static int setup(void) { return cli_setup(&cli, "upf_serve"); }
+static int teardown(void) { return cli_teardown(&cli); }
 
-static int serve_teardown(void) {
-  char cmd[128];
-  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-  return system(cmd) == 0 ? 0 : 1;
-}
-
-static const char *path_of(const char *name) {
-  static char paths[16][128];
-  static int next;
-  char *p = paths[next++ % 16];
-  snprintf(p, 128, "%s/%s", dir, name);
-  return p;
-}
-
-/* Runs upf serve-sim on llama-tiny (cpu, f32) with the arguments; stdout and stderr to dir. */
+/* Runs upf serve-sim on llama-tiny (cpu, f32) with the arguments. */
 static int serve(const char *args) {
-  char cmd[PATH_MAX + 2048];
-  snprintf(cmd, sizeof cmd, "'%s' serve-sim --model llama-tiny --backend cpu --dtype f32 %s 2>%s/stderr.txt >%s/stdout.txt",
-           upf_path, args, dir, dir);
-  int st = system(cmd);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
-}
-
-static int contains(const char *name, const char *needle) {
-  static char buf[1 << 18];
-  FILE *f = fopen(path_of(name), "r");
-  size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
-  if (f)
-    fclose(f);
-  buf[n] = '\0';
-  return strstr(buf, needle) != NULL;
-}
-
-static int exists(const char *name) {
-  struct stat st;
-  return stat(path_of(name), &st) == 0;
-}
-
-static void write_file(const char *name, const char *text) {
-  FILE *f = fopen(path_of(name), "w");
-  CU_ASSERT_PTR_NOT_NULL_FATAL(f);
-  fputs(text, f);
-  fclose(f);
+  return cli_run(&cli, "serve-sim --model llama-tiny --backend cpu --dtype f32 %s", args);
 }
 
 /* Three requests of a JSON-lines trace in one continuous batch, then each alone: the dumped tokens
@@ -84,19 +34,19 @@ static void test_serve_run(void) {
                               "{\"arrival\": 0, \"prompt\": [5, 6, 7], \"max_new\": 3}\n"
                               "{\"arrival\": 0.001, \"prompt_len\": 60, \"seed\": 2, \"max_new\": 4, \"id\": 9}\n";
   const int n = quick ? 2 : 3;
-  write_file("all.jsonl", trace);
+  CU_ASSERT_FATAL(cli_write_text(&cli, "all.jsonl", trace));
   char args[1024];
   snprintf(args, sizeof args, "--mode uniprefill --p 0.5 --trace %s --token-budget 130 --json %s --dump-tokens %s",
-           path_of("all.jsonl"), path_of("all.json"), path_of("all.npy"));
+           cli_path(&cli, "all.jsonl"), cli_path(&cli, "all.json"), cli_path(&cli, "all.npy"));
   CU_ASSERT_EQUAL_FATAL(serve(args), 0);
-  CU_ASSERT(contains("stdout.txt", "TTFT p50"));
-  CU_ASSERT(contains("stdout.txt", "KV peak"));
-  CU_ASSERT(contains("all.json", "\"ttft_ms\": {\"p50\": "));
-  CU_ASSERT(contains("all.json", "\"per_request\""));
-  CU_ASSERT(contains("all.json", "\"saved_share\""));
-  CU_ASSERT(contains("all.json", "\"command\": \"upf serve-sim --model llama-tiny"));
+  CLI_ASSERT_STDOUT(&cli, "TTFT p50");
+  CLI_ASSERT_STDOUT(&cli, "KV peak");
+  CU_ASSERT(cli_file_contains(cli_path(&cli, "all.json"), "\"ttft_ms\": {\"p50\": "));
+  CU_ASSERT(cli_file_contains(cli_path(&cli, "all.json"), "\"per_request\""));
+  CU_ASSERT(cli_file_contains(cli_path(&cli, "all.json"), "\"saved_share\""));
+  CU_ASSERT(cli_file_contains(cli_path(&cli, "all.json"), "\"command\": \"upf serve-sim --model llama-tiny"));
   upf_tensor all;
-  CU_ASSERT_EQUAL_FATAL(upf_npy_read(path_of("all.npy"), &all), UPF_OK);
+  CU_ASSERT_EQUAL_FATAL(upf_npy_read(cli_path(&cli, "all.npy"), &all), UPF_OK);
   CU_ASSERT(all.dtype == UPF_DTYPE_I32 && all.ndim == 2 && all.shape[0] == n && all.shape[1] == (quick ? 3 : 5));
   const int32_t *tok = all.data;
   /* request 1 asked for fewer tokens than the widest: -1 after its last */
@@ -109,12 +59,12 @@ static void test_serve_run(void) {
     char one[256];
     snprintf(one, sizeof one, "%.*s\n", (int)(end - line), line);
     line = end + 1;
-    write_file("one.jsonl", one);
-    snprintf(args, sizeof args, "--mode uniprefill --p 0.5 --trace %s --dump-tokens %s", path_of("one.jsonl"),
-             path_of("one.npy"));
+    CU_ASSERT_FATAL(cli_write_text(&cli, "one.jsonl", one));
+    snprintf(args, sizeof args, "--mode uniprefill --p 0.5 --trace %s --dump-tokens %s", cli_path(&cli, "one.jsonl"),
+             cli_path(&cli, "one.npy"));
     CU_ASSERT_EQUAL_FATAL(serve(args), 0);
     upf_tensor t;
-    CU_ASSERT_EQUAL_FATAL(upf_npy_read(path_of("one.npy"), &t), UPF_OK);
+    CU_ASSERT_EQUAL_FATAL(upf_npy_read(cli_path(&cli, "one.npy"), &t), UPF_OK);
     const int64_t w = t.shape[1];
     for (int64_t k = 0; k < all.shape[1]; k++)
       CU_ASSERT_EQUAL(tok[i * all.shape[1] + k], k < w ? ((int32_t *)t.data)[k] : -1);
@@ -131,17 +81,18 @@ static void test_serve_points(void) {
   }
   char args[512];
   snprintf(args, sizeof args, "--requests 1,3 --prompt-len 20..60 --decode-len 3 --rate 50 --seed 4 --json %s",
-           path_of("points.json"));
+           cli_path(&cli, "points.json"));
   CU_ASSERT_EQUAL_FATAL(serve(args), 0);
-  CU_ASSERT(contains("points.json", "\"requests\": 1,"));
-  CU_ASSERT(contains("points.json", "\"requests\": 3,"));
-  CU_ASSERT(contains("points.json", "\"rate\": \"50\""));
-  CU_ASSERT(contains("stdout.txt", "llama-tiny dense on cpu: 3 requests"));
+  CU_ASSERT(cli_file_contains(cli_path(&cli, "points.json"), "\"requests\": 1,"));
+  CU_ASSERT(cli_file_contains(cli_path(&cli, "points.json"), "\"requests\": 3,"));
+  CU_ASSERT(cli_file_contains(cli_path(&cli, "points.json"), "\"rate\": \"50\""));
+  CLI_ASSERT_STDOUT(&cli, "llama-tiny dense on cpu: 3 requests");
 }
 
 /* Bad input: exit status, a message naming it, no output file. */
 static void test_serve_bad_input(void) {
-  write_file("bad.jsonl", "{\"arrival\": 0, \"prompt_len\": 10}\n{\"arrival\": 0, \"prompt_len\": 10, \"colour\": 2}\n");
+  CU_ASSERT_FATAL(cli_write_text(&cli, "bad.jsonl", "{\"arrival\": 0, \"prompt_len\": 10}\n"
+                                                    "{\"arrival\": 0, \"prompt_len\": 10, \"colour\": 2}\n"));
   char args[1024];
   static const struct {
     const char *args, *want;
@@ -162,21 +113,21 @@ static void test_serve_bad_input(void) {
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
     if (strstr(cases[i].args, "--trace"))
-      snprintf(args, sizeof args, cases[i].args, path_of("bad.jsonl"), path_of("out.json"));
+      snprintf(args, sizeof args, cases[i].args, cli_path(&cli, "bad.jsonl"), cli_path(&cli, "out.json"));
     else
-      snprintf(args, sizeof args, cases[i].args, path_of("out.json"), "");
+      snprintf(args, sizeof args, cases[i].args, cli_path(&cli, "out.json"), "");
     const int rc = serve(args);
-    const int named = contains("stderr.txt", cases[i].want);
+    const int named = cli_stderr_has(&cli, cases[i].want);
     if (rc != cases[i].rc || !named)
       printf("\ncase %zu (%s): exit %d, want %d and '%s'\n", i, args, rc, cases[i].rc, cases[i].want);
     CU_ASSERT_EQUAL(rc, cases[i].rc);
     CU_ASSERT(named);
-    CU_ASSERT(!exists("out.json"));
+    CU_ASSERT(!cli_exists(cli_path(&cli, "out.json")));
   }
   /* --help: the usage on stdout, exit 0, the trace format documented */
   CU_ASSERT_EQUAL(serve("--help"), 0);
-  CU_ASSERT(contains("stdout.txt", "usage: upf serve-sim"));
-  CU_ASSERT(contains("stdout.txt", "\"prompt_len\""));
+  CLI_ASSERT_STDOUT(&cli, "usage: upf serve-sim");
+  CU_ASSERT(cli_stdout_has(&cli, "\"prompt_len\""));
 }
 
 void upf_register_cli_serve_tests(void) {
@@ -186,5 +137,5 @@ void upf_register_cli_serve_tests(void) {
       {"bad input named, nothing written", test_serve_bad_input},
       CU_TEST_INFO_NULL,
   };
-  upf_test_suite("cli serve-sim", serve_setup, serve_teardown, tests);
+  upf_test_suite("cli serve-sim", setup, teardown, tests);
 }
