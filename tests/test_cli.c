@@ -334,7 +334,7 @@ static void test_prefill(void) {
   } bad[] = {
       {"--model llama-huge --lengths 10", "is not one of"},
       {"--model llama-tiny --lengths 100,0", "--lengths '100,0'"},
-      {"--model llama-tiny --lengths 10 --token-ids x.npy", "exactly one of --lengths and --token-ids"},
+      {"--model llama-tiny --lengths 10 --token-ids x.npy", "exactly one of --lengths, --token-ids, --text and --file"},
       {"--model llama-tiny --mode uniprefill --lengths 100 --select topk --keep 1.5", "--keep 1.5"},
       {"--model llama-tiny --mode uniprefill --lengths 100 --select topk --keep 0", "--keep 0"},
       {"--model llama-tiny --mode uniprefill --lengths 100 --p 1.5", "--p 1.5"},
