@@ -12,6 +12,7 @@
 #include "cli/args.h"
 #include "cli/cli.h"
 #include "cli/model_args.h"
+#include "cli/select_args.h"
 #include "uniprefill/npy.h"
 #include "uniprefill/session.h"
 #include "uniprefill/tokenizer.h"
@@ -36,9 +37,9 @@ const char upf_cli_generate_usage[] =
 
 typedef struct {
   upf_model_args sel;
-  const char *ids_path, *cu_path, *text, *text_file, *mode, *out_tokens, *json;
+  upf_select_args sa; /* --mode, --p, --keep */
+  const char *ids_path, *cu_path, *text, *text_file, *out_tokens, *json;
   int32_t max_new, page_size;
-  float p, keep;
 } generate_args;
 
 static double now_seconds(void) {
@@ -200,7 +201,7 @@ static void print_json(FILE *f, const generate_args *a, const upf_model *m, cons
   const int32_t N = rec->N;
   fprintf(f, "{\n  \"model\": \"%s\",\n  \"layers\": [%d, %d],\n  \"partial_model\": %s,\n", c->name, m->layer_begin,
           m->layer_end, upf_model_args_partial(&a->sel) ? "true" : "false");
-  fprintf(f, "  \"mode\": \"%s\",\n  \"dtype\": \"%s\",\n  \"backend\": \"%s\",\n  \"device\": \"%s\",\n", a->mode,
+  fprintf(f, "  \"mode\": \"%s\",\n  \"dtype\": \"%s\",\n  \"backend\": \"%s\",\n  \"device\": \"%s\",\n", a->sa.mode,
           upf_dtype_name(m->dtype), m->be->name, m->be->describe());
   fprintf(f, "  \"select\": {\"block\": %d, \"sink\": %d, \"last_q\": %d, \"p\": %g, \"keep_ratio\": %g},\n",
           sc->select.block, sc->select.sink, sc->select.last_q, (double)sc->select.p, (double)sc->select.keep_ratio);
@@ -305,7 +306,7 @@ static void print_texts(const char *gguf, const run_record *rec) {
 }
 
 int upf_cli_generate(int argc, char **argv) {
-  generate_args a = {.sel = UPF_MODEL_ARGS_DEFAULT, .mode = "dense", .page_size = 16, .p = -1};
+  generate_args a = {.sel = UPF_MODEL_ARGS_DEFAULT, .sa = UPF_SELECT_ARGS_DEFAULT, .page_size = 16};
   upf_arg args[] = {
       UPF_MODEL_ARG_FLAGS(a.sel),
       {"--token-ids", UPF_ARG_STRING, &a.ids_path},
@@ -313,9 +314,7 @@ int upf_cli_generate(int argc, char **argv) {
       {"--file", UPF_ARG_STRING, &a.text_file},
       {"--cu-seqlens", UPF_ARG_STRING, &a.cu_path},
       {"--max-new", UPF_ARG_INT, &a.max_new, 1, 1, 1 << 20},
-      {"--mode", UPF_ARG_STRING, &a.mode},
-      {"--p", UPF_ARG_FLOAT, &a.p},
-      {"--keep", UPF_ARG_FLOAT, &a.keep},
+      UPF_SELECT_ARG_FLAGS(a.sa),
       {"--page-size", UPF_ARG_INT, &a.page_size, 0, 1, 1 << 16},
       {"--out-tokens", UPF_ARG_STRING, &a.out_tokens},
       {"--json", UPF_ARG_STRING, &a.json},
@@ -336,32 +335,9 @@ int upf_cli_generate(int argc, char **argv) {
     fprintf(stderr, "upf generate: --cu-seqlens goes with --token-ids\n");
     return 2;
   }
-  upf_prefill_mode mode;
-  if (!strcmp(a.mode, "dense"))
-    mode = UPF_PREFILL_DENSE;
-  else if (!strcmp(a.mode, "uniprefill"))
-    mode = UPF_PREFILL_UNIPREFILL;
-  else {
-    fprintf(stderr, "upf generate: --mode '%s': want dense or uniprefill\n", a.mode);
-    return 2;
-  }
-  const int p_seen = upf_args_find(&p, "--p")->seen, keep_seen = upf_args_find(&p, "--keep")->seen;
-  if (mode == UPF_PREFILL_DENSE && (p_seen || keep_seen)) {
-    fprintf(stderr, "upf generate: --p and --keep need --mode uniprefill\n");
-    return 2;
-  }
-  if (p_seen && keep_seen) {
-    fprintf(stderr, "upf generate: give at most one of --p (top-p) and --keep (top-k keep ratio)\n");
-    return 2;
-  }
-  if (p_seen && !(a.p > 0.0f && a.p <= 1.0f)) {
-    fprintf(stderr, "upf generate: --p %g: want a top-p mass in (0, 1]\n", (double)a.p);
-    return 2;
-  }
-  if (keep_seen && !(a.keep > 0.0f && a.keep <= 1.0f)) {
-    fprintf(stderr, "upf generate: --keep %g: want a keep ratio in (0, 1]\n", (double)a.keep);
-    return 2;
-  }
+  const int rc_mode = upf_select_args_resolve("generate", &p, &a.sa);
+  if (rc_mode)
+    return rc_mode;
   const upf_arg_path paths[] = {{"--token-ids", a.ids_path, 0}, {"--cu-seqlens", a.cu_path, 0},
                                 {"--file", a.text_file, 0},       {"--out-tokens", a.out_tokens, 1},
                                 {"--json", a.json, 1}};
@@ -380,11 +356,8 @@ int upf_cli_generate(int argc, char **argv) {
     return upf_cli_error(st, "generate: building the model");
   }
   upf_session_config sc = upf_session_config_default(&m);
-  sc.mode = mode, sc.page_size = a.page_size, sc.max_requests = B;
-  if (p_seen)
-    sc.select.p = a.p;
-  if (keep_seen)
-    sc.select.keep_ratio = a.keep;
+  sc.mode = a.sa.prefill_mode, sc.page_size = a.page_size, sc.max_requests = B;
+  upf_select_args_apply(&a.sa, &sc.select);
   /* every group holds each request at its dense length at most: prompt + N - 1 fed tokens */
   sc.pages_per_group = 0;
   for (int32_t r = 0; r < B; r++)
@@ -404,7 +377,7 @@ int upf_cli_generate(int argc, char **argv) {
   int rc = st == UPF_OK ? 0 : upf_cli_error(st, "generate");
   if (rc == 0) {
     printf("%s%s, %s, %s on %s: %d requests, %d prompt tokens, %d new tokens each\n", cfg->name,
-           upf_model_args_partial(&a.sel) ? " (partial model)" : "", a.mode, upf_dtype_name(m.dtype), m.be->name, B,
+           upf_model_args_partial(&a.sel) ? " (partial model)" : "", a.sa.mode, upf_dtype_name(m.dtype), m.be->name, B,
            cu[B], N);
     double decode = 0;
     for (int32_t i = 1; i < N; i++)

@@ -12,6 +12,7 @@
 #include "cli/args.h"
 #include "cli/cli.h"
 #include "cli/model_args.h"
+#include "cli/select_args.h"
 #include "uniprefill/model.h"
 #include "uniprefill/npy.h"
 
@@ -79,11 +80,11 @@ const char upf_cli_prefill_usage[] =
 
 typedef struct {
   upf_model_args sel; /* --model, --seed, --dtype, --backend, --layers */
-  const char *lengths, *ids_path, *cu_path, *text, *text_file, *mode, *select;
+  upf_select_args sa; /* --mode, --p, --keep */
+  const char *lengths, *ids_path, *cu_path, *text, *text_file, *select;
   const char *out_logits, *dump_dir, *replay_dir, *json, *comm;
   const char *out_argmax, *out_nll;
   int32_t warmup, iters, ideal, tp;
-  float p, keep;
 } prefill_args;
 
 /* What --ideal measured: the dense prefill of the same batch, and the sum over layers of the dense
@@ -200,10 +201,10 @@ static upf_status write_json(const char *path, const prefill_args *a, const upf_
   }
   fprintf(f, "{\n  \"model\": \"%s\",\n  \"layers\": [%d, %d],\n  \"partial_model\": %s,\n", c->name, m->layer_begin,
           m->layer_end, m->layer_begin > 0 || m->layer_end < c->num_layers ? "true" : "false");
-  fprintf(f, "  \"mode\": \"%s\",\n  \"dtype\": \"%s\",\n  \"backend\": \"%s\",\n  \"device\": \"%s\",\n", a->mode,
+  fprintf(f, "  \"mode\": \"%s\",\n  \"dtype\": \"%s\",\n  \"backend\": \"%s\",\n  \"device\": \"%s\",\n", a->sa.mode,
           upf_dtype_name(m->dtype), m->be->name, m->be->describe());
   fprintf(f, "  \"select\": {\"block\": %d, \"sink\": %d, \"last_q\": %d, \"p\": %g, \"keep_ratio\": %g},\n",
-          c->select.block, c->select.sink, c->select.last_q, (double)a->p, (double)a->keep);
+          c->select.block, c->select.sink, c->select.last_q, (double)a->sa.p, (double)a->sa.keep);
   fprintf(f, "  \"requests\": [");
   for (int32_t r = 0; r < B; r++)
     fprintf(f, "%s%d", r ? ", " : "", cu[r + 1] - cu[r]);
@@ -350,13 +351,12 @@ static int build_batch(const prefill_args *a, const upf_model_config *cfg, int32
 }
 
 int upf_cli_prefill(int argc, char **argv) {
-  prefill_args a = {.sel = UPF_MODEL_ARGS_DEFAULT, .mode = "dense", .select = "topp", .iters = 1, .p = -1, .tp = 1};
+  prefill_args a = {.sel = UPF_MODEL_ARGS_DEFAULT, .sa = UPF_SELECT_ARGS_DEFAULT, .select = "topp", .iters = 1, .tp = 1};
   upf_arg args[] = {
       UPF_MODEL_ARG_FLAGS(a.sel),                    {"--lengths", UPF_ARG_STRING, &a.lengths},
       {"--token-ids", UPF_ARG_STRING, &a.ids_path},  {"--cu-seqlens", UPF_ARG_STRING, &a.cu_path},
       {"--text", UPF_ARG_STRING, &a.text},           {"--file", UPF_ARG_STRING, &a.text_file},
-      {"--mode", UPF_ARG_STRING, &a.mode},           {"--select", UPF_ARG_STRING, &a.select},
-      {"--p", UPF_ARG_FLOAT, &a.p},                  {"--keep", UPF_ARG_FLOAT, &a.keep},
+      UPF_SELECT_ARG_FLAGS(a.sa),                    {"--select", UPF_ARG_STRING, &a.select},
       {"--out-logits", UPF_ARG_STRING, &a.out_logits},
       {"--dump-masks", UPF_ARG_STRING, &a.dump_dir}, {"--replay-masks", UPF_ARG_STRING, &a.replay_dir},
       {"--json", UPF_ARG_STRING, &a.json},           {"--warmup", UPF_ARG_INT, &a.warmup, 0, 0, 1000},
@@ -381,36 +381,22 @@ int upf_cli_prefill(int argc, char **argv) {
     fprintf(stderr, "upf prefill: --cu-seqlens goes with --token-ids\n");
     return 2;
   }
-  upf_prefill_options opt = {.select = cfg->select};
-  if (!strcmp(a.mode, "dense"))
-    opt.mode = UPF_PREFILL_DENSE;
-  else if (!strcmp(a.mode, "uniprefill"))
-    opt.mode = UPF_PREFILL_UNIPREFILL;
-  else {
-    fprintf(stderr, "upf prefill: --mode '%s': want dense or uniprefill\n", a.mode);
-    return 2;
-  }
+  /* the rules every prefill command shares, then prefill's own: --select topk goes with --keep */
+  const int rc_mode = upf_select_args_resolve("prefill", &p, &a.sa);
+  if (rc_mode)
+    return rc_mode;
+  upf_prefill_options opt = {.mode = a.sa.prefill_mode, .select = cfg->select};
   const int topk = !strcmp(a.select, "topk");
   if (!topk && strcmp(a.select, "topp")) {
     fprintf(stderr, "upf prefill: --select '%s': want topp or topk\n", a.select);
     return 2;
   }
-  if (topk != upf_args_find(&p, "--keep")->seen) {
+  if (topk != a.sa.keep_given) {
     fprintf(stderr, "upf prefill: --select topk takes --keep R, and --keep needs --select topk\n");
     return 2;
   }
-  if (topk && !(a.keep > 0.0f && a.keep <= 1.0f)) {
-    fprintf(stderr, "upf prefill: --keep %g: want a keep ratio in (0, 1]\n", (double)a.keep);
-    return 2;
-  }
-  if (upf_args_find(&p, "--p")->seen && (topk || !(a.p > 0.0f && a.p <= 1.0f))) {
-    fprintf(stderr, "upf prefill: --p %g: want a top-p mass in (0, 1], with --select topp\n", (double)a.p);
-    return 2;
-  }
-  if (opt.mode == UPF_PREFILL_DENSE &&
-      (upf_args_find(&p, "--p")->seen || topk || a.dump_dir || a.replay_dir || a.ideal)) {
-    fprintf(stderr, "upf prefill: --p, --select, --keep, --dump-masks, --replay-masks and --ideal need --mode "
-                    "uniprefill\n");
+  if (opt.mode == UPF_PREFILL_DENSE && (a.dump_dir || a.replay_dir || a.ideal)) {
+    fprintf(stderr, "upf prefill: --dump-masks, --replay-masks and --ideal need --mode uniprefill\n");
     return 2;
   }
   if (opt.mode != UPF_PREFILL_DENSE && (a.out_argmax || a.out_nll)) {
@@ -418,11 +404,8 @@ int upf_cli_prefill(int argc, char **argv) {
                     "positions only)\n");
     return 2;
   }
-  if (a.p > 0)
-    opt.select.p = a.p;
-  if (topk)
-    opt.select.keep_ratio = a.keep;
-  a.p = opt.select.p;
+  upf_select_args_apply(&a.sa, &opt.select);
+  a.sa.p = opt.select.p; /* the JSON's p: the model's when --p was not given */
   const upf_dtype dtype = a.sel.dt;
   const int32_t lb = a.sel.layer_begin, le = a.sel.layer_end;
   const char *dirs[2] = {a.dump_dir, a.replay_dir};
@@ -518,7 +501,8 @@ int upf_cli_prefill(int argc, char **argv) {
   }
   if (rc == 0 && rank0) {
     printf("%s%s, %s, %s on %s: %d requests, %d tokens\n", cfg->name,
-           lb > 0 || le < cfg->num_layers ? " (partial model)" : "", a.mode, upf_dtype_name(dtype), be->name, B, cu[B]);
+           lb > 0 || le < cfg->num_layers ? " (partial model)" : "", a.sa.mode, upf_dtype_name(dtype), be->name, B,
+           cu[B]);
     if (comm)
       printf("  tensor parallel: %d ranks (%s), %lld all-reduces of %.3f MB per rank, %.3f ms\n", m.tp_size,
              upf_comm_kind_name(upf_comm_kind_of(comm)), (long long)res.comm_calls, res.comm_bytes / 1e6,

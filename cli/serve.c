@@ -12,6 +12,7 @@
 #include "cli/args.h"
 #include "cli/cli.h"
 #include "cli/model_args.h"
+#include "cli/select_args.h"
 #include "uniprefill/engine.h"
 #include "uniprefill/model.h"
 #include "uniprefill/npy.h"
@@ -53,9 +54,10 @@ const char upf_cli_serve_usage[] =
 
 typedef struct {
   upf_model_args sel; /* --model | --gguf, --seed, --dtype, --backend */
-  const char *mode, *requests, *prompt_len, *rate, *trace, *json, *dump;
+  upf_select_args sa; /* --mode, --p, --keep */
+  const char *requests, *prompt_len, *rate, *trace, *json, *dump;
   int32_t decode_len, budget, page, kv_pages, max_live, eos, warmup;
-  float p, keep, kv_gib;
+  float kv_gib;
 } serve_args;
 
 /* "1,4,16" into counts, each in [1, 1e6]. */
@@ -229,7 +231,7 @@ static upf_status write_json(const char *path, const serve_args *a, const upf_mo
     snprintf(commit, sizeof commit, "unknown");
   const upf_model_config *c = m->cfg;
   fprintf(f, "{\n  \"model\": \"%s\",\n  \"mode\": \"%s\",\n  \"dtype\": \"%s\",\n  \"backend\": \"%s\",\n  \"device\": ",
-          c->name, a->mode, upf_dtype_name(m->dtype), m->be->name);
+          c->name, a->sa.mode, upf_dtype_name(m->dtype), m->be->name);
   json_string(f, m->be->describe());
   fprintf(f, ",\n  \"select\": {\"kind\": \"%s\", \"p\": %g, \"keep_ratio\": %g, \"block\": %d, \"sink\": %d, \"last_q\": %d},\n",
           sc->select.keep_ratio > 0 ? "topk" : "topp", (double)sc->select.p, (double)sc->select.keep_ratio,
@@ -317,13 +319,11 @@ static upf_status run_point(upf_session *s, const upf_model *m, int32_t max_live
 #define MAX_POINTS 32
 
 int upf_cli_serve(int argc, char **argv) {
-  serve_args a = {.sel = UPF_MODEL_ARGS_DEFAULT, .mode = "dense", .requests = "8", .prompt_len = "256..1024", .decode_len = 16,
-                  .budget = 8192, .page = 16, .eos = -1, .warmup = -1, .p = -1};
+  serve_args a = {.sel = UPF_MODEL_ARGS_DEFAULT, .sa = UPF_SELECT_ARGS_DEFAULT, .requests = "8",
+                  .prompt_len = "256..1024", .decode_len = 16, .budget = 8192, .page = 16, .eos = -1, .warmup = -1};
   upf_arg args[] = {
       UPF_MODEL_ARG_FLAGS(a.sel),
-      {"--mode", UPF_ARG_STRING, &a.mode},
-      {"--p", UPF_ARG_FLOAT, &a.p},
-      {"--keep", UPF_ARG_FLOAT, &a.keep},
+      UPF_SELECT_ARG_FLAGS(a.sa),
       {"--requests", UPF_ARG_STRING, &a.requests},
       {"--prompt-len", UPF_ARG_STRING, &a.prompt_len},
       {"--decode-len", UPF_ARG_INT, &a.decode_len, 0, 1, 1 << 20},
@@ -353,31 +353,9 @@ int upf_cli_serve(int argc, char **argv) {
   }
   const upf_model_config *cfg = a.sel.cfg;
   const upf_backend *be = a.sel.be;
-  upf_prefill_mode mode;
-  if (!strcmp(a.mode, "dense"))
-    mode = UPF_PREFILL_DENSE;
-  else if (!strcmp(a.mode, "uniprefill"))
-    mode = UPF_PREFILL_UNIPREFILL;
-  else {
-    fprintf(stderr, "upf serve-sim: --mode '%s': want dense or uniprefill\n", a.mode);
-    return 2;
-  }
-  if ((SEEN("--p") || SEEN("--keep")) && mode != UPF_PREFILL_UNIPREFILL) {
-    fprintf(stderr, "upf serve-sim: --p and --keep need --mode uniprefill\n");
-    return 2;
-  }
-  if (SEEN("--p") && SEEN("--keep")) {
-    fprintf(stderr, "upf serve-sim: give one of --p (top-p) and --keep (top-k)\n");
-    return 2;
-  }
-  if (SEEN("--p") && !(a.p > 0.0f && a.p <= 1.0f)) {
-    fprintf(stderr, "upf serve-sim: --p %g: want a top-p mass in (0, 1]\n", (double)a.p);
-    return 2;
-  }
-  if (SEEN("--keep") && !(a.keep > 0.0f && a.keep <= 1.0f)) {
-    fprintf(stderr, "upf serve-sim: --keep %g: want a keep ratio in (0, 1]\n", (double)a.keep);
-    return 2;
-  }
+  const int rc_mode = upf_select_args_resolve("serve-sim", &p, &a.sa);
+  if (rc_mode)
+    return rc_mode;
   if (a.trace && (SEEN("--rate") || SEEN("--requests") || SEEN("--prompt-len"))) {
     fprintf(stderr, "upf serve-sim: --trace gives the requests: --rate, --requests and --prompt-len go without it\n");
     return 2;
@@ -467,14 +445,12 @@ int upf_cli_serve(int argc, char **argv) {
   }
   if (rc == 0) {
     sc = upf_session_config_default(&m);
-    sc.mode = mode;
-    if (a.p > 0)
-      sc.select.p = a.p;
-    if (a.keep > 0)
-      sc.select.keep_ratio = a.keep;
+    sc.mode = a.sa.prefill_mode;
+    upf_select_args_apply(&a.sa, &sc.select);
     sc.page_size = a.page, sc.max_requests = max_live;
     sc.pages_per_group = a.kv_pages ? a.kv_pages : worst_all;
-    if (SEEN("--kv-gib") && !split_kv(&m, &sc.select, mode == UPF_PREFILL_UNIPREFILL, (double)a.kv_gib * (1 << 30),
+    const int uniprefill = a.sa.prefill_mode == UPF_PREFILL_UNIPREFILL;
+    if (SEEN("--kv-gib") && !split_kv(&m, &sc.select, uniprefill, (double)a.kv_gib * (1 << 30),
                                       a.page, a.budget, max_live, mean_prompt, sc.group_pages))
       rc = 2;
   }
@@ -488,7 +464,7 @@ int upf_cli_serve(int argc, char **argv) {
     upf_session_memory mem;
     upf_session_memory_usage(sess, &mem);
     fprintf(stderr, "serve-sim: %s %s %s on %s: weights %.2f GiB, KV pages %.2f GiB in %d cache groups (pages:", cfg->name,
-            a.mode, upf_dtype_name(dtype), be->name, m.weight_bytes / (1 << 30), mem.bytes_capacity / (1 << 30),
+            a.sa.mode, upf_dtype_name(dtype), be->name, m.weight_bytes / (1 << 30), mem.bytes_capacity / (1 << 30),
             num_groups);
     for (int32_t g = 0; g < num_groups; g++)
       fprintf(stderr, " %lld", (long long)upf_session_pages_total(sess, g));
@@ -514,7 +490,7 @@ int upf_cli_serve(int argc, char **argv) {
     if (st != UPF_OK)
       rc = upf_cli_error(st, "serve-sim");
     else
-      print_point(&m, a.mode, &pts[i]);
+      print_point(&m, a.sa.mode, &pts[i]);
   }
   if (rc == 0 && a.dump) {
     st = dump_tokens(a.dump, &pts[0].res);
