@@ -57,63 +57,6 @@ static int32_t argmax(const float *logits, int32_t V) {
   return best;
 }
 
-/* Reads IDS and CU and checks them against the model: 0 (message printed) on bad input. */
-static int read_batch(const generate_args *a, const upf_model_config *cfg, int32_t **ids, int32_t **cu, int32_t *B) {
-  if (a->text || a->text_file) { /* one request: the text through the file's tokenizer */
-    int64_t n = 0;
-    if (upf_model_args_encode("generate", &a->sel, a->text, a->text_file, ids, &n))
-      return 0;
-    if (!(*cu = malloc(2 * sizeof **cu)))
-      return upf_cli_error(UPF_ERR_NOMEM, "generate: --text"), 0;
-    (*cu)[0] = 0, (*cu)[1] = (int32_t)n, *B = 1;
-    return 1;
-  }
-  upf_tensor t_ids = {0}, t_cu = {0};
-  upf_status st = upf_npy_read(a->ids_path, &t_ids);
-  if (st != UPF_OK)
-    return upf_cli_error(st, "generate: --token-ids"), 0;
-  *ids = t_ids.data;
-  if (t_ids.dtype != UPF_DTYPE_I32 || t_ids.ndim != 1 || t_ids.shape[0] < 1 || t_ids.shape[0] > INT32_MAX) {
-    fprintf(stderr, "upf generate: --token-ids %s: want <i4 (T,) with 1 <= T < 2^31, got %s with %d dims\n",
-            a->ids_path, upf_dtype_name(t_ids.dtype), t_ids.ndim);
-    return 0;
-  }
-  const int64_t T = t_ids.shape[0];
-  for (int64_t t = 0; t < T; t++)
-    if ((*ids)[t] < 0 || (*ids)[t] >= cfg->vocab) {
-      fprintf(stderr, "upf generate: --token-ids %s: id %d at %lld is outside the vocabulary [0, %d) of %s\n",
-              a->ids_path, (*ids)[t], (long long)t, cfg->vocab, cfg->name);
-      return 0;
-    }
-  if (!a->cu_path) {
-    *B = 1;
-    *cu = malloc(2 * sizeof **cu);
-    if (!*cu)
-      return upf_cli_error(upf_fail(UPF_ERR_NOMEM, "cu_seqlens"), "generate"), 0;
-    (*cu)[0] = 0, (*cu)[1] = (int32_t)T;
-    return 1;
-  }
-  st = upf_npy_read(a->cu_path, &t_cu);
-  if (st != UPF_OK)
-    return upf_cli_error(st, "generate: --cu-seqlens"), 0;
-  *cu = t_cu.data;
-  if (t_cu.dtype != UPF_DTYPE_I32 || t_cu.ndim != 1 || t_cu.shape[0] < 2 || t_cu.shape[0] > INT32_MAX) {
-    fprintf(stderr, "upf generate: --cu-seqlens %s: want <i4 (B+1,) with B >= 1, got %s with %d dims\n", a->cu_path,
-            upf_dtype_name(t_cu.dtype), t_cu.ndim);
-    return 0;
-  }
-  *B = (int32_t)(t_cu.shape[0] - 1);
-  st = upf_cu_seqlens_check(*cu, *B, T);
-  if (st != UPF_OK)
-    return upf_cli_error(st, "generate: --cu-seqlens"), 0;
-  for (int32_t r = 0; r < *B; r++)
-    if ((*cu)[r + 1] == (*cu)[r]) {
-      fprintf(stderr, "upf generate: --cu-seqlens %s: request %d has no tokens\n", a->cu_path, r);
-      return 0;
-    }
-  return 1;
-}
-
 /* What the run saw: per request its drops and pages, the step times, the tokens. */
 typedef struct {
   int32_t B, N;
@@ -345,10 +288,8 @@ int upf_cli_generate(int argc, char **argv) {
     return 2;
 
   int32_t *ids = NULL, *cu = NULL, B = 0;
-  if (!read_batch(&a, cfg, &ids, &cu, &B)) {
-    free(ids), free(cu);
+  if (!upf_model_args_batch("generate", &a.sel, a.ids_path, a.cu_path, a.text, a.text_file, &ids, &cu, &B))
     return 2;
-  }
   upf_model m;
   upf_status st = upf_model_args_build("generate", &a.sel, &m);
   if (st != UPF_OK) {

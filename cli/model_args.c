@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "uniprefill/npy.h"
 #include "uniprefill/tokenizer.h"
 
 /* "A:B" into [a, b); 0 on a malformed range. */
@@ -127,4 +128,76 @@ int upf_model_args_encode(const char *command, const upf_model_args *ma, const c
     return 2;
   }
   return 0;
+}
+
+/* Reads the ids and the cu_seqlens files: 0 after the message on bad input. */
+static int read_ids(const char *command, const char *ids_path, const char *cu_path, int32_t **ids, int32_t **cu,
+                    int32_t *B) {
+  char what[64];
+  upf_tensor t_ids = {0}, t_cu = {0};
+  snprintf(what, sizeof what, "%s: --token-ids", command);
+  upf_status st = upf_npy_read(ids_path, &t_ids);
+  if (st != UPF_OK)
+    return upf_cli_error(st, what), 0;
+  *ids = t_ids.data;
+  if (t_ids.dtype != UPF_DTYPE_I32 || t_ids.ndim != 1 || t_ids.shape[0] < 1 || t_ids.shape[0] > INT32_MAX) {
+    fprintf(stderr, "upf %s: --token-ids %s: want <i4 (T,) with 1 <= T < 2^31, got %s with %d dims\n", command,
+            ids_path, upf_dtype_name(t_ids.dtype), t_ids.ndim);
+    return 0;
+  }
+  const int64_t T = t_ids.shape[0];
+  if (!cu_path) {
+    if (!(*cu = malloc(2 * sizeof **cu)))
+      return upf_cli_error(upf_fail(UPF_ERR_NOMEM, "cu_seqlens"), command), 0;
+    (*cu)[0] = 0, (*cu)[1] = (int32_t)T, *B = 1;
+    return 1;
+  }
+  snprintf(what, sizeof what, "%s: --cu-seqlens", command);
+  st = upf_npy_read(cu_path, &t_cu);
+  if (st != UPF_OK)
+    return upf_cli_error(st, what), 0;
+  *cu = t_cu.data;
+  if (t_cu.dtype != UPF_DTYPE_I32 || t_cu.ndim != 1 || t_cu.shape[0] < 2 || t_cu.shape[0] > INT32_MAX) {
+    fprintf(stderr, "upf %s: --cu-seqlens %s: want <i4 (B+1,) with B >= 1, got %s with %d dims\n", command, cu_path,
+            upf_dtype_name(t_cu.dtype), t_cu.ndim);
+    return 0;
+  }
+  *B = (int32_t)(t_cu.shape[0] - 1);
+  st = upf_cu_seqlens_check(*cu, *B, T);
+  if (st != UPF_OK)
+    return upf_cli_error(st, what), 0;
+  for (int32_t r = 0; r < *B; r++)
+    if ((*cu)[r + 1] == (*cu)[r]) {
+      fprintf(stderr, "upf %s: --cu-seqlens %s: request %d has no tokens\n", command, cu_path, r);
+      return 0;
+    }
+  return 1;
+}
+
+int upf_model_args_batch(const char *command, const upf_model_args *ma, const char *ids_path, const char *cu_path,
+                         const char *text, const char *file, int32_t **ids, int32_t **cu, int32_t *B) {
+  *ids = NULL, *cu = NULL;
+  int ok;
+  if (text || file) { /* one request: the text through the file's tokenizer */
+    int64_t n = 0;
+    ok = !upf_model_args_encode(command, ma, text, file, ids, &n);
+    if (ok && !(*cu = malloc(2 * sizeof **cu)))
+      ok = 0, upf_cli_error(upf_fail(UPF_ERR_NOMEM, "cu_seqlens"), command);
+    if (ok)
+      (*cu)[0] = 0, (*cu)[1] = (int32_t)n, *B = 1;
+  } else
+    ok = read_ids(command, ids_path, cu_path, ids, cu, B);
+  const upf_model_config *cfg = ma->cfg;
+  for (int32_t t = 0; ok && t < (*cu)[*B]; t++)
+    if ((*ids)[t] < 0 || (*ids)[t] >= cfg->vocab) {
+      fprintf(stderr, "upf %s: %s %s: id %d at %d is outside the vocabulary [0, %d) of %s\n", command,
+              ids_path ? "--token-ids" : text ? "--text" : "--file", ids_path ? ids_path : "(tokenised)", (*ids)[t], t,
+              cfg->vocab, cfg->name);
+      ok = 0;
+    }
+  if (!ok) {
+    free(*ids), free(*cu);
+    *ids = NULL, *cu = NULL;
+  }
+  return ok;
 }

@@ -55,6 +55,14 @@ upf_status upf_model_args_build_tp(const char *command, const upf_model_args *ma
 int upf_model_args_encode(const char *command, const upf_model_args *ma, const char *text, const char *file,
                           int32_t **ids, int64_t *n);
 
+/* The requests of a command's prompt, checked against the resolved model: --text STR or --file F (one
+ * request, through upf_model_args_encode), else --token-ids IDS <i4 (T,) and --cu-seqlens CU <i4 (B+1,)
+ * (one request when cu_path is NULL); every id within the model's vocabulary and no request empty.
+ * 1 with ids (T) and cu (B+1) malloc'd and B set, else 0 after one line on stderr naming the flag at
+ * fault, with *ids and *cu NULL. */
+int upf_model_args_batch(const char *command, const upf_model_args *ma, const char *ids_path, const char *cu_path,
+                         const char *text, const char *file, int32_t **ids, int32_t **cu, int32_t *B);
+
 /* 1 when the layer range is not the whole model. */
 int upf_model_args_partial(const upf_model_args *ma);
 

@@ -307,47 +307,7 @@ static int build_batch(const prefill_args *a, const upf_model_config *cfg, int32
     upf_model_seeded_ids((uint64_t)a->sel.seed, cfg->vocab, (*cu)[n], *ids);
     return 1;
   }
-  if (a->text || a->text_file) { /* one request: the text through the file's tokenizer */
-    int64_t n = 0;
-    if (upf_model_args_encode("prefill", &a->sel, a->text, a->text_file, ids, &n))
-      return 0;
-    if (!(*cu = malloc(2 * sizeof **cu)))
-      return upf_cli_error(UPF_ERR_NOMEM, "prefill: --text"), 0;
-    (*cu)[0] = 0, (*cu)[1] = (int32_t)n, *B = 1;
-    return 1;
-  }
-  upf_tensor t_ids, t_cu;
-  upf_status st = upf_npy_read(a->ids_path, &t_ids);
-  if (st != UPF_OK)
-    return upf_cli_error(st, "prefill: --token-ids"), 0;
-  if (t_ids.dtype != UPF_DTYPE_I32 || t_ids.ndim != 1 || t_ids.shape[0] < 1) {
-    fprintf(stderr, "upf prefill: --token-ids %s: want <i4 (T,) with T >= 1, got %s with %d dims\n", a->ids_path,
-            upf_dtype_name(t_ids.dtype), t_ids.ndim);
-    upf_tensor_free(&t_ids);
-    return 0;
-  }
-  const int64_t T = t_ids.shape[0];
-  *ids = t_ids.data;
-  if (!a->cu_path) {
-    *B = 1;
-    *cu = malloc(2 * sizeof **cu);
-    (*cu)[0] = 0, (*cu)[1] = (int32_t)T;
-    return 1;
-  }
-  st = upf_npy_read(a->cu_path, &t_cu);
-  if (st != UPF_OK)
-    return upf_cli_error(st, "prefill: --cu-seqlens"), 0;
-  if (t_cu.dtype != UPF_DTYPE_I32 || t_cu.ndim != 1 || t_cu.shape[0] < 2) {
-    fprintf(stderr, "upf prefill: --cu-seqlens %s: want <i4 (B+1,) with B >= 1\n", a->cu_path);
-    upf_tensor_free(&t_cu);
-    return 0;
-  }
-  *cu = t_cu.data;
-  *B = (int32_t)(t_cu.shape[0] - 1);
-  st = upf_cu_seqlens_check(*cu, *B, T);
-  if (st != UPF_OK)
-    return upf_cli_error(st, "prefill: --cu-seqlens"), 0;
-  return 1;
+  return upf_model_args_batch("prefill", &a->sel, a->ids_path, a->cu_path, a->text, a->text_file, ids, cu, B);
 }
 
 int upf_cli_prefill(int argc, char **argv) {
@@ -422,26 +382,12 @@ int upf_cli_prefill(int argc, char **argv) {
   const upf_backend *be = a.sel.be;
   upf_status st = UPF_OK;
 
+  /* the ids and the lengths are checked before the weights are built */
   int32_t *ids = NULL, *cu = NULL, B = 0;
   if (!build_batch(&a, cfg, &ids, &cu, &B)) {
     free(ids), free(cu);
     return 2;
   }
-  /* the ids and the lengths are checked before the weights are built */
-  for (int64_t t = 0; t < cu[B]; t++)
-    if (ids[t] < 0 || ids[t] >= cfg->vocab) {
-      fprintf(stderr, "upf prefill: %s %s: id %d at %lld is outside the vocabulary [0, %d) of %s\n",
-              a.ids_path ? "--token-ids" : "--text", a.ids_path ? a.ids_path : "(tokenised)", ids[t], (long long)t,
-              cfg->vocab, cfg->name);
-      free(ids), free(cu);
-      return 2;
-    }
-  for (int32_t r = 0; r < B; r++)
-    if (cu[r + 1] == cu[r]) {
-      fprintf(stderr, "upf prefill: --cu-seqlens %s: request %d has no tokens\n", a.cu_path, r);
-      free(ids), free(cu);
-      return 2;
-    }
 
   /* --out-nll: the next token of the request at each position, -1 after its last */
   int32_t *targets = NULL;
