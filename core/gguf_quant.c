@@ -198,28 +198,13 @@ static void k_scale_min(int j, const uint8_t *q, int *sc, int *m) {
 }
 
 /* Q4_K: d, dmin (f16), scales[12], qs[128]; 8 sub-blocks of 32. Each 32 bytes of qs hold two
- * sub-blocks: low nibbles the first, high nibbles the second. element = d*sc * q - dmin*m. */
-static void dq_q4_k(const uint8_t *b, float *y) {
+ * sub-blocks: low nibbles the first, high nibbles the second. element = d*sc * q - dmin*m.
+ * Q5_K: as Q4_K with qh[32] after the scales: bit 2i (2i+1) of qh[l] is the fifth bit of element l of
+ * the first (second) sub-block of pair i. One body for both: qh NULL is Q4_K (inlined with a constant
+ * qh, so Q4_K's loop carries no test). */
+static inline void dq_q4_5_k(const uint8_t *b, const uint8_t *qh, const uint8_t *ql, float *y) {
   float d = f16_at(b), dmin = f16_at(b + 2);
-  const uint8_t *scales = b + 4, *q = b + 16;
-  for (int j = 0, is = 0; j < QK_K; j += 64, is += 2, q += 32) {
-    int sc, m;
-    k_scale_min(is, scales, &sc, &m);
-    float d1 = d * (float)sc, m1 = dmin * (float)m;
-    k_scale_min(is + 1, scales, &sc, &m);
-    float d2 = d * (float)sc, m2 = dmin * (float)m;
-    for (int l = 0; l < 32; l++)
-      *y++ = d1 * (float)(q[l] & 0x0f) - m1;
-    for (int l = 0; l < 32; l++)
-      *y++ = d2 * (float)(q[l] >> 4) - m2;
-  }
-}
-
-/* Q5_K: as Q4_K with qh[32] after the scales: bit 2i (2i+1) of qh[l] is the fifth bit of element l of
- * the first (second) sub-block of pair i. */
-static void dq_q5_k(const uint8_t *b, float *y) {
-  float d = f16_at(b), dmin = f16_at(b + 2);
-  const uint8_t *scales = b + 4, *qh = b + 16, *ql = b + 48;
+  const uint8_t *scales = b + 4;
   unsigned u1 = 1, u2 = 2;
   for (int j = 0, is = 0; j < QK_K; j += 64, is += 2, ql += 32, u1 <<= 2, u2 <<= 2) {
     int sc, m;
@@ -228,11 +213,14 @@ static void dq_q5_k(const uint8_t *b, float *y) {
     k_scale_min(is + 1, scales, &sc, &m);
     float d2 = d * (float)sc, m2 = dmin * (float)m;
     for (int l = 0; l < 32; l++)
-      *y++ = d1 * (float)((ql[l] & 0x0f) + (qh[l] & u1 ? 16 : 0)) - m1;
+      *y++ = d1 * (float)((ql[l] & 0x0f) + (qh && (qh[l] & u1) ? 16 : 0)) - m1;
     for (int l = 0; l < 32; l++)
-      *y++ = d2 * (float)((ql[l] >> 4) + (qh[l] & u2 ? 16 : 0)) - m2;
+      *y++ = d2 * (float)((ql[l] >> 4) + (qh && (qh[l] & u2) ? 16 : 0)) - m2;
   }
 }
+
+static void dq_q4_k(const uint8_t *b, float *y) { dq_q4_5_k(b, NULL, b + 16, y); }
+static void dq_q5_k(const uint8_t *b, float *y) { dq_q4_5_k(b, b + 16, b + 48, y); }
 
 /* Q6_K: ql[128] (low 4 bits), qh[64] (high 2 bits), scales[16] (int8, one per 16 elements), d (f16).
  * Per half of 128 elements: ql 64 bytes, qh 32 bytes, 8 scales; element l + 32k (k = 0..3, l < 32)
