@@ -20,6 +20,7 @@
 
 #include "perf/bench.h"
 #include "uniprefill/backend.h"
+#include "uniprefill/engine.h"
 #include "uniprefill/kv.h"
 #include "uniprefill/session.h"
 
@@ -274,14 +275,6 @@ static void decode_release(void *ctx) {
   }
 }
 
-static int32_t argmax(const float *x, int32_t n) {
-  int32_t best = 0;
-  for (int32_t i = 1; i < n; i++)
-    if (x[i] > x[best])
-      best = i;
-  return best;
-}
-
 /* The shared model, a session with room for the contexts and the timed tokens, and the contexts
  * prefilled (one request per step, so the prefill's activations stay those of one context). */
 static upf_status decode_prepare(decode_case *c) {
@@ -317,7 +310,7 @@ static upf_status decode_prepare(decode_case *c) {
     if (st == UPF_OK)
       st = upf_session_step(c->s, &row, 1, NULL, &res);
     if (st == UPF_OK) {
-      c->rows[r].kind = UPF_ROW_DECODE, c->rows[r].token = argmax(res.logits, cfg->vocab);
+      c->rows[r].kind = UPF_ROW_DECODE, c->rows[r].token = upf_engine_argmax(res.logits, cfg->vocab);
       upf_prefill_result_free(&res);
     }
   }
@@ -345,7 +338,7 @@ static void decode_bench(upf_bench_state *st, void *ctx) {
       return;
     }
     for (int32_t r = 0; r < c->num_reqs; r++)
-      c->rows[r].token = argmax(res.logits + (size_t)r * V, V);
+      c->rows[r].token = upf_engine_argmax(res.logits + (size_t)r * V, V);
     upf_prefill_result_free(&res);
   }
   upf_session_memory mem;

@@ -14,6 +14,7 @@
 
 #include "tests/cli_harness.h"
 #include "tests/test_util.h"
+#include "uniprefill/engine.h"
 #include "uniprefill/npy.h"
 #include "uniprefill/session.h"
 
@@ -35,14 +36,6 @@ static void write_prompts(void) {
   upf_model_seeded_ids(21, 512, prompt_cu[NREQ], prompt_ids);
   CU_ASSERT_FATAL(cli_write_i32(cli_path(&cli, "ids.npy"), prompt_ids, prompt_cu[NREQ]));
   CU_ASSERT_FATAL(cli_write_i32(cli_path(&cli, "cu.npy"), prompt_cu, NREQ + 1));
-}
-
-static int argmax(const float *x, int32_t n) {
-  int best = 0;
-  for (int i = 1; i < n; i++)
-    if (x[i] > x[best])
-      best = i;
-  return best;
 }
 
 /* Reads a generated tokens file: <i4 (NREQ, NEW). */
@@ -76,7 +69,7 @@ static void library_tokens(upf_prefill_mode mode, float p, int32_t *out) {
     upf_prefill_result res;
     CU_ASSERT_EQUAL_FATAL(upf_session_step(s, rows, NREQ, NULL, &res), UPF_OK);
     for (int r = 0; r < NREQ; r++) {
-      out[r * NEW + i] = argmax(res.logits + (size_t)r * cfg->vocab, cfg->vocab);
+      out[r * NEW + i] = upf_engine_argmax(res.logits + (size_t)r * cfg->vocab, cfg->vocab);
       rows[r].kind = UPF_ROW_DECODE, rows[r].token = out[r * NEW + i];
     }
     upf_prefill_result_free(&res);
@@ -136,7 +129,7 @@ static void test_generate_dense_recompute_and_p1(void) {
   int checked = 0;
   for (int r = 0; r < NREQ; r++) {
     const float *row = (const float *)lg.data + (size_t)r * 512;
-    const int best = argmax(row, 512);
+    const int best = upf_engine_argmax(row, 512);
     float second = -INFINITY;
     for (int v = 0; v < 512; v++)
       if (v != best && row[v] > second)

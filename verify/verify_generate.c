@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "uniprefill/engine.h"
 #include "uniprefill/session.h"
 #include "verify/model_truth.h"
 #include "verify/verify.h"
@@ -32,14 +33,6 @@ typedef struct {
   int32_t tokens[GEN_STEPS * GEN_REQS]; /* (GEN_STEPS, B) the greedy picks */
   upf_prefill_result prefill; /* the prefill step's result (its drop masks) */
 } gen_run;
-
-static int32_t argmax(const float *x, int32_t n) {
-  int32_t best = 0;
-  for (int32_t i = 1; i < n; i++)
-    if (x[i] > x[best])
-      best = i;
-  return best;
-}
 
 static void gen_run_free(gen_run *g) {
   free(g->logits);
@@ -85,7 +78,7 @@ static upf_status generate(const upf_model_config *cfg, const upf_backend *be, u
       break;
     memcpy(out->logits + (size_t)i * GEN_REQS * V, res.logits, sizeof(float) * GEN_REQS * (size_t)V);
     for (int r = 0; r < GEN_REQS; r++) {
-      out->tokens[i * GEN_REQS + r] = argmax(res.logits + (size_t)r * V, V);
+      out->tokens[i * GEN_REQS + r] = upf_engine_argmax(res.logits + (size_t)r * V, V);
       rows[r].kind = UPF_ROW_DECODE, rows[r].token = out->tokens[i * GEN_REQS + r];
     }
     if (i == 0)
@@ -165,15 +158,6 @@ static upf_status truth_of_steps(const upf_model_config *cfg, uint64_t seed, con
   return st;
 }
 
-static double max_err(const float *a, const double *truth, int64_t n) {
-  double m = 0;
-  for (int64_t i = 0; i < n; i++) {
-    const double d = fabs((double)a[i] - truth[i]);
-    m = d > m || isnan(d) ? d : m;
-  }
-  return m;
-}
-
 /* One check: cfg, dt, one mode. */
 static void check_generate(upf_verify_ctx *ctx, const upf_model_config *cfg, upf_dtype dt, uint64_t seed,
                            upf_prefill_mode mode, const upf_select_params *sel) {
@@ -214,7 +198,8 @@ static void check_generate(upf_verify_ctx *ctx, const upf_model_config *cfg, upf
   for (int i = 0; i < GEN_STEPS && stopped < 0; i++) {
     const float *lb = got.logits + (size_t)i * n, *lc = cpu.logits + (size_t)i * n;
     const double *lt = truth + (size_t)i * n;
-    const double err_b = max_err(lb, lt, n), err_c = max_err(lc, lt, n), bound = 2 * err_c + atol;
+    const double err_b = upf_verify_max_abs_diff(lb, lt, n), err_c = upf_verify_max_abs_diff(lc, lt, n);
+    const double bound = 2 * err_c + atol;
     const double share = isnan(err_b) ? INFINITY : err_b / bound;
     if (share > worst || steps == 0)
       worst = share, worst_step = i;
