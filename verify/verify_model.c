@@ -47,7 +47,7 @@ upf_status upf_model_run_seeded(const upf_model_config *cfg, const upf_backend *
   return st;
 }
 
-static double max_abs_diff(const float *a, const double *truth, int64_t n) {
+double upf_verify_max_abs_diff(const float *a, const double *truth, int64_t n) {
   double m = 0.0;
   for (int64_t i = 0; i < n; i++) {
     const double d = fabs((double)a[i] - truth[i]);
@@ -80,7 +80,7 @@ static void compare_logits(upf_check *c, upf_dtype dt, const float *got, const f
   const upf_tolerance tol = upf_tolerance_for(dt);
   upf_compare_f32(got, ref, n, tol, c);
   const double plain_budget = c->budget;
-  const double err_got = max_abs_diff(got, truth, n), err_cpu = max_abs_diff(cpu, truth, n);
+  const double err_got = upf_verify_max_abs_diff(got, truth, n), err_cpu = upf_verify_max_abs_diff(cpu, truth, n);
   const double bound = 2.0 * err_cpu + tol.atol;
   c->passed = err_got <= bound && !isnan(err_got);
   c->budget = err_got / bound;

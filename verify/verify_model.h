@@ -18,6 +18,8 @@ upf_status upf_model_run_seeded(const upf_model_config *cfg, const upf_backend *
 upf_status upf_model_run_ids(const upf_model_config *cfg, const upf_backend *be, upf_dtype dtype, uint64_t seed,
                              const int32_t *ids, const int32_t *cu, int32_t num_reqs, const upf_prefill_options *opt,
                              upf_prefill_result *res);
+/* max |a[i] - truth[i]| over n values; NaN once any difference is NaN (a larger one never hides it). */
+double upf_verify_max_abs_diff(const float *a, const double *truth, int64_t n);
 /* `upf verify model`: every tiny config, f32 and bf16, dense and UniPrefill, backend against CPU. */
 void upf_verify_model(upf_verify_ctx *ctx);
 /* `upf verify model.generate` (verify/verify_generate.c): greedy generation through a session, every
