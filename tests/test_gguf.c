@@ -23,17 +23,6 @@ static char tmpdir[64];
 
 static void path_in(char *buf, size_t cap, const char *name) { snprintf(buf, cap, "%s/%s", tmpdir, name); }
 
-static int count_entries(const char *dir) {
-  DIR *d = opendir(dir);
-  if (!d)
-    return -1;
-  int n = 0;
-  for (struct dirent *e; (e = readdir(d));)
-    n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
-  closedir(d);
-  return n;
-}
-
 static void remove_tree(const char *dir) {
   DIR *d = opendir(dir);
   if (!d)
@@ -549,7 +538,7 @@ static void test_roundtrip(void) {
       char path[128];
       path_in(path, sizeof path, "rt.gguf");
       ASSERT_OK(upf_gguf_writer_write(w, path));
-      CU_ASSERT_EQUAL(count_entries(tmpdir), 1); /* no temporary left */
+      CU_ASSERT_EQUAL(upf_test_count_entries(tmpdir), 1); /* no temporary left */
       void *mem;
       uint64_t size;
       ASSERT_OK(upf_gguf_writer_to_memory(w, &mem, &size));
@@ -628,7 +617,7 @@ static void test_writer(void) {
   ASSERT_OK(upf_gguf_open(path, &g));
   CU_ASSERT_EQUAL(upf_gguf_file_size(g), size);
   upf_gguf_close(g);
-  CU_ASSERT_EQUAL(count_entries(tmpdir), 1);
+  CU_ASSERT_EQUAL(upf_test_count_entries(tmpdir), 1);
   unlink(path);
   upf_gguf_writer_free(w);
   /* opening what is not a regular file */

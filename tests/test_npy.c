@@ -20,17 +20,6 @@ static char tmpdir[64];
 
 static void path_in(char *buf, size_t cap, const char *name) { snprintf(buf, cap, "%s/%s", tmpdir, name); }
 
-static int count_entries(const char *dir) {
-  DIR *d = opendir(dir);
-  if (!d)
-    return -1;
-  int n = 0;
-  for (struct dirent *e; (e = readdir(d));)
-    n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
-  closedir(d);
-  return n;
-}
-
 static int exists(const char *path) {
   struct stat st;
   return stat(path, &st) == 0;
@@ -360,14 +349,14 @@ static void test_write_failures(void) {
   CU_ASSERT_EQUAL(upf_npy_write(path, &t), UPF_ERR_IO);
   CU_ASSERT_PTR_NOT_NULL(strstr(upf_last_error(), path));
   CU_ASSERT(!exists(dir));
-  CU_ASSERT_EQUAL(count_entries(tmpdir), 0);
+  CU_ASSERT_EQUAL(upf_test_count_entries(tmpdir), 0);
 
   /* A directory at the output path is refused before anything is written. */
   path_in(dir, sizeof dir, "a_dir");
   CU_ASSERT_EQUAL_FATAL(mkdir(dir, 0700), 0);
   CU_ASSERT_EQUAL(upf_npy_write(dir, &t), UPF_ERR_IO);
-  CU_ASSERT_EQUAL(count_entries(tmpdir), 1);
-  CU_ASSERT_EQUAL(count_entries(dir), 0);
+  CU_ASSERT_EQUAL(upf_test_count_entries(tmpdir), 1);
+  CU_ASSERT_EQUAL(upf_test_count_entries(dir), 0);
   rmdir(dir);
 
   /* A transposed view: shape (3, 2), strides (1, 3). */
@@ -377,7 +366,7 @@ static void test_write_failures(void) {
   CU_ASSERT_EQUAL(upf_npy_write(path, &view), UPF_ERR_SHAPE);
   CU_ASSERT_PTR_NOT_NULL(strstr(upf_last_error(), path));
   CU_ASSERT(!exists(path));
-  CU_ASSERT_EQUAL(count_entries(tmpdir), 0);
+  CU_ASSERT_EQUAL(upf_test_count_entries(tmpdir), 0);
 
   /* Overwriting an existing file replaces it whole. */
   CU_ASSERT_EQUAL(upf_npy_write(path, &t), UPF_OK);
@@ -389,7 +378,7 @@ static void test_write_failures(void) {
   CU_ASSERT_EQUAL(upf_npy_read(path, &r), UPF_OK);
   CU_ASSERT(r.data && r.dtype == UPF_DTYPE_U8 && r.ndim == 1 && r.shape[0] == 1 &&
             *(unsigned char *)r.data == 7);
-  CU_ASSERT_EQUAL(count_entries(tmpdir), 1);
+  CU_ASSERT_EQUAL(upf_test_count_entries(tmpdir), 1);
   remove(path);
   upf_tensor_free(&r);
   upf_tensor_free(&small);
@@ -439,7 +428,7 @@ static void test_output_kinds(void) {
   CU_ASSERT(lstat(link2, &st) == 0 && S_ISLNK(st.st_mode));
   CU_ASSERT(lstat(sub_target, &st) == 0 && S_ISREG(st.st_mode) && (st.st_mode & 07777) == 0640);
   CU_ASSERT(holds(sub_target, 2));
-  CU_ASSERT_EQUAL(count_entries(sub), 1); /* the temporary went beside the target and is gone */
+  CU_ASSERT_EQUAL(upf_test_count_entries(sub), 1); /* the temporary went beside the target and is gone */
 
   /* A FIFO with a reader: the bytes arrive through it and the FIFO stays a FIFO. */
   CU_ASSERT_EQUAL_FATAL(mkfifo(fifo, 0600), 0);
@@ -473,7 +462,7 @@ static void test_output_kinds(void) {
   CU_ASSERT(lstat(dangling, &st) == 0 && S_ISLNK(st.st_mode));
 
   /* Nothing else appeared: sub, link, link2, fifo, sock, dangling. */
-  CU_ASSERT_EQUAL(count_entries(tmpdir), 6);
+  CU_ASSERT_EQUAL(upf_test_count_entries(tmpdir), 6);
   CU_ASSERT(!exists(target));
   remove(sub_target), rmdir(sub), remove(link), remove(link2), remove(fifo), remove(sock), remove(dangling);
   upf_tensor_free(&t);

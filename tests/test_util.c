@@ -1,8 +1,11 @@
 /* Test helpers shared by several suites: the real model files and gguf-py's venv that
- * ci/fetch-models.sh caches outside git, and the line that names a skipped test. */
+ * ci/fetch-models.sh caches outside git, the line that names a skipped test, and the count of a
+ * directory's entries. */
+#include <dirent.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "tests/test_util.h"
@@ -61,4 +64,15 @@ const char *upf_test_gguf_python(char *buf, size_t cap, const char *suite, const
     return NULL;
   }
   return buf;
+}
+
+int upf_test_count_entries(const char *dir) {
+  DIR *d = opendir(dir);
+  if (!d)
+    return -1;
+  int n = 0;
+  for (struct dirent *e; (e = readdir(d));)
+    n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+  closedir(d);
+  return n;
 }

@@ -38,6 +38,10 @@ const char *upf_test_model_file(char *buf, size_t cap, const char *file, const c
  * after printing the skip line of suite/test. */
 const char *upf_test_gguf_python(char *buf, size_t cap, const char *suite, const char *test);
 
+/* The number of entries of a directory other than . and .., -1 when it cannot be read (a failed write
+ * must leave no temporary file behind). */
+int upf_test_count_entries(const char *dir);
+
 /* The CPU backend table under another address and name ("cpu-twin"): the verify harness treats it as
  * a backend under test, so its seeded cases run without a GPU. */
 const upf_backend *upf_test_cpu_twin(void);
