@@ -2,6 +2,7 @@
  * windows of a text, the needle prompt builder and the extension of recorded drop masks. Softmax
  * sums and KL terms accumulate in double, over the float logits as the prefill wrote them. */
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -153,4 +154,79 @@ upf_status upf_eval_extend_masks(const upf_prefill_result *res, int64_t extra, u
 void upf_eval_keep_ratios(const upf_prefill_result *res, int64_t tokens, double *ratios) {
   for (int k = 0; k < res->num_drops; k++)
     ratios[k] = (double)res->drops[k].tokens_kept / (double)tokens;
+}
+
+upf_status upf_eval_prefill_last(const upf_model *m, const int32_t *ids, int64_t n, const upf_prefill_options *opt,
+                                 int64_t last, float *logits, upf_prefill_result *res) {
+  if (last < 1 || last > n)
+    return upf_fail(UPF_ERR_INVALID_ARG, "eval: the last %lld positions of a %lld-token input", (long long)last,
+                    (long long)n);
+  if (n > INT32_MAX)
+    return upf_fail(UPF_ERR_INVALID_ARG, "eval: %lld tokens in one request", (long long)n);
+  const int32_t cu[2] = {0, (int32_t)n};
+  if (last > 1)
+    return upf_fail(UPF_ERR_UNSUPPORTED, "eval: logits of the last %lld positions need per-position prefill outputs",
+                    (long long)last);
+  UPF_TRY(upf_model_prefill(m, ids, cu, 1, opt, res));
+  memcpy(logits, res->logits, (size_t)m->cfg->vocab * sizeof *logits);
+  return UPF_OK;
+}
+
+upf_status upf_eval_prefill_nll(const upf_model *m, const int32_t *ids, int64_t n, double *nll) {
+  if (n < 2)
+    return upf_fail(UPF_ERR_INVALID_ARG, "eval: perplexity needs at least 2 tokens, got %lld", (long long)n);
+  (void)m, (void)ids, (void)nll;
+  return upf_fail(UPF_ERR_UNSUPPORTED, "eval: next-token NLLs need per-position prefill outputs");
+}
+
+upf_status upf_eval_check_answer(const upf_model *m, const int32_t *prompt, int64_t P, const int32_t *answer, int64_t A,
+                                 const upf_select_params *sel, upf_eval_answer *out) {
+  memset(out, 0, sizeof *out);
+  if (P < 1 || A < 1)
+    return upf_fail(UPF_ERR_INVALID_ARG, "eval: answer check of a %lld-token prompt and a %lld-token answer",
+                    (long long)P, (long long)A);
+  const int32_t V = m->cfg->vocab;
+  const int64_t n = P + A - 1;
+  int32_t *ids = malloc((size_t)n * sizeof *ids);
+  float *logits = malloc((size_t)A * V * sizeof *logits);
+  int32_t *argmax = malloc((size_t)A * sizeof *argmax);
+  uint8_t *masks[UPF_MODEL_MAX_LAYERS] = {0};
+  int64_t lens[UPF_MODEL_MAX_LAYERS] = {0};
+  upf_prefill_result res;
+  memset(&res, 0, sizeof res);
+  upf_status st = ids && logits && argmax ? UPF_OK : upf_fail(UPF_ERR_NOMEM, "eval: answer check buffers");
+  if (st == UPF_OK) {
+    memcpy(ids, prompt, (size_t)P * sizeof *ids);
+    memcpy(ids + P, answer, (size_t)(A - 1) * sizeof *ids);
+  }
+  upf_prefill_options opt = {.mode = UPF_PREFILL_DENSE, .select = m->cfg->select};
+  if (st == UPF_OK && sel) {
+    /* the prompt alone: its drop layers choose the masks */
+    opt.mode = UPF_PREFILL_UNIPREFILL, opt.select = *sel;
+    st = upf_eval_prefill_last(m, prompt, P, &opt, 1, logits, &res);
+    if (st == UPF_OK) {
+      out->prompt_first = upf_eval_argmax(logits, V);
+      out->num_drops = res.num_drops;
+      upf_eval_keep_ratios(&res, P, out->keep);
+      st = upf_eval_extend_masks(&res, A - 1, masks, lens);
+    }
+    /* a prompt too short to drop leaves nothing to replay: the answer run is dense, as decode is */
+    if (out->num_drops == 0)
+      opt.mode = UPF_PREFILL_DENSE;
+    upf_prefill_result_free(&res);
+    opt.replay_masks = (const uint8_t *const *)masks, opt.replay_mask_len = lens;
+  }
+  if (st == UPF_OK)
+    st = upf_eval_prefill_last(m, ids, n, &opt, A, logits, &res);
+  if (st == UPF_OK) {
+    for (int64_t i = 0; i < A; i++)
+      argmax[i] = upf_eval_argmax(logits + i * V, V);
+    out->first = argmax[0];
+    out->correct = upf_eval_answer_correct(argmax, answer, A);
+  }
+  upf_prefill_result_free(&res);
+  for (int k = 0; k < UPF_MODEL_MAX_LAYERS; k++)
+    free(masks[k]);
+  free(ids), free(logits), free(argmax);
+  return st;
 }

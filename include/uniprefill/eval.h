@@ -82,6 +82,34 @@ upf_status upf_eval_extend_masks(const upf_prefill_result *res, int64_t extra, u
 /* Per drop layer: the share of the request's tokens still held after the layer (kept / prompt). */
 void upf_eval_keep_ratios(const upf_prefill_result *res, int64_t tokens, double *ratios);
 
+/* ---- Runs on a model (one request) ---- */
+
+/* Prefill of ids (n) under opt, writing the logits of the last `last` positions (last, V), in order;
+ * res keeps the run's drop records (free with upf_prefill_result_free). In UniPrefill mode those
+ * positions must be kept: last <= the selection's last_q, which every drop layer keeps. */
+upf_status upf_eval_prefill_last(const upf_model *m, const int32_t *ids, int64_t n, const upf_prefill_options *opt,
+                                 int64_t last, float *logits, upf_prefill_result *res);
+/* Dense prefill of ids (n >= 2): nll (n - 1), nll[t] = -log p(ids[t + 1] | ids[0..t]). */
+upf_status upf_eval_prefill_nll(const upf_model *m, const int32_t *ids, int64_t n, double *nll);
+
+/* What one greedy answer check found. */
+typedef struct {
+  int correct;            /* greedy decoding after the prompt produces the answer */
+  int32_t first;          /* argmax at the prompt's last position in the prompt + answer run */
+  int32_t prompt_first;   /* UniPrefill: the same argmax in the prompt-only run that chose the masks */
+  int num_drops;
+  double keep[UPF_MODEL_MAX_LAYERS]; /* UniPrefill: kept share of the prompt after each drop layer */
+} upf_eval_answer;
+
+/* Checks whether greedy decoding after `prompt` (P tokens) produces `answer` (A tokens), without a
+ * decode loop: one prefill of prompt + answer[0..A-1) and the argmax at its last A positions.
+ * sel NULL: dense. sel given: UniPrefill as deployed: the prompt is prefilled first (its drop layers
+ * select), then prompt + answer replays those masks, each extended with a kept entry per answer
+ * token (as decoding appends kept tokens), so every answer token sees exactly the prompt tokens a
+ * decode step after that prefill would see. */
+upf_status upf_eval_check_answer(const upf_model *m, const int32_t *prompt, int64_t P, const int32_t *answer, int64_t A,
+                                 const upf_select_params *sel, upf_eval_answer *out);
+
 #ifdef __cplusplus
 }
 #endif
