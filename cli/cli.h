@@ -22,5 +22,8 @@ int upf_cli_models(int argc, char **argv);
 int upf_cli_prefill(int argc, char **argv);
 extern const char upf_cli_models_usage[];
 extern const char upf_cli_prefill_usage[];
+/* `upf eval` (cli/eval.c): accuracy of UniPrefill against dense. */
+int upf_cli_eval(int argc, char **argv);
+extern const char upf_cli_eval_usage[];
 
 #endif

@@ -356,6 +356,7 @@ static const command commands[] = {
     {"ops", cmd_ops, ops_usage},
     {"models", upf_cli_models, upf_cli_models_usage},
     {"prefill", upf_cli_prefill, upf_cli_prefill_usage},
+    {"eval", upf_cli_eval, upf_cli_eval_usage},
 };
 
 static void usage(FILE *out) {
