@@ -9,6 +9,7 @@
 
 #include "uniprefill/backend.h"
 #include "uniprefill/dense.h"
+#include "uniprefill/gguf.h"
 #include "uniprefill/moe.h"
 #include "uniprefill/select.h"
 
@@ -63,6 +64,7 @@ typedef struct {
   int32_t drop_layers[UPF_MODEL_MAX_LAYERS];
   upf_select_params select;
   int64_t drop_min_step_tokens; /* drops run only when the step has more tokens than this (Gemma-3: the window) */
+  int32_t context_length;       /* max positions the model was trained for (GGUF context_length); 0: not stated */
 } upf_model_config;
 
 /* The built-in models: the real shapes of Llama-3.1-8B, Gemma-3-12B and Qwen3-Next-80B-A3B and a
@@ -138,6 +140,44 @@ void upf_model_seeded_ids(uint64_t seed, int32_t vocab, int64_t n, int32_t *ids)
 /* Visits every tensor of the model with its GGUF name (the model's layer range only). */
 typedef upf_status (*upf_model_tensor_fn)(const char *name, upf_tensor *t, void *user);
 upf_status upf_model_for_each_tensor(upf_model *m, upf_model_tensor_fn fn, void *user);
+
+/* ---- GGUF (models/gguf_model.c) ----
+ * Models of general.architecture `llama` and `gemma3` built from a GGUF file into the structures of
+ * the built-in models, and any model of the suite saved as a GGUF file llama.cpp's tooling reads.
+ * Conventions (models/README.md has the table and the sources):
+ *  - GGUF stores a projection (out, in) (ne = [in, out]); ours are (in, out): transposed both ways.
+ *  - llama's attn_q/attn_k rows are permuted for interleaved-pair RoPE (llama.cpp's converter); our
+ *    RoPE is rotate-half, so the rows are un-permuted on load and permuted again on save.
+ *  - Gemma-3 (and Qwen3-Next) GGUF norm weights hold 1 + w; ours hold the offset w: w = file - 1 on
+ *    load (exact in f32 for file values in [0.5, 2], Sterbenz), file = 1 + w on save.
+ *  - What the file does not state is taken from a table keyed on the architecture and the sizes
+ *    (Gemma-3: the global-layer period 6 unless attention.sliding_window_pattern says otherwise,
+ *    query_pre_attn_scalar, the local RoPE base 10000 unless rope.freq_base_swa says otherwise),
+ *    and the drop layers are scaled from the published choice of the family. */
+
+/* A config built from a file. cfg.name and cfg.summary point into the struct: do not copy it. */
+typedef struct {
+  upf_model_config cfg;
+  char name[96];
+  char summary[256];
+} upf_gguf_model_config;
+
+/* Reads the hyper-parameters of a `llama` or `gemma3` file (and checks its tensor directory holds
+ * every tensor the config needs, with the shapes it needs), UPF_ERR_FORMAT / UPF_ERR_UNSUPPORTED
+ * naming the file and the key or tensor at fault. */
+upf_status upf_model_config_from_gguf(const upf_gguf *g, upf_gguf_model_config *out);
+/* Builds the weights of layers [layer_begin, layer_end) (the embedding and head always) from the file
+ * on `be` in `dtype` (f32 or bf16): every tensor dequantised to f32, brought to our layout, rounded
+ * once to the model dtype. cfg is the file's config (upf_model_config_from_gguf; its drop layers and
+ * selection may be changed) and must outlive the model; the file may be closed after the call. */
+upf_status upf_model_load_gguf(upf_model *m, const upf_gguf *g, const upf_model_config *cfg, const upf_backend *be,
+                               upf_dtype dtype, int32_t layer_begin, int32_t layer_end);
+/* Writes a whole model (every layer held) as a version-3 GGUF file of general.architecture llama,
+ * gemma3 or qwen3next: tensors of 2 or more dims in `dtype` (f32 or bf16), 1-D ones (norms, A_log,
+ * dt bias) in f32 as llama.cpp's converter writes them; the metadata the architecture needs in
+ * llama.cpp's key names; tokenizer.ggml.model "none" and vocab_size (llama.cpp wants a tokenizer
+ * model; a seeded model has no vocabulary). Atomic: no partial file on failure. */
+upf_status upf_model_save_gguf(const upf_model *m, const char *path, upf_dtype dtype);
 
 /* ---- Prefill ---- */
 
