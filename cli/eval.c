@@ -98,9 +98,22 @@ static upf_status eval_tokenizer_encode(eval_tokenizer *t, const char *text, int
 
 static void eval_tokenizer_close(eval_tokenizer *t) { (void)t; }
 
-static upf_status eval_model_open(const char *gguf, const upf_backend *be, upf_dtype dtype, upf_model *m) {
-  (void)be, (void)dtype, (void)m;
-  return upf_fail(UPF_ERR_UNSUPPORTED, "%s: this build has no GGUF model loader", gguf);
+static upf_status eval_config_open(const char *gguf, upf_gguf_model_config *cfg) {
+  upf_gguf *g = NULL;
+  UPF_TRY(upf_gguf_open(gguf, &g));
+  const upf_status st = upf_model_config_from_gguf(g, cfg);
+  upf_gguf_close(g);
+  return st;
+}
+
+/* cfg (the file's) must outlive the model. */
+static upf_status eval_model_open(const char *gguf, const upf_backend *be, upf_dtype dtype, const upf_model_config *cfg,
+                                  upf_model *m) {
+  upf_gguf *g = NULL;
+  UPF_TRY(upf_gguf_open(gguf, &g));
+  const upf_status st = upf_model_load_gguf(m, g, cfg, be, dtype, 0, cfg->num_layers);
+  upf_gguf_close(g);
+  return st;
 }
 
 /* ---- what the runs read: the model, and for a GGUF file its tokenizer and the text ---- */
@@ -121,6 +134,8 @@ typedef struct {
 typedef struct {
   upf_model model;
   int have_model;
+  const upf_model_config *cfg;
+  upf_gguf_model_config gguf_cfg; /* --gguf: the file's config */
   const char *stage;       /* the flag whose input failed, for the message */
   uint64_t seed;           /* --model: windows are seeded ids */
   eval_tokenizer tok;      /* --gguf */
@@ -191,12 +206,8 @@ static upf_status read_text(const char *list, eval_source *s, char **text, size_
 static upf_status eval_source_open(const eval_source_spec *spec, eval_source *s) {
   s->seed = spec->seed;
   if (spec->model) {
-    const upf_model_config *cfg = upf_model_config_by_name(spec->model);
-    if (!cfg)
-      return UPF_ERR_INVALID_ARG; /* the message lists the names */
-    UPF_TRY(upf_model_init_seeded(&s->model, cfg, spec->be, spec->dtype, spec->seed, 0, cfg->num_layers));
-    s->have_model = 1;
-    return UPF_OK;
+    s->cfg = upf_model_config_by_name(spec->model);
+    return s->cfg ? UPF_OK : UPF_ERR_INVALID_ARG; /* the message lists the names */
   }
   s->stage = "eval: --text-file";
   char *text = NULL;
@@ -234,9 +245,18 @@ static upf_status eval_source_open(const eval_source_spec *spec, eval_source *s)
   free(text);
   if (st == UPF_OK) {
     s->stage = "eval: --gguf";
-    st = eval_model_open(spec->gguf, spec->be, spec->dtype, &s->model);
-    s->have_model = st == UPF_OK;
+    st = eval_config_open(spec->gguf, &s->gguf_cfg);
+    s->cfg = &s->gguf_cfg.cfg;
   }
+  return st;
+}
+
+/* The weights (after every check of the command line against the config and the text). */
+static upf_status eval_source_load(const eval_source_spec *spec, eval_source *s) {
+  upf_status st = spec->model ? upf_model_init_seeded(&s->model, s->cfg, spec->be, spec->dtype, spec->seed, 0,
+                                                      s->cfg->num_layers)
+                              : eval_model_open(spec->gguf, spec->be, spec->dtype, s->cfg, &s->model);
+  s->have_model = st == UPF_OK;
   return st;
 }
 
@@ -755,9 +775,9 @@ int upf_cli_eval(int argc, char **argv) {
   /* the model, its tokenizer and the text: every file is read and every size checked before a prefill */
   eval_source src;
   memset(&src, 0, sizeof src);
+  const eval_source_spec spec = {a.gguf, a.model, (uint64_t)a.seed, be, dtype,
+                                 a.gguf ? (a.text_files ? a.text_files : default_text_files) : NULL};
   if (rc == 0) {
-    const eval_source_spec spec = {a.gguf, a.model, (uint64_t)a.seed, be, dtype,
-                                   a.gguf ? (a.text_files ? a.text_files : default_text_files) : NULL};
     upf_status st = eval_source_open(&spec, &src);
     if (st != UPF_OK)
       rc = upf_cli_error(st, a.gguf ? (src.stage ? src.stage : "eval: --gguf") : "eval: --model") + 1;
@@ -765,7 +785,7 @@ int upf_cli_eval(int argc, char **argv) {
   eval_arm *arms = NULL;
   int narms = 0;
   if (rc == 0) {
-    const upf_model_config *c = src.model.cfg;
+    const upf_model_config *c = src.cfg;
     narms = nval ? nval : 1;
     arms = calloc((size_t)narms, sizeof *arms);
     for (int i = 0; i < narms; i++) {
@@ -797,6 +817,11 @@ int upf_cli_eval(int argc, char **argv) {
         rc = 2;
       }
     }
+  }
+  if (rc == 0) {
+    const upf_status st = eval_source_load(&spec, &src);
+    if (st != UPF_OK)
+      rc = upf_cli_error(st, a.gguf ? "eval: --gguf" : "eval: --model");
   }
   if (rc == 0) {
     json_out j = {0};
