@@ -767,9 +767,9 @@ int upf_cli_eval(int argc, char **argv) {
   if (rc == 0) {
     be = a.backend ? upf_backend_by_name(a.backend) : upf_cli_default_backend();
     if (!be)
-      rc = upf_cli_error(UPF_ERR_INVALID_ARG, "eval: --backend") + 1;
+      rc = upf_cli_error(UPF_ERR_INVALID_ARG, "eval: --backend");
     else if (be->probe() != UPF_OK)
-      rc = upf_cli_error(UPF_ERR_NO_DEVICE, "eval: --backend") + 1;
+      rc = upf_cli_error(UPF_ERR_NO_DEVICE, "eval: --backend");
   }
 
   /* the model, its tokenizer and the text: every file is read and every size checked before a prefill */
@@ -780,7 +780,7 @@ int upf_cli_eval(int argc, char **argv) {
   if (rc == 0) {
     upf_status st = eval_source_open(&spec, &src);
     if (st != UPF_OK)
-      rc = upf_cli_error(st, a.gguf ? (src.stage ? src.stage : "eval: --gguf") : "eval: --model") + 1;
+      rc = upf_cli_error(st, a.gguf ? (src.stage ? src.stage : "eval: --gguf") : "eval: --model");
   }
   eval_arm *arms = NULL;
   int narms = 0;
