@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# The accuracy sweep of UniPrefill on the real models (issue 16): dense perplexity, next-token
+# agreement / KL and needle accuracy against p, on either backend, one JSON per `upf eval` run.
+#
+#   perf/accuracy.sh run [--smollm FILE] [--gemma FILE] [--backend cpu|cuda] [--preset cpu|full]
+#                        [--out DIR] [--upf BIN] [--p LIST] [--only smollm|gemma]
+#   perf/accuracy.sh summary DIR [--report DIR]     # tables, plot and summary JSON (perf/plot_accuracy.py)
+#
+# run: writes DIR/<model>-<task>-<tokens>.json, DIR/commands.txt (every command, in order, with its
+# wall time) and DIR/text.sha256 (the text files and their hashes). A run whose JSON exists is skipped,
+# so an interrupted sweep resumes where it stopped. Presets: `cpu` sizes the sweep for a 2-core machine
+# (SmolLM2 at 2K, Gemma-3 at 2K, few windows); `full` is the whole sweep (2K-8K SmolLM2, 2K-32K
+# Gemma-3, 16 windows, 4 needle trials a depth) for a GPU. Model files default to the cache of
+# ci/fetch-models.sh; a model whose file is absent is skipped with a line.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")/.." && pwd)
+models=${UPF_MODELS:-$HOME/.cache/uniprefill/models}
+smollm=$models/SmolLM2-135M-Instruct.Q4_1.gguf
+gemma=$models/gemma-3-270m-q4_k_m.gguf
+backend=cpu
+preset=cpu
+out=$here/build/accuracy
+upf=$here/build/upf
+plist=0.8,0.9,0.95,0.975,0.99,0.995
+only=
+# The natural text: the licence texts Debian's base-files package ships (present on every Debian
+# system), joined in this order; upf eval's default is the same list.
+texts=(/usr/share/common-licenses/GPL-3 /usr/share/common-licenses/Apache-2.0 /usr/share/common-licenses/MPL-2.0
+  /usr/share/common-licenses/GFDL-1.3 /usr/share/common-licenses/LGPL-2.1 /usr/share/common-licenses/GPL-2
+  /usr/share/common-licenses/MPL-1.1 /usr/share/common-licenses/Artistic /usr/share/common-licenses/CC0-1.0)
+
+usage() { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; }
+
+cmd=${1:-}
+[ $# -gt 0 ] && shift
+case "$cmd" in
+run) ;;
+summary)
+  [ $# -ge 1 ] || { usage >&2; exit 2; }
+  dir=$1; shift
+  report=$here/perf/reports/accuracy
+  while [ $# -gt 0 ]; do
+    case "$1" in
+    --report) report=$2; shift 2 ;;
+    *) echo "accuracy.sh summary: unknown argument $1" >&2; exit 2 ;;
+    esac
+  done
+  py=${UPF_PLOT_PYTHON:-$HOME/.cache/uniprefill/venv-plot/bin/python}
+  [ -x "$py" ] || py=python3
+  exec "$py" "$here/perf/plot_accuracy.py" "$dir" --out "$report"
+  ;;
+-h|--help) usage; exit 0 ;;
+*) usage >&2; exit 2 ;;
+esac
+
+while [ $# -gt 0 ]; do
+  case "$1" in
+  --smollm) smollm=$2; shift 2 ;;
+  --gemma) gemma=$2; shift 2 ;;
+  --backend) backend=$2; shift 2 ;;
+  --preset) preset=$2; shift 2 ;;
+  --out) out=$2; shift 2 ;;
+  --upf) upf=$2; shift 2 ;;
+  --p) plist=$2; shift 2 ;;
+  --only) only=$2; shift 2 ;;
+  *) echo "accuracy.sh run: unknown argument $1" >&2; usage >&2; exit 2 ;;
+  esac
+done
+case "$preset" in cpu|full) ;; *) echo "accuracy.sh: --preset $preset: want cpu or full" >&2; exit 2 ;; esac
+[ -x "$upf" ] || { echo "accuracy.sh: $upf is not built (make)" >&2; exit 2; }
+mkdir -p "$out"
+text_list=$(IFS=,; echo "${texts[*]}")
+sha256sum "${texts[@]}" >"$out/text.sha256"
+
+# One upf eval run into $out/$name.json, logged to commands.txt; skipped when its JSON exists.
+eval_run() {
+  local name=$1; shift
+  local json=$out/$name.json
+  if [ -s "$json" ]; then
+    echo "accuracy.sh: $name: done already ($json)"
+    return 0
+  fi
+  local start=$SECONDS
+  echo "accuracy.sh: $name: upf eval $*" >&2
+  if "$upf" eval "$@" --backend "$backend" --text-file "$text_list" --json "$json" >"$out/$name.log" 2>&1; then
+    echo "upf eval $* --backend $backend --text-file $text_list --json $json   # $((SECONDS - start)) s" >>"$out/commands.txt"
+    tail -n 3 "$out/$name.log"
+  else
+    echo "accuracy.sh: $name failed (log: $out/$name.log):" >&2
+    tail -n 5 "$out/$name.log" >&2
+    echo "# FAILED: upf eval $* --backend $backend  # $((SECONDS - start)) s" >>"$out/commands.txt"
+  fi
+}
+
+# model tag, file, ppl tokens/windows, next-token lengths/windows, needle lengths/trials
+sweep() {
+  local tag=$1 file=$2 ppl_len=$3 ppl_win=$4 nt_lens=$5 nt_win=$6 nd_lens=$7 nd_trials=$8
+  if [ -n "$only" ] && [ "$only" != "$tag" ]; then return 0; fi
+  if [ ! -f "$file" ]; then
+    echo "accuracy.sh: $tag: $file absent, skipped (ci/fetch-models.sh fetches it)"
+    return 0
+  fi
+  for n in ${ppl_len//,/ }; do
+    eval_run "$tag-ppl-$n" --gguf "$file" --task ppl --tokens "$n" --windows "$ppl_win"
+  done
+  for n in ${nt_lens//,/ }; do
+    eval_run "$tag-next-token-$n" --gguf "$file" --task next-token --tokens "$n" --windows "$nt_win" --p "$plist"
+  done
+  for n in ${nd_lens//,/ }; do
+    eval_run "$tag-needle-$n" --gguf "$file" --task needle --tokens "$n" --trials "$nd_trials" --p "$plist"
+  done
+}
+
+if [ "$preset" = full ]; then
+  sweep smollm "$smollm" 2048,8192 8 2048,4096,8192 16 2048,4096,8192 4
+  sweep gemma "$gemma" 2048,8192 8 2048,4096,8192,16384,32768 16 2048,4096,8192,16384,32768 4
+else
+  sweep smollm "$smollm" 2048 2 2048 4 2048 1
+  sweep gemma "$gemma" 2048 1 2048 2 2048 1
+fi
+echo "accuracy.sh: JSON in $out; summarise with: perf/accuracy.sh summary $out"
