@@ -25,5 +25,8 @@ extern const char upf_cli_prefill_usage[];
 /* `upf eval` (cli/eval.c): accuracy of UniPrefill against dense. */
 int upf_cli_eval(int argc, char **argv);
 extern const char upf_cli_eval_usage[];
+/* The real-weight section of `upf report` (markdown, malloc'd): a short SmolLM2 check on the CPU from the
+ * GGUF file at `gguf`, or a line saying why it was skipped or failed. */
+char *upf_cli_eval_report(const char *gguf);
 
 #endif

@@ -846,3 +846,90 @@ int upf_cli_eval(int argc, char **argv) {
   free(arms), free(lengths), free(lengths_d), free(values), free(depths);
   return rc;
 }
+
+/* ---- the real-weight section of `upf report` ---- */
+
+/* Markdown lines for the report: SmolLM2's dense perplexity over 1K tokens of the licence texts and its
+ * next-token agreement at the default p over one window of 2K tokens, on the CPU; or a line saying why
+ * not (the file is absent, the run failed). Progress on stderr. */
+char *upf_cli_eval_report(const char *gguf) {
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&buf, &len);
+  fprintf(f, "## real weights (SmolLM2-135M-Instruct, CPU)\n\n");
+  struct stat sb;
+  if (stat(gguf, &sb) != 0) {
+    fprintf(f, "skipped: %s is absent (ci/fetch-models.sh fetches it)\n\n", gguf);
+    fclose(f);
+    return buf;
+  }
+  const eval_source_spec spec = {gguf, NULL, 0, upf_backend_cpu(), UPF_DTYPE_BF16, default_text_files};
+  eval_source src;
+  memset(&src, 0, sizeof src);
+  upf_status st = eval_source_open(&spec, &src);
+  if (st == UPF_OK)
+    st = eval_source_load(&spec, &src);
+  const int64_t L_ppl = 1024, L_nt = 2048, last = 128;
+  const int32_t V = src.cfg ? src.cfg->vocab : 0;
+  int32_t *ids = malloc((size_t)L_nt * sizeof *ids);
+  double *nll = malloc((size_t)L_ppl * sizeof *nll);
+  float *dense = NULL, *uni = NULL;
+  double ppl = 0, t_ppl = 0, t_nt = 0, keep[UPF_MODEL_MAX_LAYERS];
+  int nkeep = 0;
+  upf_eval_agreement acc = {0};
+  if (st == UPF_OK) {
+    fprintf(stderr, "upf report: real weights: %s, dense perplexity over %lld tokens ...\n", gguf, (long long)L_ppl);
+    eval_source_window(&src, 0, L_ppl, 0, ids);
+    const double t0 = now_seconds();
+    st = upf_eval_prefill_nll(&src.model, ids, L_ppl, nll);
+    t_ppl = now_seconds() - t0;
+    if (st == UPF_OK)
+      ppl = upf_eval_ppl(nll, L_ppl - 1);
+  }
+  if (st == UPF_OK) {
+    fprintf(stderr, "upf report: real weights: next-token agreement over %lld tokens at p %g ...\n", (long long)L_nt,
+            (double)src.cfg->select.p);
+    dense = malloc((size_t)last * V * sizeof *dense), uni = malloc((size_t)last * V * sizeof *uni);
+    int64_t start = 0;
+    st = eval_source_windows(&src, L_nt, 1, last, &start);
+    if (st == UPF_OK)
+      eval_source_window(&src, start, L_nt, 0, ids);
+    upf_prefill_options opt = {.mode = UPF_PREFILL_DENSE, .select = src.cfg->select};
+    upf_prefill_result res;
+    memset(&res, 0, sizeof res);
+    const double t0 = now_seconds();
+    if (st == UPF_OK)
+      st = upf_eval_prefill_last(&src.model, ids, L_nt, &opt, last, dense, &res);
+    upf_prefill_result_free(&res);
+    opt.mode = UPF_PREFILL_UNIPREFILL;
+    if (st == UPF_OK)
+      st = upf_eval_prefill_last(&src.model, ids, L_nt, &opt, last, uni, &res);
+    if (st == UPF_OK) {
+      upf_eval_keep_ratios(&res, L_nt, keep);
+      nkeep = res.num_drops;
+      st = upf_eval_agreement_add(&acc, dense, uni, last, V);
+    }
+    upf_prefill_result_free(&res);
+    t_nt = now_seconds() - t0;
+  }
+  if (st != UPF_OK) {
+    fprintf(f, "FAILED: %s (%s)\n\n", upf_last_error(), upf_status_name(st));
+  } else {
+    fprintf(f, "Text: the first tokens of the licence texts of /usr/share/common-licenses (GPL-3 first), BOS first.\n\n");
+    fprintf(f, "| check | result | time |\n|---|---|---:|\n");
+    fprintf(f, "| dense perplexity, %lld tokens | %.3f | %.1f s |\n", (long long)L_ppl, ppl, t_ppl);
+    fprintf(f, "| UniPrefill p %g vs dense, last %lld positions of %lld tokens | top-1 agreement %.2f%%, mean KL %.3g; kept "
+               "after drop layers",
+            (double)src.cfg->select.p, (long long)last, (long long)L_nt, 100.0 * acc.agree / acc.positions,
+            acc.kl_sum / acc.positions);
+    for (int k = 0; k < nkeep; k++)
+      fprintf(f, "%s %d: %.3f", k ? "," : "", src.cfg->drop_layers[k], keep[k]);
+    fprintf(f, " | %.1f s |\n\n", t_nt);
+    fprintf(f, "The full sweep (Gemma-3 too, needle, p from 0.8 to 0.995): perf/accuracy.sh; report in "
+               "perf/reports/accuracy/.\n\n");
+  }
+  free(ids), free(nll), free(dense), free(uni);
+  eval_source_close(&src);
+  fclose(f);
+  return buf;
+}

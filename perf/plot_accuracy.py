@@ -58,7 +58,7 @@ def summarise(runs):
                 for run in L["runs"]:
                     k, v = sweep_key(run)
                     m["next_token"].append({"tokens": L["tokens"], "windows": L["windows"], k: v,
-                                            "positions": run["positions"], "top1_agreement": run["top1_agreement"],
+                                            "last": r.get("last", 128), "positions": run["positions"], "top1_agreement": run["top1_agreement"],
                                             "kl_mean": run["kl_mean"], "kl_max": run["kl_max"],
                                             "keep_ratio": run["keep_ratio"]})
         elif r["task"] == "needle":
@@ -128,7 +128,8 @@ def write_markdown(summary, run_dir, path):
             lines += [f"| {r['tokens']} | {r['windows']} | {r['positions']} | {r['ppl']:.3f} |" for r in m["ppl"]]
             lines.append("")
         if m["next_token"]:
-            lines += ["Next-token, last 128 positions of each window (UniPrefill vs dense):", "",
+            lasts = sorted({r["last"] for r in m["next_token"]})
+            lines += [f"Next-token, last {'/'.join(map(str, lasts))} positions of each window (UniPrefill vs dense):", "",
                       "| tokens | windows | p / keep | top-1 agreement | mean KL | max KL | kept share after each drop layer |",
                       "|---|---|---|---|---|---|---|"]
             for r in sorted(m["next_token"], key=lambda r: (r["tokens"], r.get("p", r.get("keep")))):
@@ -205,7 +206,8 @@ def plot(summary, path):
     a_keep.set(title="kept share of the prompt after the last drop layer", xlabel="p", ylim=(0, 1.05))
     for a in (a_agree, a_kl, a_needle, a_keep):
         a.grid(alpha=0.3)
-        a.legend(fontsize=7)
+        if a.get_legend_handles_labels()[0]:
+            a.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
