@@ -160,6 +160,77 @@ static void test_extend_masks(void) {
   CU_ASSERT_EQUAL(upf_eval_extend_masks(&res, 3, masks, lens), UPF_ERR_INVALID_ARG);
 }
 
+
+/* A tiny seeded model (f32): the masks of a UniPrefill prefill of a prompt, extended with a kept entry per
+ * appended token and replayed over prompt + answer, reproduce the prompt run at the prompt's last
+ * position (the same logits within rounding: only the batch is longer) and keep the appended tokens at
+ * every drop layer. The dense answer check agrees with a decode loop of whole prefills. */
+static void test_replay_extension(void) {
+  const char *names[2] = {"llama-tiny", "gemma3-tiny"};
+  const int nmodels = upf_test_quick() ? 1 : 2;
+  const int64_t P = upf_test_quick() ? 72 : 200, A = 4;
+  for (int i = 0; i < nmodels; i++) {
+    const upf_model_config *cfg = upf_model_config_by_name(names[i]);
+    upf_model m;
+    CU_ASSERT_EQUAL_FATAL(upf_model_init_seeded(&m, cfg, upf_backend_cpu(), UPF_DTYPE_F32, 5, 0, cfg->num_layers), UPF_OK);
+    const int32_t V = cfg->vocab;
+    int32_t *ids = malloc((size_t)(P + A) * sizeof *ids);
+    float *first = malloc((size_t)V * sizeof *first), *rows = malloc((size_t)(A + 1) * V * sizeof *rows);
+    upf_model_seeded_ids(9, V, P + A, ids);
+    upf_prefill_options opt = {.mode = UPF_PREFILL_UNIPREFILL, .select = cfg->select};
+    opt.select.p = 0.5f;
+    upf_prefill_result a, b;
+    CU_ASSERT_EQUAL_FATAL(upf_eval_prefill_last(&m, ids, P, &opt, 1, first, &a), UPF_OK);
+    CU_ASSERT_EQUAL(a.num_drops, cfg->num_drop_layers);
+    uint8_t *masks[UPF_MODEL_MAX_LAYERS] = {0};
+    int64_t lens[UPF_MODEL_MAX_LAYERS];
+    CU_ASSERT_EQUAL_FATAL(upf_eval_extend_masks(&a, A, masks, lens), UPF_OK);
+    opt.replay_masks = (const uint8_t *const *)masks, opt.replay_mask_len = lens;
+    CU_ASSERT_EQUAL_FATAL(upf_eval_prefill_last(&m, ids, P + A, &opt, A + 1, rows, &b), UPF_OK);
+    CU_ASSERT_EQUAL(b.num_drops, a.num_drops);
+    for (int k = 0; k < a.num_drops && k < b.num_drops; k++) {
+      CU_ASSERT(a.drops[k].tokens_kept < a.drops[k].tokens_in); /* p = 0.5 drops: the replay means something */
+      CU_ASSERT_EQUAL(b.drops[k].tokens_in, a.drops[k].tokens_in + A);
+      CU_ASSERT_EQUAL(b.drops[k].tokens_kept, a.drops[k].tokens_kept + A);
+    }
+    double worst = 0.0, scale = 0.0;
+    for (int32_t v = 0; v < V; v++) {
+      worst = fmax(worst, fabs((double)rows[v] - first[v]));
+      scale = fmax(scale, fabs((double)first[v]));
+    }
+    if (worst > 1e-4 * scale)
+      printf("\n%s: replayed logits differ by %g (largest logit %g)\n", names[i], worst, scale);
+    CU_ASSERT(worst <= 1e-4 * scale);
+    CU_ASSERT_EQUAL(upf_eval_argmax(rows, V), upf_eval_argmax(first, V));
+    for (int k = 0; k < UPF_MODEL_MAX_LAYERS; k++)
+      free(masks[k]);
+    upf_prefill_result_free(&a), upf_prefill_result_free(&b);
+
+    /* dense: the greedy continuation by a decode loop of whole prefills is what the check accepts */
+    int32_t answer[4];
+    upf_prefill_options dense = {.mode = UPF_PREFILL_DENSE, .select = cfg->select};
+    for (int64_t t = 0; t < A; t++) {
+      CU_ASSERT_EQUAL_FATAL(upf_eval_prefill_last(&m, ids, P + t, &dense, 1, first, &a), UPF_OK);
+      upf_prefill_result_free(&a);
+      answer[t] = upf_eval_argmax(first, V);
+      ids[P + t] = answer[t];
+    }
+    upf_eval_answer out;
+    CU_ASSERT_EQUAL(upf_eval_check_answer(&m, ids, P, answer, A, NULL, &out), UPF_OK);
+    CU_ASSERT_TRUE(out.correct);
+    answer[A - 1] = (answer[A - 1] + 1) % V;
+    CU_ASSERT_EQUAL(upf_eval_check_answer(&m, ids, P, answer, A, NULL, &out), UPF_OK);
+    CU_ASSERT_FALSE(out.correct);
+    /* UniPrefill: the answer run and the prompt run agree on the first answer token; keep ratios recorded */
+    CU_ASSERT_EQUAL(upf_eval_check_answer(&m, ids, P, answer, A, &opt.select, &out), UPF_OK);
+    CU_ASSERT_EQUAL(out.first, out.prompt_first);
+    CU_ASSERT_EQUAL(out.num_drops, cfg->num_drop_layers);
+    CU_ASSERT(out.keep[0] > 0.0 && out.keep[0] < 1.0);
+    free(ids), free(first), free(rows);
+    upf_model_free(&m);
+  }
+}
+
 void upf_register_eval_tests(void) {
   static const CU_TestInfo tests[] = {
       {"metrics by hand", test_metrics_by_hand},
@@ -168,6 +239,7 @@ void upf_register_eval_tests(void) {
       {"windows of a text", test_windows},
       {"needle prompt builder", test_needle_builder},
       {"mask extension and keep ratios", test_extend_masks},
+      {"replayed masks over prompt + answer", test_replay_extension},
       CU_TEST_INFO_NULL,
   };
   upf_test_suite("eval", NULL, NULL, tests);
