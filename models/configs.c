@@ -153,7 +153,45 @@ static upf_model_config qwen3_next_tiny(void) {
   return c;
 }
 
-static upf_model_config configs[6];
+/* Seeded twins of the two real models of issue 16 (the GGUF files hold the same shapes; helper code
+ * that reads those files builds its configs from their metadata). Shapes from the published
+ * config.json, for timing the CPU reference at the real sizes and for tests.
+ *   SmolLM2-135M: HuggingFaceTB/SmolLM2-135M-Instruct/config.json (Llama architecture).
+ *   Gemma-3-270M: google/gemma-3-270m/config.json (rope_scaling null: plain RoPE on both kinds). */
+static upf_model_config smollm2_135m(void) {
+  upf_model_config c = llama31_8b();
+  c.name = "smollm2-135m";
+  c.summary = "SmolLM2-135M shapes (seeded weights): 30 full-attention layers, GQA 9/3 of D 64, SwiGLU 1536, tied";
+  c.hidden = 576, c.num_layers = 30, c.vocab = 49152, c.q_heads = 9, c.kv_heads = 3, c.head_dim = 64;
+  c.inter = 1536, c.tied_embeddings = 1;
+  const upf_rope_params rope = {100000.0, 0, UPF_ROPE_DEFAULT, 1.0, 0.0, 0.0, 0}; /* rope_theta, no scaling */
+  c.rope_full = rope, c.rope_sliding = rope;
+  c.norm.eps = 1e-5f; /* rms_norm_eps */
+  /* Llama-3.1-8B's drop layers 7, 11, ..., 27 of 32 at the same relative depth: round(l * 30 / 32) */
+  c.num_drop_layers = 6;
+  const int32_t drops[6] = {7, 10, 14, 18, 22, 25};
+  memcpy(c.drop_layers, drops, sizeof drops);
+  return c;
+}
+
+static upf_model_config gemma3_270m(void) {
+  upf_model_config c = gemma3_12b();
+  c.name = "gemma3-270m";
+  c.summary = "Gemma-3-270M shapes (seeded weights): 18 layers, every 6th global, others window 512, 4/1 heads of D 256";
+  c.hidden = 640, c.num_layers = 18, c.vocab = 262144, c.q_heads = 4, c.kv_heads = 1, c.head_dim = 256;
+  c.inter = 2048, c.window = 512;
+  c.attn.scale = upf_attn_gemma_scale(256); /* query_pre_attn_scalar */
+  c.embed_scale = sqrtf(640.0f);
+  const upf_rope_params local = {10000.0, 0, UPF_ROPE_DEFAULT, 1.0, 0.0, 0.0, 0};    /* rope_local_base_freq */
+  const upf_rope_params global = {1000000.0, 0, UPF_ROPE_DEFAULT, 1.0, 0.0, 0.0, 0}; /* rope_theta */
+  c.rope_full = global, c.rope_sliding = local;
+  /* the global layers (5, 11, 17) in the later half, as the 12B's 29, 35, 41 of 48 */
+  c.num_drop_layers = 2, c.drop_layers[0] = 11, c.drop_layers[1] = 17;
+  c.drop_min_step_tokens = c.window;
+  return c;
+}
+
+static upf_model_config configs[8];
 static int configs_ready;
 
 static void build_configs(void) {
@@ -161,6 +199,7 @@ static void build_configs(void) {
     return;
   configs[0] = llama31_8b(), configs[1] = gemma3_12b(), configs[2] = qwen3_next_80b();
   configs[3] = llama_tiny(), configs[4] = gemma3_tiny(), configs[5] = qwen3_next_tiny();
+  configs[6] = smollm2_135m(), configs[7] = gemma3_270m();
   configs_ready = 1;
 }
 
