@@ -465,7 +465,7 @@ static upf_status run_ppl(const eval_args *a, eval_source *src, const int64_t *l
 static upf_status run_next_token(const eval_args *a, eval_source *src, const int64_t *lengths, int nlen,
                                  const eval_arm *arms, int narms, FILE *j) {
   const upf_model *m = &src->model;
-  const int32_t V = m->cfg->vocab, nd = m->cfg->num_drop_layers;
+  const int32_t V = m->cfg->vocab;
   const int64_t last = a->last;
   float *dense = malloc((size_t)last * V * sizeof *dense), *uni = malloc((size_t)last * V * sizeof *uni);
   upf_eval_agreement *acc = calloc((size_t)narms, sizeof *acc);
@@ -535,7 +535,6 @@ static upf_status run_next_token(const eval_args *a, eval_source *src, const int
       }
       fprintf(j, "\n    ]}");
     }
-    (void)nd;
     free(starts), free(ids);
   }
   fprintf(j, "\n  ]\n}\n");
@@ -811,9 +810,9 @@ int upf_cli_eval(int argc, char **argv) {
         fprintf(stderr, "upf eval: --tokens %lld: longer than the text (%lld tokens from --text-file)\n",
                 (long long)lengths[i], (long long)src.text_len);
         rc = 2;
-      } else if (src.num_files && task_needle && lengths[i] > src.text_len) {
+      } else if (src.num_files && task_needle && lengths[i] > src.filler_len) {
         fprintf(stderr, "upf eval: --tokens %lld: longer than the filler text (%lld tokens from --text-file)\n",
-                (long long)lengths[i], (long long)src.text_len);
+                (long long)lengths[i], (long long)src.filler_len);
         rc = 2;
       }
     }
