@@ -28,5 +28,8 @@ extern const char upf_cli_eval_usage[];
 /* The real-weight section of `upf report` (markdown, malloc'd): a short SmolLM2 check on the CPU from the
  * GGUF file at `gguf`, or a line saying why it was skipped or failed. */
 char *upf_cli_eval_report(const char *gguf);
+/* `upf tokenize` (cli/tokenize.c). */
+int upf_cli_tokenize(int argc, char **argv);
+extern const char upf_cli_tokenize_usage[];
 
 #endif

@@ -357,6 +357,7 @@ static const command commands[] = {
     {"models", upf_cli_models, upf_cli_models_usage},
     {"prefill", upf_cli_prefill, upf_cli_prefill_usage},
     {"eval", upf_cli_eval, upf_cli_eval_usage},
+    {"tokenize", upf_cli_tokenize, upf_cli_tokenize_usage},
 };
 
 static void usage(FILE *out) {
