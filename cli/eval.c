@@ -14,6 +14,7 @@
 #include "uniprefill/eval.h"
 #include "uniprefill/provenance.h"
 #include "uniprefill/rng.h"
+#include "uniprefill/tokenizer.h"
 
 const char upf_cli_eval_usage[] =
     "usage: upf eval (--gguf FILE | --model NAME [--seed S]) --task ppl|next-token|needle\n"
@@ -79,24 +80,28 @@ typedef struct {
   const char *kind; /* "p" or "keep" */
 } eval_arm;
 
-/* The GGUF model and its tokenizer (the loader of models/ and the tokenizer of core/). */
+/* The GGUF file's tokenizer (core/tokenizer.c): text in, ids out, specials added by the caller. */
 typedef struct {
-  void *t;
+  upf_tokenizer *t;
   int32_t bos;
   int add_bos; /* the file asks for BOS at the start of a prompt */
 } eval_tokenizer;
 
 static upf_status eval_tokenizer_open(const char *gguf, eval_tokenizer *t) {
-  (void)t;
-  return upf_fail(UPF_ERR_UNSUPPORTED, "%s: this build has no GGUF tokenizer", gguf);
+  upf_gguf *g = NULL;
+  UPF_TRY(upf_gguf_open(gguf, &g));
+  const upf_status st = upf_tokenizer_from_gguf(g, &t->t);
+  upf_gguf_close(g);
+  if (st == UPF_OK)
+    t->bos = upf_tokenizer_bos(t->t), t->add_bos = upf_tokenizer_add_bos(t->t) && t->bos >= 0;
+  return st;
 }
 
 static upf_status eval_tokenizer_encode(eval_tokenizer *t, const char *text, int64_t len, int32_t **ids, int64_t *n) {
-  (void)t, (void)text, (void)len, (void)ids, (void)n;
-  return upf_fail(UPF_ERR_UNSUPPORTED, "this build has no GGUF tokenizer");
+  return upf_tokenizer_encode(t->t, text, len, 0, ids, n);
 }
 
-static void eval_tokenizer_close(eval_tokenizer *t) { (void)t; }
+static void eval_tokenizer_close(eval_tokenizer *t) { upf_tokenizer_free(t->t), t->t = NULL; }
 
 static upf_status eval_config_open(const char *gguf, upf_gguf_model_config *cfg) {
   upf_gguf *g = NULL;
