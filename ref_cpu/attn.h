@@ -1,7 +1,10 @@
-/* CPU reference of the attention ops: plain loops over (request, query row, head), logits, softmax
- * (two passes: max, then sum of exponentials) and the weighted sum of values in double, each output
- * rounded once; the log-sum-exp in the natural log. The same core serves contiguous K/V and the paged
- * cache (K/V rows located through the block table), and the cache write through the slot mapping. */
+/* CPU reference of the attention ops: logits, softmax (two passes: max, then sum of exponentials) and
+ * the weighted sum of values in double, each output rounded once; the log-sum-exp in the natural log.
+ * The products go through cblas_dgemm over blocks of queries (the query heads of one kv head
+ * together) against the keys the block can see, so causally or window-masked key ranges are never
+ * computed; plain loops over (request, query row, head) remain as the oracle the tests compare it
+ * with. The same core serves contiguous K/V and the paged cache (K/V rows located through the block
+ * table), and the cache write through the slot mapping. */
 #ifndef UNIPREFILL_REF_ATTN_H
 #define UNIPREFILL_REF_ATTN_H
 
@@ -27,6 +30,11 @@ upf_status ref_attn_prefill_f64(const upf_attn_varlen *b, const upf_tensor *q, c
                                 const upf_tensor *v, const upf_attn_params *p, double *truth);
 upf_status ref_attn_paged_f64(const upf_attn_paged *b, const upf_tensor *q, const upf_tensor *k_cache,
                               const upf_tensor *v_cache, const upf_attn_params *p, double *truth);
+
+/* The naive loops (the oracle of the blocked path; paged attention shares the blocked core, tested
+ * equal to contiguous): truth (Tq, Hq, D) row-major; lse (Tq, Hq) f32 or NULL. */
+upf_status ref_attn_prefill_naive(const upf_attn_varlen *b, const upf_tensor *q, const upf_tensor *k,
+                                  const upf_tensor *v, const upf_attn_params *p, double *truth, const upf_tensor *lse);
 
 #ifdef __cplusplus
 }

@@ -250,6 +250,50 @@ static void test_attn_truth_matches(void) {
   inv_free(&x);
 }
 
+
+/* The blocked dgemm path equals the naive loops (the oracle) to within the reordering of double sums:
+ * GQA groups of 1, 3 and 6, requests longer than one query block (64), windows shorter and longer than
+ * a block, soft-cap, a prefill against cached keys (kv_len > q_len) and one-token requests. */
+static void test_attn_blocked_equals_naive(void) {
+  const int32_t q_lens[4] = {150, 1, 70, 9}, kv_lens[4] = {150, 33, 200, 9};
+  const int64_t groups[3][2] = {{6, 6}, {6, 2}, {6, 1}};
+  const upf_attn_params params[4] = {{0.0f, 0.0f, 0}, {0.0f, 0.0f, 7}, {0.3f, 5.0f, 70}, {0.0f, 30.0f, 0}};
+  for (int g = 0; g < 3; g++) {
+    inv_data x;
+    inv_make(&x, q_lens, kv_lens, 4, groups[g][0], groups[g][1], 16, 41 + (uint64_t)g);
+    const size_t n = (size_t)(x.Tq * x.hq * x.d), nl = (size_t)(x.Tq * x.hq);
+    double *fast = malloc(n * sizeof(double)), *slow = malloc(n * sizeof(double));
+    float *o = malloc(n * sizeof(float)), *l_fast = malloc(nl * sizeof(float)), *l_slow = malloc(nl * sizeof(float));
+    CU_ASSERT_FATAL(fast && slow && o && l_fast && l_slow);
+    const int64_t sq[3] = {x.Tq, x.hq, x.d}, sk[3] = {x.Tkv, x.hkv, x.d}, sl[2] = {x.Tq, x.hq};
+    upf_tensor tq = view_of(x.q, UPF_DTYPE_F32, 3, sq), tk = view_of(x.k, UPF_DTYPE_F32, 3, sk);
+    upf_tensor tv = view_of(x.v, UPF_DTYPE_F32, 3, sk), tl = view_of(l_slow, UPF_DTYPE_F32, 2, sl);
+    upf_attn_varlen b = {x.nreq, x.cu_q, x.cu_q, x.cu_kv, x.cu_kv};
+    for (int i = 0; i < 4; i++) {
+      CU_ASSERT_EQUAL_FATAL(ref_attn_prefill_f64(&b, &tq, &tk, &tv, &params[i], fast), UPF_OK);
+      CU_ASSERT_EQUAL_FATAL(ref_attn_prefill_naive(&b, &tq, &tk, &tv, &params[i], slow, &tl), UPF_OK);
+      CU_ASSERT_EQUAL_FATAL(inv_prefill(&x, &params[i], o, l_fast), UPF_OK);
+      double worst = 0.0, worst_lse = 0.0;
+      for (size_t e = 0; e < n; e++) {
+        const double err = fabs(fast[e] - slow[e]) / (fabs(slow[e]) + 1e-3);
+        worst = err > worst ? err : worst;
+        CU_ASSERT_EQUAL(o[e], (float)fast[e]); /* the rounded path is the truth rounded */
+      }
+      for (size_t e = 0; e < nl; e++) {
+        const double err = fabs((double)l_fast[e] - l_slow[e]) / (fabs(l_slow[e]) + 1.0);
+        worst_lse = err > worst_lse ? err : worst_lse;
+      }
+      CU_ASSERT(worst < 1e-12);
+      CU_ASSERT(worst_lse < 2e-7); /* one f32 rounding of the same double */
+      if (worst >= 1e-12 || worst_lse >= 2e-7)
+        fprintf(stderr, "blocked vs naive: group %lld, case %d: out %.3g, lse %.3g\n",
+                (long long)(x.hq / x.hkv), i, worst, worst_lse);
+    }
+    free(fast), free(slow), free(o), free(l_fast), free(l_slow);
+    inv_free(&x);
+  }
+}
+
 /* ---- the verify entries ---- */
 
 /* Goldens and bad inputs (each expecting its status) on the CPU. */
@@ -322,6 +366,8 @@ static CU_TestInfo attn_tests[] = {
     {"paged (P = 1, 16, 64) == contiguous, via the cache write", test_attn_paged_equals_contiguous},
     {"cached prefill == last rows; window >= length == causal", test_attn_cached_prefill_and_long_window},
     {"rounded output == fp64 truth rounded", test_attn_truth_matches},
+    {"blocked dgemm path == naive loops: GQA, windows, soft-cap, cached keys, > 1 query block",
+     test_attn_blocked_equals_naive},
     {"attention verify entries pass on the cpu (goldens, bad inputs)", test_attn_verify_entries_cpu},
     {"attention verify cases through the harness (cpu twin)", test_attn_verify_cases_on_cpu_twin},
     {"verify lines name the attn.prefill / attn.paged variant in effect where it picks the kernel",
