@@ -51,9 +51,13 @@ const char upf_cli_prefill_usage[] =
     "                   [--seed S] [--mode dense|uniprefill] [--select topp|topk] [--p P] [--keep R]\n"
     "                   [--dtype f32|bf16] [--backend cpu|cuda] [--layers A:B] [--out-logits L.npy]\n"
     "                   [--dump-masks DIR] [--replay-masks DIR] [--json R.json] [--warmup N] [--iters N]\n"
+    "                   [--out-argmax A.npy] [--out-nll N.npy]\n"
     "  End-to-end prefill of a built-in model (upf models) on weights seeded by S.\n"
     "  IDS <i4 (T,), CU <i4 (B+1) (one request when absent); with --lengths the ids come from the seed.\n"
     "  L <f4 (B, vocab): the last-position logits of each request.\n"
+    "  A <i4 (T,): the argmax token at every position (ties to the lowest id); N <f8 (T,): the NLL of the\n"
+    "  next token of the request at every position (natural log; NaN at each request's last). Dense mode\n"
+    "  only: UniPrefill has outputs at its kept positions only.\n"
     "  --mode uniprefill drops tokens after each drop layer's attention: top-p with --p (default: the\n"
     "  model's), or --select topk --keep R: the ceil(R * blocks) best blocks of each request.\n"
     "  --dump-masks writes DIR/layer<l>.npy (|u1, one entry per token entering drop layer l, compacted\n"
@@ -66,6 +70,7 @@ const char upf_cli_prefill_usage[] =
 typedef struct {
   const char *model, *lengths, *ids_path, *cu_path, *mode, *select, *dtype, *backend, *layers;
   const char *out_logits, *dump_dir, *replay_dir, *json;
+  const char *out_argmax, *out_nll;
   int32_t seed, warmup, iters, ideal;
   float p, keep;
 } prefill_args;
@@ -338,6 +343,7 @@ int upf_cli_prefill(int argc, char **argv) {
       {"--dump-masks", UPF_ARG_STRING, &a.dump_dir}, {"--replay-masks", UPF_ARG_STRING, &a.replay_dir},
       {"--json", UPF_ARG_STRING, &a.json},           {"--warmup", UPF_ARG_INT, &a.warmup, 0, 0, 1000},
       {"--iters", UPF_ARG_INT, &a.iters, 0, 1, 1000},   {"--ideal", UPF_ARG_SWITCH, &a.ideal},
+      {"--out-argmax", UPF_ARG_STRING, &a.out_argmax}, {"--out-nll", UPF_ARG_STRING, &a.out_nll},
   };
   upf_arg_parser p = {"upf prefill", upf_cli_prefill_usage, args, (int)(sizeof args / sizeof *args), NULL, 0, 0};
   const upf_args_result pr = upf_args_parse(&p, argc, argv);
@@ -387,6 +393,11 @@ int upf_cli_prefill(int argc, char **argv) {
                     "uniprefill\n");
     return 2;
   }
+  if (opt.mode != UPF_PREFILL_DENSE && (a.out_argmax || a.out_nll)) {
+    fprintf(stderr, "upf prefill: --out-argmax and --out-nll need --mode dense (UniPrefill has outputs at its kept "
+                    "positions only)\n");
+    return 2;
+  }
   if (a.p > 0)
     opt.select.p = a.p;
   if (topk)
@@ -409,8 +420,9 @@ int upf_cli_prefill(int argc, char **argv) {
       return 2;
     }
   const upf_arg_path paths[] = {{"--token-ids", a.ids_path, 0}, {"--cu-seqlens", a.cu_path, 0},
-                                {"--out-logits", a.out_logits, 1}, {"--json", a.json, 1}};
-  if (!upf_args_check_paths("upf prefill", paths, 4))
+                                {"--out-logits", a.out_logits, 1}, {"--json", a.json, 1},
+                                {"--out-argmax", a.out_argmax, 1}, {"--out-nll", a.out_nll, 1}};
+  if (!upf_args_check_paths("upf prefill", paths, 6))
     return 2;
   const upf_backend *be = a.backend ? upf_backend_by_name(a.backend) : upf_cli_default_backend();
   if (!be)
@@ -439,12 +451,28 @@ int upf_cli_prefill(int argc, char **argv) {
       return 2;
     }
 
+  /* --out-nll: the next token of the request at each position, -1 after its last */
+  int32_t *targets = NULL;
+  if (a.out_argmax || a.out_nll) {
+    opt.per_position = 1;
+    if (a.out_nll) {
+      targets = malloc((size_t)cu[B] * sizeof *targets);
+      if (!targets) {
+        free(ids), free(cu);
+        return upf_cli_error(UPF_ERR_NOMEM, "prefill: --out-nll");
+      }
+      for (int32_t r = 0; r < B; r++)
+        for (int32_t t = cu[r]; t < cu[r + 1]; t++)
+          targets[t] = t + 1 < cu[r + 1] ? ids[t + 1] : -1;
+      opt.targets = targets;
+    }
+  }
   upf_model m;
   if (lb > 0 || le < cfg->num_layers)
     fprintf(stderr, "upf prefill: layers %d:%d of %s's %d (a partial model)\n", lb, le, cfg->name, cfg->num_layers);
   st = upf_model_init_seeded(&m, cfg, be, dtype, (uint64_t)a.seed, lb, le);
   if (st != UPF_OK) {
-    free(ids), free(cu);
+    free(ids), free(cu), free(targets);
     return upf_cli_error(st, "prefill: building the model");
   }
   const upf_memory_plan plan = upf_model_memory_plan(&m, cu[B], B);
@@ -504,6 +532,21 @@ int upf_cli_prefill(int argc, char **argv) {
     if (st != UPF_OK)
       rc = upf_cli_error(st, "prefill: --out-logits");
   }
+  const int64_t tshape[1] = {cu[B]};
+  if (rc == 0 && a.out_argmax) {
+    upf_tensor t;
+    upf_tensor_init(&t, res.argmax, UPF_DTYPE_I32, 1, tshape);
+    st = upf_npy_write(a.out_argmax, &t);
+    if (st != UPF_OK)
+      rc = upf_cli_error(st, "prefill: --out-argmax");
+  }
+  if (rc == 0 && a.out_nll) {
+    upf_tensor t;
+    upf_tensor_init(&t, res.nll, UPF_DTYPE_F64, 1, tshape);
+    st = upf_npy_write(a.out_nll, &t);
+    if (st != UPF_OK)
+      rc = upf_cli_error(st, "prefill: --out-nll");
+  }
   for (int k = 0; rc == 0 && a.dump_dir && k < res.num_drops; k++) {
     char path[4096];
     snprintf(path, sizeof path, "%s/layer%d.npy", a.dump_dir, res.drops[k].layer);
@@ -522,7 +565,7 @@ int upf_cli_prefill(int argc, char **argv) {
   upf_prefill_result_free(&res);
   for (int k = 0; k < UPF_MODEL_MAX_LAYERS; k++)
     upf_tensor_free(&masks[k]);
-  free(totals), free(ids), free(cu);
+  free(totals), free(ids), free(cu), free(targets);
   upf_model_free(&m);
   return rc;
 }

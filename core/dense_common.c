@@ -300,3 +300,48 @@ upf_status upf_logits_last_check(const upf_tensor *hidden, const int32_t *cu_seq
   UPF_TRY(check_int_range(logits->stride[0], op, "logits row stride"));
   return with_op(upf_norm_params_check(p), op);
 }
+
+upf_status upf_logits_rows_check(const upf_tensor *hidden, const upf_logits_rows_sel *sel, const upf_tensor *norm_w,
+                                 const upf_norm_params *p, const upf_tensor *w_lm, const upf_logits_rows_out *out) {
+  const char *op = "logits.rows";
+  if (!sel || !out)
+    return upf_fail(UPF_ERR_INVALID_ARG, "%s: sel or out is NULL", op);
+  UPF_TRY(upf_dense_check(hidden, op, "hidden (T, H)", 2, NULL));
+  const int64_t T = hidden->shape[0], H = hidden->shape[1];
+  if (H < 1)
+    return upf_fail(UPF_ERR_SHAPE, "%s: hidden (T, H) has H=0", op);
+  const int64_t wn[1] = {H}, ww[2] = {H, -1};
+  UPF_TRY(upf_dense_check(norm_w, op, "norm_w (H)", 1, wn));
+  UPF_TRY(upf_dense_check(w_lm, op, "w_lm (H, V)", 2, ww));
+  UPF_TRY(upf_dense_same_dtype(hidden, norm_w, op, "hidden", "norm_w"));
+  UPF_TRY(upf_dense_same_dtype(hidden, w_lm, op, "hidden", "w_lm"));
+  const int64_t V = w_lm->shape[1];
+  if (V < 1)
+    return upf_fail(UPF_ERR_SHAPE, "%s: w_lm (H, V) has V=0", op);
+  UPF_TRY(check_int_range(V, op, "V"));
+  UPF_TRY(check_int_range(w_lm->stride[0], op, "w_lm row stride"));
+  if (sel->num_rows < 0 || sel->num_full < 0)
+    return upf_fail(UPF_ERR_SHAPE, "%s: num_rows=%lld, num_full=%lld: negative", op, (long long)sel->num_rows,
+                    (long long)sel->num_full);
+  if (sel->num_rows > 0 && (!sel->rows_host || !out->argmax || !out->lse))
+    return upf_fail(UPF_ERR_INVALID_ARG, "%s: rows_host, out->argmax and out->lse are needed for %lld rows", op,
+                    (long long)sel->num_rows);
+  if (sel->targets_host && sel->num_rows > 0 && !out->target)
+    return upf_fail(UPF_ERR_INVALID_ARG, "%s: targets given but out->target is NULL", op);
+  if (sel->num_full > 0 && (!sel->full_host || !out->full))
+    return upf_fail(UPF_ERR_INVALID_ARG, "%s: full_host and out->full are needed for %lld full rows", op,
+                    (long long)sel->num_full);
+  for (int64_t i = 0; i < sel->num_rows; i++) {
+    if (sel->rows_host[i] < 0 || sel->rows_host[i] >= T)
+      return upf_fail(UPF_ERR_INVALID_ARG, "%s: rows_host[%lld]=%d is outside hidden's rows [0, %lld)", op,
+                      (long long)i, sel->rows_host[i], (long long)T);
+    if (sel->targets_host && (sel->targets_host[i] < -1 || sel->targets_host[i] >= V))
+      return upf_fail(UPF_ERR_INVALID_ARG, "%s: targets_host[%lld]=%d is outside [0, %lld) (or -1: none)", op,
+                      (long long)i, sel->targets_host[i], (long long)V);
+  }
+  for (int64_t i = 0; i < sel->num_full; i++)
+    if (sel->full_host[i] < 0 || sel->full_host[i] >= sel->num_rows)
+      return upf_fail(UPF_ERR_INVALID_ARG, "%s: full_host[%lld]=%d is outside the output rows [0, %lld)", op,
+                      (long long)i, sel->full_host[i], (long long)sel->num_rows);
+  return with_op(upf_norm_params_check(p), op);
+}

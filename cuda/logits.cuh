@@ -1,4 +1,5 @@
-/* CUDA last-token logits: final norm of each request's last row, then the LM head (plain C header). */
+/* CUDA logits: final norm and LM head of each request's last row (logits.last) or of chosen rows with
+ * per-row reductions (logits.rows). Plain C header. */
 #ifndef UNIPREFILL_CUDA_LOGITS_CUH
 #define UNIPREFILL_CUDA_LOGITS_CUH
 
@@ -14,6 +15,9 @@ extern "C" {
 upf_status upf_cuda_logits_last(const upf_tensor *hidden, const int32_t *cu_seqlens_host, int32_t num_reqs,
                                 const upf_tensor *norm_w, const upf_norm_params *p, const upf_tensor *w_lm,
                                 const upf_tensor *logits);
+
+upf_status upf_cuda_logits_rows(const upf_tensor *hidden, const upf_logits_rows_sel *sel, const upf_tensor *norm_w,
+                                const upf_norm_params *p, const upf_tensor *w_lm, const upf_logits_rows_out *out);
 
 #ifdef __cplusplus
 }

@@ -66,7 +66,83 @@ static upf_status check_batch(const upf_model *m, const int32_t *ids, const int3
                       ids[t], (long long)t, m->cfg->vocab);
   if (opt->mode == UPF_PREFILL_UNIPREFILL)
     UPF_TRY(upf_select_params_check(&opt->select));
+  for (int64_t t = 0; opt->targets && t < cu[B]; t++)
+    if (opt->targets[t] < -1 || opt->targets[t] >= m->cfg->vocab)
+      return upf_fail(UPF_ERR_INVALID_ARG, "prefill: target %d at position %lld is outside the vocabulary [0, %d) (or -1)",
+                      opt->targets[t], (long long)t, m->cfg->vocab);
+  if (opt->tail_logits < 0)
+    return upf_fail(UPF_ERR_INVALID_ARG, "prefill: tail_logits %d is negative", opt->tail_logits);
   return UPF_OK;
+}
+
+/* Per-position outputs through logits.rows over the final hidden rows `last` (T', H): the rows of every
+ * position (per_position or targets) or only the tails, the tails' whole logits. */
+static upf_status position_outputs(const upf_model *m, const upf_prefill_options *opt, const upf_tokens *tok,
+                                   const upf_tensor *last, upf_prefill_result *res) {
+  const upf_backend *be = m->be;
+  const int64_t T = tok->num_tokens, V = m->cfg->vocab, N = opt->tail_logits;
+  const int32_t B = tok->num_reqs, *cu = tok->cu_seqlens_host;
+  const int all = opt->per_position || opt->targets;
+  for (int32_t r = 0; r < B; r++)
+    if (cu[r + 1] - cu[r] < N)
+      return upf_fail(UPF_ERR_INVALID_ARG, "prefill: tail_logits %lld but request %d has %d positions at the LM head",
+                      (long long)N, r, cu[r + 1] - cu[r]);
+  const int64_t R = all ? T : (int64_t)B * N, F = (int64_t)B * N;
+  int32_t *origin = malloc((size_t)(T ? T : 1) * sizeof *origin), *rows = malloc((size_t)(R ? R : 1) * sizeof *rows);
+  int32_t *targets = malloc((size_t)(R ? R : 1) * sizeof *targets), *full = malloc((size_t)(F ? F : 1) * sizeof *full);
+  double *lse = malloc((size_t)(R ? R : 1) * sizeof *lse), *tlogit = malloc((size_t)(R ? R : 1) * sizeof *tlogit);
+  upf_logits_rows_out out = {0};
+  upf_status st = origin && rows && targets && full && lse && tlogit ? UPF_OK : upf_fail(UPF_ERR_NOMEM, "prefill: position outputs");
+  if (st == UPF_OK)
+    st = be->download(origin, tok->origin, (size_t)T * sizeof *origin);
+  for (int32_t r = 0, k = 0; st == UPF_OK && r < B; r++)
+    for (int64_t i = 0; i < N; i++, k++) { /* tail rows: packed rows cu[r+1]-N .. cu[r+1]-1 */
+      full[k] = all ? (int32_t)(cu[r + 1] - N + i) : k;
+      if (!all)
+        rows[k] = (int32_t)(cu[r + 1] - N + i);
+    }
+  for (int64_t i = 0; all && i < R; i++)
+    rows[i] = (int32_t)i;
+  for (int64_t i = 0; i < R && st == UPF_OK; i++)
+    targets[i] = opt->targets ? opt->targets[origin[rows[i]]] : -1;
+  if (st == UPF_OK)
+    st = be->alloc((void **)&out.argmax, (size_t)(R ? R : 1) * sizeof(int32_t));
+  if (st == UPF_OK)
+    st = be->alloc((void **)&out.lse, (size_t)(R ? R : 1) * sizeof(double));
+  if (st == UPF_OK && opt->targets)
+    st = be->alloc((void **)&out.target, (size_t)(R ? R : 1) * sizeof(double));
+  if (st == UPF_OK && F)
+    st = be->alloc((void **)&out.full, (size_t)(F * V) * sizeof(float));
+  const upf_logits_rows_sel sel = {rows, R, opt->targets ? targets : NULL, full, F};
+  if (st == UPF_OK)
+    st = be->logits_rows(last, &sel, &m->output_norm, &m->cfg->norm, &m->output, &out);
+  if (st == UPF_OK && all) {
+    res->num_positions = T;
+    res->position_origin = origin, origin = NULL;
+    res->argmax = malloc((size_t)(T ? T : 1) * sizeof *res->argmax);
+    st = res->argmax ? be->download(res->argmax, out.argmax, (size_t)T * sizeof(int32_t))
+                     : upf_fail(UPF_ERR_NOMEM, "prefill: argmax");
+  }
+  if (st == UPF_OK && opt->targets) {
+    res->nll = malloc((size_t)(T ? T : 1) * sizeof *res->nll);
+    st = res->nll ? be->download(lse, out.lse, (size_t)R * sizeof(double)) : upf_fail(UPF_ERR_NOMEM, "prefill: nll");
+    if (st == UPF_OK)
+      st = be->download(tlogit, out.target, (size_t)R * sizeof(double));
+    for (int64_t i = 0; st == UPF_OK && i < R; i++)
+      res->nll[i] = targets[i] < 0 ? NAN : lse[i] - tlogit[i];
+  }
+  if (st == UPF_OK && F) {
+    res->tail_n = (int32_t)N;
+    res->tail_logits = malloc((size_t)(F * V) * sizeof(float));
+    st = res->tail_logits ? be->download(res->tail_logits, out.full, (size_t)(F * V) * sizeof(float))
+                          : upf_fail(UPF_ERR_NOMEM, "prefill: tail logits (%lld x %lld)", (long long)F, (long long)V);
+  }
+  void *dev[] = {out.argmax, out.lse, out.target, out.full};
+  for (size_t i = 0; i < sizeof dev / sizeof *dev; i++)
+    if (dev[i])
+      be->release(dev[i]);
+  free(origin), free(rows), free(targets), free(full), free(lse), free(tlogit);
+  return st;
 }
 
 typedef struct {
@@ -193,6 +269,8 @@ static upf_status run_layers(const upf_model *m, const upf_prefill_options *opt,
   const upf_tensor last = upf_mat(tok->residual, m->dtype, tok->num_tokens, c->hidden);
   const upf_tensor logits = upf_mat(b->logits, UPF_DTYPE_F32, tok->num_reqs, c->vocab);
   UPF_TRY(be->logits_last(&last, tok->cu_seqlens_host, tok->num_reqs, &m->output_norm, &c->norm, &m->output, &logits));
+  if (opt->per_position || opt->targets || opt->tail_logits > 0)
+    UPF_TRY(position_outputs(m, opt, tok, &last, res));
   return be->download(res->logits, b->logits, (size_t)tok->num_reqs * c->vocab * sizeof(float));
 }
 
@@ -225,6 +303,7 @@ upf_status upf_model_prefill(const upf_model *m, const int32_t *ids, const int32
 
 void upf_prefill_result_free(upf_prefill_result *res) {
   free(res->logits);
+  free(res->position_origin), free(res->argmax), free(res->nll), free(res->tail_logits);
   for (int i = 0; i < res->num_drops; i++)
     free(res->drops[i].mask), free(res->drops[i].kept_per_req);
   memset(res, 0, sizeof *res);

@@ -94,6 +94,28 @@ upf_status upf_logits_last_check(const upf_tensor *hidden, const int32_t *cu_seq
                                  const upf_tensor *norm_w, const upf_norm_params *p, const upf_tensor *w_lm,
                                  const upf_tensor *logits);
 
+/* logits.rows: which rows of the final hidden state go through the final norm and the LM head, and
+ * what comes back of each. The logits are those of logits.last in f32 (the normed row rounded to the
+ * hidden dtype, fp32 GEMM accumulation); every reduction over a row is in double. Host index arrays. */
+typedef struct {
+  const int32_t *rows_host;    /* (R) row of hidden for each output row */
+  int64_t num_rows;            /* R >= 0 */
+  const int32_t *targets_host; /* (R) token whose logit is wanted, in [0, V) or -1 (none); NULL: none */
+  const int32_t *full_host;    /* (F) output rows (indices into [0, R)) whose whole logits are wanted */
+  int64_t num_full;            /* F >= 0 */
+} upf_logits_rows_sel;
+
+/* Outputs in the backend's memory. */
+typedef struct {
+  int32_t *argmax; /* (R) the id of the largest logit, the lowest such id on ties */
+  double *lse;     /* (R) log-sum-exp of the row's logits (natural log); log-softmax(x)_i = x_i - lse */
+  double *target;  /* (R) the target's logit (NaN where the target is -1); NULL when targets_host is NULL */
+  float *full;     /* (F, V) the logits of the rows of full_host; NULL when F = 0 */
+} upf_logits_rows_out;
+
+upf_status upf_logits_rows_check(const upf_tensor *hidden, const upf_logits_rows_sel *sel, const upf_tensor *norm_w,
+                                 const upf_norm_params *p, const upf_tensor *w_lm, const upf_logits_rows_out *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -193,6 +193,14 @@ typedef struct {
   /* Called after each layer (progress, timing); may be NULL. */
   void (*on_layer)(void *user, int32_t layer, double seconds, int64_t tokens);
   void *user;
+  /* Per-position outputs (op logits.rows; the (T, V) logits are never held). Only the positions that
+   * reach the LM head have outputs: every position in dense mode, the kept ones in UniPrefill mode
+   * (res->position_origin says which). per_position: the argmax at each such position; targets (T)
+   * host, or NULL: the token whose NLL is wanted at each input position (-1: none); tail_logits N:
+   * the whole logits of the last N such positions of each request (every request must keep N). */
+  int32_t per_position;
+  const int32_t *targets;
+  int32_t tail_logits;
 } upf_prefill_options;
 
 /* What one drop layer did. */
@@ -215,6 +223,13 @@ typedef struct {
   double ffn_seconds[UPF_MODEL_MAX_LAYERS];   /* of which the FFN / MoE block (after any drop) */
   int64_t layer_tokens[UPF_MODEL_MAX_LAYERS]; /* tokens each layer processed */
   double total_seconds;       /* embedding to logits, on the host clock after the device finished */
+  /* Per-position outputs (see upf_prefill_options; all NULL / 0 when not asked for) */
+  int64_t num_positions;      /* P: positions with outputs (T dense; the kept count in UniPrefill) */
+  int32_t *position_origin;   /* (P) host: index of each in the packed input ids */
+  int32_t *argmax;            /* (P) host: argmax token, the lowest id on ties (per_position) */
+  double *nll;                /* (P) host: -log softmax(logits)[target] in double; NaN for target -1 (targets) */
+  int32_t tail_n;             /* N */
+  float *tail_logits;         /* (B, N, V) host: logits of the last N positions of each request */
 } upf_prefill_result;
 
 /* Device memory a prefill of `total_tokens` (the step's packed tokens) over `num_reqs` requests needs
