@@ -158,25 +158,48 @@ void upf_eval_keep_ratios(const upf_prefill_result *res, int64_t tokens, double 
 
 upf_status upf_eval_prefill_last(const upf_model *m, const int32_t *ids, int64_t n, const upf_prefill_options *opt,
                                  int64_t last, float *logits, upf_prefill_result *res) {
+  memset(res, 0, sizeof *res);
   if (last < 1 || last > n)
     return upf_fail(UPF_ERR_INVALID_ARG, "eval: the last %lld positions of a %lld-token input", (long long)last,
                     (long long)n);
   if (n > INT32_MAX)
     return upf_fail(UPF_ERR_INVALID_ARG, "eval: %lld tokens in one request", (long long)n);
   const int32_t cu[2] = {0, (int32_t)n};
-  if (last > 1)
-    return upf_fail(UPF_ERR_UNSUPPORTED, "eval: logits of the last %lld positions need per-position prefill outputs",
-                    (long long)last);
-  UPF_TRY(upf_model_prefill(m, ids, cu, 1, opt, res));
-  memcpy(logits, res->logits, (size_t)m->cfg->vocab * sizeof *logits);
+  upf_prefill_options o = *opt;
+  o.tail_logits = (int32_t)last;
+  UPF_TRY(upf_model_prefill(m, ids, cu, 1, &o, res));
+  memcpy(logits, res->tail_logits, (size_t)last * m->cfg->vocab * sizeof *logits);
   return UPF_OK;
 }
 
 upf_status upf_eval_prefill_nll(const upf_model *m, const int32_t *ids, int64_t n, double *nll) {
   if (n < 2)
     return upf_fail(UPF_ERR_INVALID_ARG, "eval: perplexity needs at least 2 tokens, got %lld", (long long)n);
-  (void)m, (void)ids, (void)nll;
-  return upf_fail(UPF_ERR_UNSUPPORTED, "eval: next-token NLLs need per-position prefill outputs");
+  if (n > INT32_MAX)
+    return upf_fail(UPF_ERR_INVALID_ARG, "eval: %lld tokens in one request", (long long)n);
+  int32_t *targets = malloc((size_t)n * sizeof *targets);
+  if (!targets)
+    return upf_fail(UPF_ERR_NOMEM, "eval: targets of %lld positions", (long long)n);
+  memcpy(targets, ids + 1, (size_t)(n - 1) * sizeof *targets);
+  targets[n - 1] = -1;
+  const int32_t cu[2] = {0, (int32_t)n};
+  upf_prefill_options o = {.mode = UPF_PREFILL_DENSE, .select = m->cfg->select, .targets = targets};
+  upf_prefill_result res;
+  upf_status st = upf_model_prefill(m, ids, cu, 1, &o, &res);
+  free(targets);
+  if (st != UPF_OK)
+    return st;
+  if (res.num_positions != n)
+    st = upf_fail(UPF_ERR_SHAPE, "eval: the dense prefill gave %lld positions of %lld", (long long)res.num_positions,
+                  (long long)n);
+  for (int64_t t = 0; st == UPF_OK && t < n - 1; t++) {
+    if (res.position_origin[t] != t || !isfinite(res.nll[t]))
+      st = upf_fail(UPF_ERR_NONFINITE, "eval: NLL at position %lld is %g (origin %d)", (long long)t, res.nll[t],
+                    res.position_origin[t]);
+    nll[t] = res.nll[t];
+  }
+  upf_prefill_result_free(&res);
+  return st;
 }
 
 upf_status upf_eval_check_answer(const upf_model *m, const int32_t *prompt, int64_t P, const int32_t *answer, int64_t A,
