@@ -9,8 +9,8 @@
 # run: writes DIR/<model>-<task>-<tokens>.json, DIR/commands.txt (every command, in order, with its
 # wall time) and DIR/text.sha256 (the text files and their hashes). A run whose JSON exists is skipped,
 # so an interrupted sweep resumes where it stopped. Presets: `cpu` sizes the sweep for a 2-core machine
-# (SmolLM2 at 2K, Gemma-3 at 2K, few windows); `full` is the whole sweep (2K-8K SmolLM2, 2K-32K
-# Gemma-3, 16 windows, 4 needle trials a depth) for a GPU. Model files default to the cache of
+# (both models at 2K, SmolLM2 at 4K, 4-8 windows, one needle trial a depth; about 40 minutes); `full`
+# is the whole sweep (SmolLM2 2K-8K, Gemma-3 2K-32K, 16 windows, 4 needle trials a depth) for a GPU. Model files default to the cache of
 # ci/fetch-models.sh; a model whose file is absent is skipped with a line.
 set -euo pipefail
 
@@ -22,7 +22,7 @@ backend=cpu
 preset=cpu
 out=$here/build/accuracy
 upf=$here/build/upf
-plist=0.8,0.9,0.95,0.975,0.99,0.995
+plist=0.8,0.9,0.95,0.975,0.99,0.995,0.999
 only=
 # The natural text: the licence texts Debian's base-files package ships (present on every Debian
 # system), joined in this order; upf eval's default is the same list.
@@ -93,30 +93,45 @@ eval_run() {
   fi
 }
 
-# model tag, file, ppl tokens/windows, next-token lengths/windows, needle lengths/trials
-sweep() {
-  local tag=$1 file=$2 ppl_len=$3 ppl_win=$4 nt_lens=$5 nt_win=$6 nd_lens=$7 nd_trials=$8
-  if [ -n "$only" ] && [ "$only" != "$tag" ]; then return 0; fi
-  if [ ! -f "$file" ]; then
-    echo "accuracy.sh: $tag: $file absent, skipped (ci/fetch-models.sh fetches it)"
-    return 0
+# One model's runs: `model TAG FILE` then `task ppl|next-token|needle TOKENS COUNT` lines, where COUNT is
+# the windows (ppl, next-token) or the trials a depth (needle).
+have() { # tag file: whether this model runs
+  if [ -n "$only" ] && [ "$only" != "$1" ]; then return 1; fi
+  if [ ! -f "$2" ]; then
+    echo "accuracy.sh: $1: $2 absent, skipped (ci/fetch-models.sh fetches it)"
+    return 1
   fi
-  for n in ${ppl_len//,/ }; do
-    eval_run "$tag-ppl-$n" --gguf "$file" --task ppl --tokens "$n" --windows "$ppl_win"
-  done
-  for n in ${nt_lens//,/ }; do
-    eval_run "$tag-next-token-$n" --gguf "$file" --task next-token --tokens "$n" --windows "$nt_win" --p "$plist"
-  done
-  for n in ${nd_lens//,/ }; do
-    eval_run "$tag-needle-$n" --gguf "$file" --task needle --tokens "$n" --trials "$nd_trials" --p "$plist"
-  done
+}
+task() { # tag file task tokens count
+  local tag=$1 file=$2 t=$3 n=$4 c=$5
+  have "$tag" "$file" || return 0
+  case "$t" in
+  ppl) eval_run "$tag-ppl-$n" --gguf "$file" --task ppl --tokens "$n" --windows "$c" ;;
+  next-token) eval_run "$tag-next-token-$n" --gguf "$file" --task next-token --tokens "$n" --windows "$c" --p "$plist" ;;
+  needle) eval_run "$tag-needle-$n" --gguf "$file" --task needle --tokens "$n" --trials "$c" --p "$plist" ;;
+  esac
 }
 
 if [ "$preset" = full ]; then
-  sweep smollm "$smollm" 2048,8192 8 2048,4096,8192 16 2048,4096,8192 4
-  sweep gemma "$gemma" 2048,8192 8 2048,4096,8192,16384,32768 16 2048,4096,8192,16384,32768 4
+  for n in 2048 4096 8192; do
+    task smollm "$smollm" ppl $n 8
+    task smollm "$smollm" next-token $n 16
+    task smollm "$smollm" needle $n 4
+  done
+  for n in 2048 4096 8192 16384 32768; do
+    task gemma "$gemma" ppl $n 4
+    task gemma "$gemma" next-token $n 16
+    task gemma "$gemma" needle $n 4
+  done
 else
-  sweep smollm "$smollm" 2048 2 2048 4 2048 1
-  sweep gemma "$gemma" 2048 1 2048 2 2048 1
+  # the most telling runs first: an interrupted CPU sweep still has both models at 2K
+  task smollm "$smollm" next-token 2048 8
+  task gemma "$gemma" next-token 2048 8
+  task smollm "$smollm" needle 2048 1
+  task gemma "$gemma" needle 2048 1
+  task smollm "$smollm" ppl 2048 4
+  task gemma "$gemma" ppl 2048 4
+  task smollm "$smollm" next-token 4096 4
+  task smollm "$smollm" needle 4096 1
 fi
 echo "accuracy.sh: JSON in $out; summarise with: perf/accuracy.sh summary $out"
