@@ -85,9 +85,9 @@ upf_status upf_eval_windows(int64_t text_len, int64_t window, int32_t count, int
                     "(at most %lld fit)",
                     count, (long long)window, (long long)text_len, (long long)min_stride,
                     (long long)(min_stride > 0 ? span / min_stride + 1 : 1));
-  for (int32_t i = 0; i < count; i++)
-    starts[i] = count == 1 ? 0 : (span * i + (count - 1) / 2) / (count - 1);
-  starts[count - 1] = span;
+  starts[0] = 0;
+  for (int32_t i = 1; i < count; i++)
+    starts[i] = (span * i + (count - 1) / 2) / (count - 1);
   return UPF_OK;
 }
 

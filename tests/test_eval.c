@@ -76,6 +76,8 @@ static void test_windows(void) {
   CU_ASSERT_EQUAL(s[2], 600);
   CU_ASSERT_EQUAL(upf_eval_windows(1000, 1000, 1, 128, s), UPF_OK);
   CU_ASSERT_EQUAL(s[0], 0);
+  CU_ASSERT_EQUAL(upf_eval_windows(1000, 400, 1, 128, s), UPF_OK); /* one window: the start of the text */
+  CU_ASSERT_EQUAL(s[0], 0);
   CU_ASSERT_EQUAL(upf_eval_windows(1000, 401, 4, 199, s), UPF_OK); /* span 599: 0, 200, 399, 599 */
   CU_ASSERT_EQUAL(s[1], 200);
   CU_ASSERT_EQUAL(s[2], 399);

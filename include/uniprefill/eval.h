@@ -46,7 +46,8 @@ int upf_eval_answer_correct(const int32_t *argmax, const int32_t *answer, int64_
 /* ---- Windows of a text ---- */
 
 /* `count` windows of `window` tokens inside a text of `text_len` tokens, spread evenly from the
- * start to the end (first at 0, last ending at text_len); starts (count) ascending. Consecutive starts
+ * start to the end (the first at 0; with two or more, the last ending at text_len); starts (count)
+ * ascending. Consecutive starts
  * differ by at least min_stride, so windows never share their last min_stride positions. Fails naming
  * the sizes when the text is too short. */
 upf_status upf_eval_windows(int64_t text_len, int64_t window, int32_t count, int64_t min_stride, int64_t *starts);
