@@ -20,7 +20,8 @@ const char upf_cli_eval_usage[] =
     "usage: upf eval (--gguf FILE | --model NAME [--seed S]) --task ppl|next-token|needle\n"
     "                [--tokens N1,N2,...] [--mode dense|uniprefill] [--p P1,P2,...] [--keep R1,R2,...]\n"
     "                [--backend cpu|cuda] [--dtype f32|bf16] [--text-file F1,F2,...] [--windows K]\n"
-    "                [--last N] [--depths D1,D2,...] [--trials N] [--needle-seed S] [--json R.json]\n"
+    "                [--last N] [--depths D1,D2,...] [--trials N] [--needle-seed S] [--dtype-floor]\n"
+    "                [--json R.json]\n"
     "  ppl: exp of the mean next-token NLL over every position of K windows of N tokens of the text\n"
     "    (dense). next-token: K windows of N tokens; top-1 agreement and mean KL(dense || UniPrefill) over\n"
     "    the last N positions of each (default 128; always kept: at most the model's last-q), and the\n"
@@ -29,14 +30,15 @@ const char upf_cli_eval_usage[] =
     "    correct iff greedy decoding produces the key (checked by one prefill of prompt + answer; UniPrefill\n"
     "    replays the masks its prompt-only prefill chose).\n"
     "  UniPrefill runs at each --p (default: the model's) or, with --keep, at each top-k keep ratio;\n"
-    "  --mode dense runs the dense side only (ppl is always dense).\n"
+    "  --mode dense runs the dense side only (ppl is always dense). --dtype-floor (next-token): also the\n"
+    "  dense run in the other dtype (f32 for bf16, and back) against dense: what precision alone changes.\n"
     "  --text-file: plain-text files joined in order (default: the licence texts Debian ships in\n"
     "  /usr/share/common-licenses). --model NAME (seeded weights, no tokenizer): ppl and next-token on\n"
     "  token ids from the seed.\n";
 
 typedef struct {
   const char *gguf, *model, *task, *tokens, *mode, *p, *keep, *backend, *dtype, *text_files, *depths, *json;
-  int32_t seed, windows, last, trials, needle_seed;
+  int32_t seed, windows, last, trials, needle_seed, floor;
 } eval_args;
 
 static const char default_text_files[] =
@@ -139,6 +141,8 @@ typedef struct {
 typedef struct {
   upf_model model;
   int have_model;
+  upf_model other;         /* --dtype-floor: the same weights in the other dtype */
+  int have_other;
   const upf_model_config *cfg;
   upf_gguf_model_config gguf_cfg; /* --gguf: the file's config */
   const char *stage;       /* the flag whose input failed, for the message */
@@ -265,9 +269,20 @@ static upf_status eval_source_load(const eval_source_spec *spec, eval_source *s)
   return st;
 }
 
+/* The same weights in `dtype` into s->other (the dtype floor of next-token). */
+static upf_status eval_source_load_other(const eval_source_spec *spec, upf_dtype dtype, eval_source *s) {
+  upf_status st = spec->model ? upf_model_init_seeded(&s->other, s->cfg, spec->be, dtype, spec->seed, 0,
+                                                      s->cfg->num_layers)
+                              : eval_model_open(spec->gguf, spec->be, dtype, s->cfg, &s->other);
+  s->have_other = st == UPF_OK;
+  return st;
+}
+
 static void eval_source_close(eval_source *s) {
   if (s->have_model)
     upf_model_free(&s->model);
+  if (s->have_other)
+    upf_model_free(&s->other);
   eval_tokenizer_close(&s->tok);
   free(s->text), free(s->filler), free(s->breaks);
   memset(s, 0, sizeof *s);
@@ -473,6 +488,7 @@ static upf_status run_next_token(const eval_args *a, eval_source *src, const int
   const int32_t V = m->cfg->vocab;
   const int64_t last = a->last;
   float *dense = malloc((size_t)last * V * sizeof *dense), *uni = malloc((size_t)last * V * sizeof *uni);
+  upf_eval_agreement floor_acc;
   upf_eval_agreement *acc = calloc((size_t)narms, sizeof *acc);
   double *keep = calloc((size_t)narms * UPF_MODEL_MAX_LAYERS, sizeof *keep), *secs = calloc((size_t)narms, sizeof *secs);
   upf_status st = dense && uni && acc && keep && secs ? UPF_OK : upf_fail(UPF_ERR_NOMEM, "eval: logits of %lld positions", (long long)last);
@@ -480,6 +496,7 @@ static upf_status run_next_token(const eval_args *a, eval_source *src, const int
   for (int li = 0; st == UPF_OK && li < nlen; li++) {
     const int64_t L = lengths[li];
     memset(acc, 0, (size_t)narms * sizeof *acc);
+    memset(&floor_acc, 0, sizeof floor_acc);
     memset(keep, 0, (size_t)narms * UPF_MODEL_MAX_LAYERS * sizeof *keep);
     memset(secs, 0, (size_t)narms * sizeof *secs);
     int64_t *starts = malloc((size_t)a->windows * sizeof *starts);
@@ -497,6 +514,14 @@ static upf_status run_next_token(const eval_args *a, eval_source *src, const int
       dense_s += now_seconds() - t0;
       fprintf(stderr, "upf eval: next-token, %lld tokens, window %d/%d: dense %.1f s", (long long)L, w + 1, a->windows,
               now_seconds() - t0);
+      if (st == UPF_OK && src->have_other) { /* the same windows, dense, in the other dtype */
+        t0 = now_seconds();
+        st = upf_eval_prefill_last(&src->other, ids, L, &opt, last, uni, &res);
+        upf_prefill_result_free(&res);
+        if (st == UPF_OK)
+          st = upf_eval_agreement_add(&floor_acc, dense, uni, last, V);
+        fprintf(stderr, ", dense %s %.1f s", upf_dtype_name(src->other.dtype), now_seconds() - t0);
+      }
       for (int r = 0; st == UPF_OK && r < narms; r++) {
         opt.mode = UPF_PREFILL_UNIPREFILL, opt.select = arms[r].sel;
         t0 = now_seconds();
@@ -520,7 +545,19 @@ static upf_status run_next_token(const eval_args *a, eval_source *src, const int
               a->windows);
       for (int w = 0; w < a->windows; w++)
         fprintf(j, "%s%lld", w ? ", " : "", (long long)starts[w]);
-      fprintf(j, "], \"dense_seconds\": %.3f, \"runs\": [", dense_s / a->windows);
+      fprintf(j, "], \"dense_seconds\": %.3f, ", dense_s / a->windows);
+      if (src->have_other) {
+        const double agree = (double)floor_acc.agree / (double)floor_acc.positions;
+        printf("%s %lld tokens x %d windows, dense %s vs dense %s: top-1 agreement %.2f%% (%lld/%lld), mean KL %.3g, "
+               "max KL %.3g\n", m->cfg->name, (long long)L, a->windows, upf_dtype_name(src->other.dtype),
+               upf_dtype_name(m->dtype), 100.0 * agree, (long long)floor_acc.agree, (long long)floor_acc.positions,
+               floor_acc.kl_sum / (double)floor_acc.positions, floor_acc.kl_max);
+        fprintf(j, "\"dtype_floor\": {\"dtype\": \"%s\", \"positions\": %lld, \"agree\": %lld, \"top1_agreement\": %.6f, "
+                   "\"kl_mean\": %.6g, \"kl_max\": %.6g}, ",
+                upf_dtype_name(src->other.dtype), (long long)floor_acc.positions, (long long)floor_acc.agree, agree,
+                floor_acc.kl_sum / (double)floor_acc.positions, floor_acc.kl_max);
+      }
+      fprintf(j, "\"runs\": [");
       for (int r = 0; r < narms; r++) {
         const double agree = (double)acc[r].agree / (double)acc[r].positions;
         const double kl = acc[r].kl_sum / (double)acc[r].positions;
@@ -659,7 +696,7 @@ int upf_cli_eval(int argc, char **argv) {
       {"--text-file", UPF_ARG_STRING, &a.text_files}, {"--windows", UPF_ARG_INT, &a.windows, 0, 1, 100000},
       {"--last", UPF_ARG_INT, &a.last, 0, 1, 1 << 20}, {"--depths", UPF_ARG_STRING, &a.depths},
       {"--trials", UPF_ARG_INT, &a.trials, 0, 1, 100000}, {"--needle-seed", UPF_ARG_INT, &a.needle_seed, 0, 0, INT32_MAX},
-      {"--json", UPF_ARG_STRING, &a.json},
+      {"--json", UPF_ARG_STRING, &a.json},           {"--dtype-floor", UPF_ARG_SWITCH, &a.floor},
   };
   upf_arg_parser p = {"upf eval", upf_cli_eval_usage, args, (int)(sizeof args / sizeof *args), NULL, 0, 0};
   const upf_args_result pr = upf_args_parse(&p, argc, argv);
@@ -709,6 +746,10 @@ int upf_cli_eval(int argc, char **argv) {
   }
   if ((a.depths || upf_args_find(&p, "--trials")->seen || upf_args_find(&p, "--needle-seed")->seen) && !task_needle) {
     fprintf(stderr, "upf eval: --depths, --trials and --needle-seed go with --task needle\n");
+    return 2;
+  }
+  if (a.floor && !task_next) {
+    fprintf(stderr, "upf eval: --dtype-floor goes with --task next-token\n");
     return 2;
   }
   if (a.windows && task_needle) {
@@ -823,7 +864,9 @@ int upf_cli_eval(int argc, char **argv) {
     }
   }
   if (rc == 0) {
-    const upf_status st = eval_source_load(&spec, &src);
+    upf_status st = eval_source_load(&spec, &src);
+    if (st == UPF_OK && a.floor)
+      st = eval_source_load_other(&spec, dtype == UPF_DTYPE_BF16 ? UPF_DTYPE_F32 : UPF_DTYPE_BF16, &src);
     if (st != UPF_OK)
       rc = upf_cli_error(st, a.gguf ? "eval: --gguf" : "eval: --model");
   }

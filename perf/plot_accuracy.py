@@ -47,7 +47,7 @@ def summarise(runs):
         m = out.setdefault(model_tag(r), {"drop_layers": r["model"]["drop_layers"], "select": r["model"]["select"],
                                           "layers": r["model"]["layers"], "backend": r["backend"],
                                           "dtype": r["dtype"], "text": r.get("text"), "ppl": [],
-                                          "next_token": [], "needle": [], "commits": set()})
+                                          "next_token": [], "needle": [], "dtype_floor": [], "commits": set()})
         m["commits"].add(r.get("commit", "unknown"))
         if r["task"] == "ppl":
             for L in r["lengths"]:
@@ -55,6 +55,12 @@ def summarise(runs):
                                  "ppl": L["ppl"]})
         elif r["task"] == "next-token":
             for L in r["lengths"]:
+                if "dtype_floor" in L:
+                    f = L["dtype_floor"]
+                    m["dtype_floor"].append({"tokens": L["tokens"], "windows": L["windows"], "dtype": f["dtype"],
+                                             "against": r["dtype"], "positions": f["positions"],
+                                             "top1_agreement": f["top1_agreement"], "kl_mean": f["kl_mean"],
+                                             "kl_max": f["kl_max"]})
                 for run in L["runs"]:
                     k, v = sweep_key(run)
                     m["next_token"].append({"tokens": L["tokens"], "windows": L["windows"], k: v,
@@ -138,6 +144,15 @@ def write_markdown(summary, run_dir, path):
                              f"({r['positions']} positions) | {r['kl_mean']:.4g} | {r['kl_max']:.4g} | "
                              f"{fmt_keep(r['keep_ratio'])} |")
             lines.append("")
+        if m["dtype_floor"]:
+            lines += ["Precision alone (dense in another dtype against dense, same windows and positions):", "",
+                      "| tokens | windows | dense | against dense | top-1 agreement | mean KL | max KL |",
+                      "|---|---|---|---|---|---|---|"]
+            for r in sorted(m["dtype_floor"], key=lambda r: r["tokens"]):
+                lines.append(f"| {r['tokens']} | {r['windows']} | {r['dtype']} | {r['against']} | "
+                             f"{100 * r['top1_agreement']:.2f}% ({r['positions']} positions) | {r['kl_mean']:.4g} | "
+                             f"{r['kl_max']:.4g} |")
+            lines.append("")
         if m["needle"]:
             lines += ["Needle (pass key, greedy answer), accuracy over depths x trials:", "",
                       "| tokens | cases | p / keep | dense | UniPrefill | UniPrefill by depth | kept share after each drop layer |",
@@ -193,6 +208,10 @@ def plot(summary, path):
             a_kl.plot(ps, [max(r["kl_mean"], 1e-9) for r in rows], "o-", label=f"{name} {L}")
             a_keep.plot(ps, [r["keep_ratio"][-1] if r["keep_ratio"] else 1 for r in rows], "o-",
                         label=f"{name} {L} (after last drop)")
+            floor = [f for f in m["dtype_floor"] if f["tokens"] == L]
+            if floor:
+                a_agree.axhline(100 * floor[0]["top1_agreement"], color=a_agree.lines[-1].get_color(), ls="--", lw=1,
+                                label=f"{name} {L}: dense {floor[0]['dtype']} vs {floor[0]['against']}")
         for L in sorted({r["tokens"] for r in m["needle"] if "p" in r}):
             rows = sorted((r for r in m["needle"] if r["tokens"] == L and "p" in r), key=lambda r: r["p"])
             line, = a_needle.plot([r["p"] for r in rows], [100 * r["accuracy"] for r in rows], "o-",
