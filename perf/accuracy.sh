@@ -93,8 +93,8 @@ eval_run() {
   fi
 }
 
-# One model's runs: `model TAG FILE` then `task ppl|next-token|needle TOKENS COUNT` lines, where COUNT is
-# the windows (ppl, next-token) or the trials a depth (needle).
+# `task TAG FILE ppl|next-token|needle|floor TOKENS COUNT`: one run; COUNT is the windows (ppl,
+# next-token, floor) or the trials a depth (needle).
 have() { # tag file: whether this model runs
   if [ -n "$only" ] && [ "$only" != "$1" ]; then return 1; fi
   if [ ! -f "$2" ]; then
@@ -109,6 +109,8 @@ task() { # tag file task tokens count
   ppl) eval_run "$tag-ppl-$n" --gguf "$file" --task ppl --tokens "$n" --windows "$c" ;;
   next-token) eval_run "$tag-next-token-$n" --gguf "$file" --task next-token --tokens "$n" --windows "$c" --p "$plist" ;;
   needle) eval_run "$tag-needle-$n" --gguf "$file" --task needle --tokens "$n" --trials "$c" --p "$plist" ;;
+  # p = 1 (UniPrefill keeps every token: must equal dense) and dense in the other dtype against dense
+  floor) eval_run "$tag-floor-$n" --gguf "$file" --task next-token --tokens "$n" --windows "$c" --p 1 --dtype-floor ;;
   esac
 }
 
@@ -116,11 +118,13 @@ if [ "$preset" = full ]; then
   for n in 2048 4096 8192; do
     task smollm "$smollm" ppl $n 8
     task smollm "$smollm" next-token $n 16
+    task smollm "$smollm" floor $n 16
     task smollm "$smollm" needle $n 4
   done
   for n in 2048 4096 8192 16384 32768; do
     task gemma "$gemma" ppl $n 4
     task gemma "$gemma" next-token $n 16
+    task gemma "$gemma" floor $n 16
     task gemma "$gemma" needle $n 4
   done
 else
@@ -131,6 +135,8 @@ else
   task gemma "$gemma" needle 2048 1
   task smollm "$smollm" ppl 2048 4
   task gemma "$gemma" ppl 2048 4
+  task smollm "$smollm" floor 2048 8
+  task gemma "$gemma" floor 2048 8
   task smollm "$smollm" next-token 4096 4
   task smollm "$smollm" needle 4096 1
 fi
