@@ -110,6 +110,13 @@ def verdict(m):
                 r["dense_accuracy"] - r["accuracy"] > NEEDLE_SLACK + 1e-9 for r in nd):
             broken.append(p)
     v["p_breaks"] = max(broken) if broken else None
+    # the smallest swept p from which every larger swept p meets both targets, and the keep it needs
+    meets = [p for p in ps if p not in broken]
+    ok = [p for p in meets if all(q in meets for q in ps if q >= p)]
+    v["p_meets"] = min(ok) if ok else None
+    if v["p_meets"] is not None:
+        rows = [r for r in m["next_token"] if r.get("p") == v["p_meets"] and r["keep_ratio"]]
+        v["keep_ratio_at_p_meets"] = sum(r["keep_ratio"][-1] for r in rows) / max(1, len(rows)) if rows else None
     return v
 
 
@@ -183,6 +190,12 @@ def write_markdown(summary, run_dir, path):
         else:
             lines.append("- needle: no needle run at the default p")
         lines.append(f"- largest swept p at which a target breaks: {v['p_breaks'] if v['p_breaks'] is not None else 'none in the sweep'}")
+        if v.get("p_meets") is not None:
+            k = v.get("keep_ratio_at_p_meets")
+            lines.append(f"- smallest swept p from which both targets hold: {v['p_meets']}"
+                         + (f" (kept share after the last drop layer {k:.3f})" if k is not None else ""))
+        else:
+            lines.append("- no swept p holds both targets")
         lines.append("")
     sha = os.path.join(run_dir, "text.sha256")
     if os.path.exists(sha):
@@ -205,7 +218,8 @@ def plot(summary, path):
             rows = sorted((r for r in m["next_token"] if r["tokens"] == L and "p" in r), key=lambda r: r["p"])
             ps = [r["p"] for r in rows]
             a_agree.plot(ps, [100 * r["top1_agreement"] for r in rows], "o-", label=f"{name} {L}")
-            a_kl.plot(ps, [max(r["kl_mean"], 1e-9) for r in rows], "o-", label=f"{name} {L}")
+            pos = [r for r in rows if r["kl_mean"] > 0]  # KL 0 (every token kept) has no place on a log axis
+            a_kl.plot([r["p"] for r in pos], [r["kl_mean"] for r in pos], "o-", label=f"{name} {L}")
             a_keep.plot(ps, [r["keep_ratio"][-1] if r["keep_ratio"] else 1 for r in rows], "o-",
                         label=f"{name} {L} (after last drop)")
             floor = [f for f in m["dtype_floor"] if f["tokens"] == L]
@@ -220,7 +234,7 @@ def plot(summary, path):
                              label=f"{name} {L} dense")
     a_agree.axhline(100 * TARGET_AGREEMENT, color="k", ls=":", lw=1, label="target 99%")
     a_agree.set(title="top-1 agreement with dense (last 128 positions)", xlabel="p", ylabel="%")
-    a_kl.set(title="mean KL(dense || UniPrefill), nats", xlabel="p", yscale="log")
+    a_kl.set(title="mean KL(dense || UniPrefill), nats (0 not shown)", xlabel="p", yscale="log")
     a_needle.set(title="needle accuracy (greedy pass key)", xlabel="p", ylabel="%")
     a_keep.set(title="kept share of the prompt after the last drop layer", xlabel="p", ylim=(0, 1.05))
     for a in (a_agree, a_kl, a_needle, a_keep):
