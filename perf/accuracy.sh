@@ -135,8 +135,8 @@ else
   task gemma "$gemma" needle 2048 1
   task smollm "$smollm" ppl 2048 4
   task gemma "$gemma" ppl 2048 4
-  task smollm "$smollm" floor 2048 8
-  task gemma "$gemma" floor 2048 8
+  task smollm "$smollm" floor 2048 4
+  task gemma "$gemma" floor 2048 4
   task smollm "$smollm" next-token 4096 4
   task smollm "$smollm" needle 4096 1
 fi
