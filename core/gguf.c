@@ -348,6 +348,8 @@ static upf_status parse_kv(cursor *c, int64_t i) {
   UPF_TRY(rd_str(c, "key", &kv->key));
   if (kv->key.len == 0)
     return fail_at(c, start, "empty key");
+  if (memchr(kv->key.ptr, '\0', (size_t)kv->key.len))
+    return fail_at(c, start, "key holds a NUL byte");
   set_ctx_name(c, "key", &kv->key);
   if (index_lookup(&g->kv_index, g->kv, sizeof *kv, offsetof(upf_gguf_kv, key), kv->key.ptr, kv->key.len, i) >= 0)
     return fail_at(c, start, "duplicate key");
@@ -411,9 +413,12 @@ static upf_status parse_tensor(cursor *c, int64_t i) {
   if (!upf_ggml_type_name(t->type))
     return fail_at(c, pos, "ggml type %" PRIu32 " is not one this reader knows", type);
   int64_t row = upf_ggml_row_size(t->type, t->ne[0]);
-  if (row < 0)
+  if (row < 0 && t->ne[0] % upf_ggml_block_size(t->type))
     return fail_at(c, pos, "ne[0] = %" PRId64 " is not a multiple of the %s block size %" PRId64, t->ne[0],
                    upf_ggml_type_name(t->type), upf_ggml_block_size(t->type));
+  if (row < 0)
+    return fail_at(c, pos, "byte size of a row of %" PRId64 " %s elements overflows int64", t->ne[0],
+                   upf_ggml_type_name(t->type));
   int64_t rows = t->ne[0] ? numel / t->ne[0] : 0;
   if (row && rows > INT64_MAX / row)
     return fail_at(c, pos, "byte size overflows int64");
@@ -454,7 +459,9 @@ static upf_status check_tensor_data(cursor *c) {
       st = fail_at(c, g->data_offset, "data [%" PRIu64 ", +%" PRIu64 ") of the data section run past the end of the file "
                    "(%" PRIu64 " bytes of data)", t->offset, t->nbytes, room);
     else {
-      t->data = g->base + g->data_offset + t->offset;
+      /* an empty tensor may sit where the data section ends, even past a file with no padding */
+      uint64_t at = g->data_offset + t->offset;
+      t->data = g->base + (at < g->size ? at : g->size);
       if (t->nbytes)
         order[m++] = (extent){t->offset, t->nbytes, i};
     }

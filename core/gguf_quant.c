@@ -50,6 +50,8 @@ static const ggml_type_info type_info[UPF_GGML_TYPE_COUNT] = {
     [UPF_GGML_TYPE_TQ1_0] = {"tq1_0", QK_K, 2 + 4 * 13},
     [UPF_GGML_TYPE_TQ2_0] = {"tq2_0", QK_K, 2 + QK_K / 4},
     [UPF_GGML_TYPE_MXFP4] = {"mxfp4", 32, 1 + 16},
+    [UPF_GGML_TYPE_NVFP4] = {"nvfp4", 64, 4 + 32},
+    [UPF_GGML_TYPE_Q1_0] = {"q1_0", 128, 2 + 16},
 };
 
 static const ggml_type_info *info_of(upf_ggml_type type) {

@@ -13,6 +13,7 @@
 void upf_register_core_tests(void);
 void upf_register_variant_tests(void);
 void upf_register_npy_tests(void);
+void upf_register_gguf_tests(void);
 void upf_register_select_tests(void);
 void upf_register_dense_tests(void);
 void upf_register_moe_tests(void);
@@ -30,7 +31,8 @@ void upf_register_cli_tokenize_tests(void);
 void upf_register_logits_tests(void);
 
 static void (*const suites[])(void) = {
-    upf_register_core_tests, upf_register_variant_tests, upf_register_npy_tests, upf_register_select_tests,
+    upf_register_core_tests, upf_register_variant_tests, upf_register_npy_tests, upf_register_gguf_tests,
+    upf_register_select_tests,
     upf_register_dense_tests,
     upf_register_moe_tests,  upf_register_gdn_tests, upf_register_attn_tests,   upf_register_verify_tests,
     upf_register_cli_tests,  upf_register_model_tests, upf_register_model_masked_tests, upf_register_logits_tests,

@@ -82,7 +82,9 @@ typedef enum {
   UPF_GGML_TYPE_TQ1_0 = 34,
   UPF_GGML_TYPE_TQ2_0 = 35,
   UPF_GGML_TYPE_MXFP4 = 39,
-  UPF_GGML_TYPE_COUNT = 40
+  UPF_GGML_TYPE_NVFP4 = 40,
+  UPF_GGML_TYPE_Q1_0 = 41,
+  UPF_GGML_TYPE_COUNT = 42
 } upf_ggml_type;
 
 /* "f32", "q4_K", ... (ggml's names); NULL for a number that is no known type. */
