@@ -3,7 +3,8 @@
  * pre-tokenizer on hand-split texts, the GGUF glue on files written by the GGUF writer, and the two
  * real GGUF files against golden ids from llama.cpp and transformers (tests/data/tokenizer_golden.txt,
  * written by tests/tokenizer_golden.py). The real files are looked for in $UPF_MODEL_DIR, else
- * ~/.cache/uniprefill/models; each case that needs an absent file is skipped by name. */
+ * $UPF_MODEL_CACHE/models, else ~/.cache/uniprefill/models; a test whose file is absent is skipped
+ * by name. */
 #include <CUnit/CUnit.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -204,6 +205,11 @@ static void test_bpe_merge_order(void) {
   EXPECT(t5, "12x", 0, 12, 13);
   /* an invalid byte reads as U+FFFD, bytes EF BF BD, byte-encoded as ï ¿ ½ */
   EXPECT(t1, "\xff", 0, 14, 15, 16);
+  /* above U+10FFFF: an error naming the offset (llama.cpp throws) */
+  int32_t *ids = NULL;
+  int64_t n = 0;
+  CU_ASSERT_EQUAL(upf_tokenizer_encode(t1, "ab\xf4\x90\x80\x80", 6, 0, &ids, &n), UPF_ERR_INVALID_ARG);
+  CU_ASSERT(ids == NULL && n == 0 && strstr(upf_last_error(), "offset 2") != NULL);
   upf_tokenizer_free(t1), upf_tokenizer_free(t2), upf_tokenizer_free(t3), upf_tokenizer_free(t4);
   upf_tokenizer_free(t5);
 }
@@ -427,7 +433,7 @@ static void test_from_gguf(void) {
 
 typedef struct {
   char model[128], name[64];
-  int roundtrip;
+  int roundtrip, parse_special;
   char *text;
   int64_t len;
   int32_t *ids;
@@ -455,7 +461,10 @@ static golden_case *read_golden(int *count) {
         break;
       c = p;
       memset(&c[n], 0, sizeof c[n]);
-      sscanf(line, "case %127s %63s roundtrip=%d", c[n].model, c[n].name, &c[n].roundtrip);
+      char hf[16];
+      c[n].parse_special = 1;
+      sscanf(line, "case %127s %63s roundtrip=%d hf=%15s parse_special=%d", c[n].model, c[n].name, &c[n].roundtrip, hf,
+             &c[n].parse_special);
       n++;
     } else if (n && !strncmp(line, "text ", 5)) {
       int64_t hl = (int64_t)strlen(line + 5);
@@ -489,15 +498,21 @@ static void golden_for(const char *model) {
     printf("\n  SKIPPED tokenizer/%s: quick mode (Valgrind): the real vocabularies are covered natively", model);
     return;
   }
-  const char *dir = getenv("UPF_MODEL_DIR");
+  /* as ci/fetch-models.sh and the gguf suite: UPF_MODEL_DIR, else $UPF_MODEL_CACHE/models, else
+   * ~/.cache/uniprefill/models */
+  const char *dir = getenv("UPF_MODEL_DIR"), *cache = getenv("UPF_MODEL_CACHE"), *home = getenv("HOME");
   char path[1024];
   if (dir && *dir)
     snprintf(path, sizeof path, "%s/%s", dir, model);
+  else if (cache && *cache)
+    snprintf(path, sizeof path, "%s/models/%s", cache, model);
   else
-    snprintf(path, sizeof path, "%s/.cache/uniprefill/models/%s", getenv("HOME") ? getenv("HOME") : "", model);
+    snprintf(path, sizeof path, "%s/.cache/uniprefill/models/%s", home ? home : "", model);
   FILE *probe = fopen(path, "rb");
   if (!probe) {
-    printf("\n  SKIPPED tokenizer/%s: %s not found (set UPF_MODEL_DIR or run ci/fetch-models.sh)", model, path);
+    printf("\n  SKIPPED tokenizer/%s: %s is absent (ci/fetch-models.sh fetches it; UPF_MODEL_DIR or UPF_MODEL_CACHE "
+           "choose the directory)",
+           model, path);
     return;
   }
   fclose(probe);
@@ -522,7 +537,8 @@ static void golden_for(const char *model) {
     int32_t *ids = NULL;
     int64_t n = 0;
     double t1 = now();
-    st = upf_tokenizer_encode(t, c[i].text, c[i].len, UPF_TOKENIZE_ADD_SPECIAL | UPF_TOKENIZE_PARSE_SPECIAL, &ids, &n);
+    int flags = UPF_TOKENIZE_ADD_SPECIAL | (c[i].parse_special ? UPF_TOKENIZE_PARSE_SPECIAL : 0);
+    st = upf_tokenizer_encode(t, c[i].text, c[i].len, flags, &ids, &n);
     t_enc += now() - t1;
     int ok = st == UPF_OK && ids_equal(ids, n, c[i].ids, c[i].n);
     CU_ASSERT(ok);
@@ -559,6 +575,41 @@ static void golden_for(const char *model) {
 static void test_golden_smollm2(void) { golden_for("SmolLM2-135M-Instruct.Q4_1.gguf"); }
 static void test_golden_gemma3(void) { golden_for("gemma-3-270m-q4_k_m.gguf"); }
 
+/* Random bytes through both tiny models: every call succeeds (the SPM one has an unknown token; no
+ * sequence here decodes above U+10FFFF), the ids are in range and decode. */
+static void test_random_bytes(void) {
+  static const char *const merges[] = {"a b", "b c", "ab c", "\xc4\xa0 a", "a a"};
+  upf_tokenizer *bpe = tiny_bpe(merges, 5, UPF_TOKENIZER_PRE_SMOLLM);
+  upf_tokenizer *spm = tiny_spm(-1, -2, 1, 1, 1);
+  static const char alphabet[] = "abc !<>s/u1\n\xc3\xa9\xe2\x96\x81\x80\xf0";
+  uint64_t x = 0x9e3779b97f4a7c15ull;
+  int iters = upf_test_quick() ? 40 : 2000;
+  for (int it = 0; it < iters; it++) {
+    char text[48];
+    int len = (int)(it % 48);
+    for (int i = 0; i < len; i++) {
+      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+      text[i] = alphabet[x % (sizeof alphabet - 1)];
+    }
+    for (int m = 0; m < 2; m++) {
+      const upf_tokenizer *t = m ? spm : bpe;
+      int32_t *ids = NULL;
+      int64_t n = 0;
+      upf_status st = upf_tokenizer_encode(t, text, len, UPF_TOKENIZE_PARSE_SPECIAL | (it & 1), &ids, &n);
+      CU_ASSERT_EQUAL(st, UPF_OK);
+      for (int64_t i = 0; i < n; i++)
+        CU_ASSERT(ids[i] >= 0 && ids[i] < upf_tokenizer_n_tokens(t));
+      char *back = NULL;
+      int64_t blen = 0;
+      CU_ASSERT_EQUAL(upf_tokenizer_decode(t, ids, n, UPF_DETOKENIZE_RENDER_SPECIAL, &back, &blen), UPF_OK);
+      free(ids);
+      free(back);
+    }
+  }
+  upf_tokenizer_free(bpe);
+  upf_tokenizer_free(spm);
+}
+
 static CU_TestInfo tokenizer_tests[] = {
     {"utf-8 as llama.cpp reads it", test_utf8},
     {"gpt2 and smollm pre-tokenizers split by hand", test_pretokenize},
@@ -567,6 +618,7 @@ static CU_TestInfo tokenizer_tests[] = {
     {"bpe decode: pieces, specials, out-of-range ids, clean-up", test_bpe_decode},
     {"spm: score order, byte fallback, unknown, space prefix, decode", test_spm},
     {"create: duplicate, range and empty-text checks", test_create_errors},
+    {"random bytes through both models", test_random_bytes},
     {"from_gguf: a written file, and files without a usable tokenizer", test_from_gguf},
     {"golden: SmolLM2-135M (byte-level BPE)", test_golden_smollm2},
     {"golden: Gemma-3-270M (SentencePiece)", test_golden_gemma3},

