@@ -27,7 +27,7 @@ const char upf_cli_report_usage[] =
     "  --bench-filter runs the benchmarks whose name matches REGEX (bench_upf --benchmark_list_tests\n"
     "  lists them; a leading '-' excludes) instead of the default set; one that matches nothing is an\n"
     "  error. Results are stamped with commit, date, host, device and kernel variants. Without --quick, a\n"
-    "  short check on real weights (SmolLM2-135M from $UPF_MODELS, default ~/.cache/uniprefill/models:\n"
+    "  short check on real weights (SmolLM2-135M from $UPF_MODEL_DIR or ci/fetch-models.sh's cache:\n"
     "  dense perplexity over 1K tokens, UniPrefill next-token agreement over 2K, CPU) is added when the\n"
     "  file is present, and skipped with a line when it is not.\n";
 
@@ -309,15 +309,18 @@ int upf_cli_report(int argc, char **argv) {
     for (int i = 0; i < nres; i++)
       bench_failed |= res[i].error && !res[i].no_device;
   }
-  /* the real-weight check: SmolLM2 from the model cache (ci/fetch-models.sh; UPF_MODELS overrides) */
+  /* the real-weight check: SmolLM2 from $UPF_MODEL_DIR, else the models/ of ci/fetch-models.sh's cache
+   * ($UPF_MODEL_CACHE, default ~/.cache/uniprefill) */
   char *real_weights;
   if (a.quick) {
     real_weights = strdup("## real weights\n\nskipped (--quick)\n\n");
   } else {
-    const char *models = getenv("UPF_MODELS"), *home = getenv("HOME");
+    const char *dir = getenv("UPF_MODEL_DIR"), *cache = getenv("UPF_MODEL_CACHE"), *home = getenv("HOME");
     char gguf[1200];
-    if (models && *models)
-      snprintf(gguf, sizeof gguf, "%s/SmolLM2-135M-Instruct.Q4_1.gguf", models);
+    if (dir && *dir)
+      snprintf(gguf, sizeof gguf, "%s/SmolLM2-135M-Instruct.Q4_1.gguf", dir);
+    else if (cache && *cache)
+      snprintf(gguf, sizeof gguf, "%s/models/SmolLM2-135M-Instruct.Q4_1.gguf", cache);
     else
       snprintf(gguf, sizeof gguf, "%s/.cache/uniprefill/models/SmolLM2-135M-Instruct.Q4_1.gguf", home ? home : ".");
     real_weights = upf_cli_eval_report(gguf);

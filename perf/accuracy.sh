@@ -10,12 +10,13 @@
 # wall time) and DIR/text.sha256 (the text files and their hashes). A run whose JSON exists is skipped,
 # so an interrupted sweep resumes where it stopped. Presets: `cpu` sizes the sweep for a 2-core machine
 # (both models at 2K, SmolLM2 at 4K, 4-8 windows, one needle trial a depth; about 40 minutes); `full`
-# is the whole sweep (SmolLM2 2K-8K, Gemma-3 2K-32K, 16 windows, 4 needle trials a depth) for a GPU. Model files default to the cache of
-# ci/fetch-models.sh; a model whose file is absent is skipped with a line.
+# is the whole sweep (SmolLM2 2K-8K, Gemma-3 2K-32K, 16 windows, 4 needle trials a depth) for a GPU.
+# Model files default to $UPF_MODEL_DIR, else the models/ of ci/fetch-models.sh's cache
+# ($UPF_MODEL_CACHE, default ~/.cache/uniprefill); a model whose file is absent is skipped with a line.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")/.." && pwd)
-models=${UPF_MODELS:-$HOME/.cache/uniprefill/models}
+models=${UPF_MODEL_DIR:-${UPF_MODEL_CACHE:-$HOME/.cache/uniprefill}/models}
 smollm=$models/SmolLM2-135M-Instruct.Q4_1.gguf
 gemma=$models/gemma-3-270m-q4_k_m.gguf
 backend=cpu
@@ -30,7 +31,7 @@ texts=(/usr/share/common-licenses/GPL-3 /usr/share/common-licenses/Apache-2.0 /u
   /usr/share/common-licenses/GFDL-1.3 /usr/share/common-licenses/LGPL-2.1 /usr/share/common-licenses/GPL-2
   /usr/share/common-licenses/MPL-1.1 /usr/share/common-licenses/Artistic /usr/share/common-licenses/CC0-1.0)
 
-usage() { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; }
 
 cmd=${1:-}
 [ $# -gt 0 ] && shift

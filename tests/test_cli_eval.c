@@ -25,8 +25,13 @@ static int setup(void) {
     return 1;
   self[n] = '\0';
   snprintf(upf_path, sizeof upf_path, "%s/upf", dirname(self));
-  const char *home = getenv("HOME");
-  snprintf(smollm, sizeof smollm, "%s/.cache/uniprefill/models/SmolLM2-135M-Instruct.Q4_1.gguf", home ? home : "/root");
+  const char *d = getenv("UPF_MODEL_DIR"), *cache = getenv("UPF_MODEL_CACHE"), *home = getenv("HOME");
+  if (d && *d)
+    snprintf(smollm, sizeof smollm, "%s/SmolLM2-135M-Instruct.Q4_1.gguf", d);
+  else if (cache && *cache)
+    snprintf(smollm, sizeof smollm, "%s/models/SmolLM2-135M-Instruct.Q4_1.gguf", cache);
+  else
+    snprintf(smollm, sizeof smollm, "%s/.cache/uniprefill/models/SmolLM2-135M-Instruct.Q4_1.gguf", home ? home : "/root");
   snprintf(dir, sizeof dir, "/tmp/upf_eval_XXXXXX");
   return mkdtemp(dir) ? 0 : 1;
 }
@@ -121,7 +126,7 @@ static void test_next_token_seeded(void) {
 /* With the real SmolLM2 file: a window longer than the text is refused before the weights load. */
 static void test_tokens_beyond_text(void) {
   if (!exists(smollm)) {
-    printf("SKIPPED eval cli/tokens beyond the text: %s absent (ci/fetch-models.sh)\n", smollm);
+    printf("SKIPPED eval cli/tokens beyond the text: %s absent (ci/fetch-models.sh; UPF_MODEL_DIR / UPF_MODEL_CACHE)\n", smollm);
     return;
   }
   char args[PATH_MAX + 512];
