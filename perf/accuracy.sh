@@ -31,7 +31,7 @@ texts=(/usr/share/common-licenses/GPL-3 /usr/share/common-licenses/Apache-2.0 /u
   /usr/share/common-licenses/GFDL-1.3 /usr/share/common-licenses/LGPL-2.1 /usr/share/common-licenses/GPL-2
   /usr/share/common-licenses/MPL-1.1 /usr/share/common-licenses/Artistic /usr/share/common-licenses/CC0-1.0)
 
-usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; }
 
 cmd=${1:-}
 [ $# -gt 0 ] && shift
