@@ -36,6 +36,12 @@ int upf_cli_tp_open(const char *cmd, const char *kind, int32_t tp, const upf_bac
 /* `upf generate` (cli/generate.c). */
 int upf_cli_generate(int argc, char **argv);
 extern const char upf_cli_generate_usage[];
+/* `upf eval` (cli/eval.c): accuracy of UniPrefill against dense. */
+int upf_cli_eval(int argc, char **argv);
+extern const char upf_cli_eval_usage[];
+/* The real-weight section of `upf report` (markdown, malloc'd): a short SmolLM2 check on the CPU from the
+ * GGUF file at `gguf`, or a line saying why it was skipped or failed. */
+char *upf_cli_eval_report(const char *gguf);
 /* `upf tokenize` (cli/tokenize.c). */
 int upf_cli_tokenize(int argc, char **argv);
 extern const char upf_cli_tokenize_usage[];

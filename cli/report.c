@@ -26,7 +26,10 @@ const char upf_cli_report_usage[] =
     "  to build/report and is created; its parent must exist). --quick verifies the smaller case set;\n"
     "  --bench-filter runs the benchmarks whose name matches REGEX (bench_upf --benchmark_list_tests\n"
     "  lists them; a leading '-' excludes) instead of the default set; one that matches nothing is an\n"
-    "  error. Results are stamped with commit, date, host, device and kernel variants.\n";
+    "  error. Results are stamped with commit, date, host, device and kernel variants. Without --quick, a\n"
+    "  short check on real weights (SmolLM2-135M from $UPF_MODEL_DIR or ci/fetch-models.sh's cache:\n"
+    "  dense perplexity over 1K tokens, UniPrefill next-token agreement over 2K, CPU) is added when the\n"
+    "  file is present, and skipped with a line when it is not.\n";
 
 typedef struct {
   const char *out_dir;
@@ -170,7 +173,8 @@ static void share_cell(const upf_bench_result *r, char *buf, size_t cap) {
 }
 
 static void print_summary(FILE *out, const upf_backend *be, const report_stamp *stamp, const verify_tally *t,
-                          int verify_failed, const upf_bench_result *res, int nres, const report_args *a) {
+                          int verify_failed, const upf_bench_result *res, int nres, const report_args *a,
+                          const char *real_weights) {
   fprintf(out, "# uniprefill report\n\n");
   fprintf(out, "- commit: %s\n- date: %s\n- host: %s\n- device: %s\n- kernel variants: %s\n", stamp->commit,
           stamp->date, stamp->host, stamp->device, stamp->variants);
@@ -181,6 +185,7 @@ static void print_summary(FILE *out, const upf_backend *be, const report_stamp *
   for (int op = 0; op < UPF_OP_COUNT; op++)
     fprintf(out, "| %s | %d | %d |\n", upf_op_name((upf_op)op), t->passed[op], t->failed[op]);
   fprintf(out, "\nverify: %s (log: %s/verify.log)\n\n", verify_failed ? "FAILED" : "all checks passed", a->out_dir);
+  fputs(real_weights, out);
   if (a->no_bench)
     return;
   fprintf(out, "## benchmarks (median over repetitions; spread = coefficient of variation)\n\n");
@@ -304,12 +309,29 @@ int upf_cli_report(int argc, char **argv) {
     for (int i = 0; i < nres; i++)
       bench_failed |= res[i].error && !res[i].no_device;
   }
+  /* the real-weight check: SmolLM2 from $UPF_MODEL_DIR, else the models/ of ci/fetch-models.sh's cache
+   * ($UPF_MODEL_CACHE, default ~/.cache/uniprefill) */
+  char *real_weights;
+  if (a.quick) {
+    real_weights = strdup("## real weights\n\nskipped (--quick)\n\n");
+  } else {
+    const char *dir = getenv("UPF_MODEL_DIR"), *cache = getenv("UPF_MODEL_CACHE"), *home = getenv("HOME");
+    char gguf[1200];
+    if (dir && *dir)
+      snprintf(gguf, sizeof gguf, "%s/SmolLM2-135M-Instruct.Q4_1.gguf", dir);
+    else if (cache && *cache)
+      snprintf(gguf, sizeof gguf, "%s/models/SmolLM2-135M-Instruct.Q4_1.gguf", cache);
+    else
+      snprintf(gguf, sizeof gguf, "%s/.cache/uniprefill/models/SmolLM2-135M-Instruct.Q4_1.gguf", home ? home : ".");
+    real_weights = upf_cli_eval_report(gguf);
+  }
+  const int eval_failed = strstr(real_weights, "FAILED") != NULL;
   snprintf(path, sizeof path, "%s/summary.md", a.out_dir);
   FILE *summary = fopen(path, "w");
   printf("\n");
-  print_summary(stdout, be, &stamp, &tally, verify_failed, res, nres, &a);
+  print_summary(stdout, be, &stamp, &tally, verify_failed, res, nres, &a, real_weights);
   if (summary) {
-    print_summary(summary, be, &stamp, &tally, verify_failed, res, nres, &a);
+    print_summary(summary, be, &stamp, &tally, verify_failed, res, nres, &a, real_weights);
     if (fclose(summary) == 0) {
       printf("\nsummary written to %s\n", path);
     } else {
@@ -321,5 +343,6 @@ int upf_cli_report(int argc, char **argv) {
     bench_failed = 1;
   }
   upf_bench_results_free(res, nres);
-  return verify_failed || bench_failed ? 1 : 0;
+  free(real_weights);
+  return verify_failed || bench_failed || eval_failed ? 1 : 0;
 }

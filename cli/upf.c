@@ -386,6 +386,7 @@ static const command commands[] = {
     {"export", upf_cli_export, upf_cli_export_usage},
     {"serve-sim", upf_cli_serve, upf_cli_serve_usage},
     {"generate", upf_cli_generate, upf_cli_generate_usage},
+    {"eval", upf_cli_eval, upf_cli_eval_usage},
     {"tokenize", upf_cli_tokenize, upf_cli_tokenize_usage},
 };
 

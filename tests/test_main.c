@@ -24,12 +24,14 @@ void upf_register_verify_tests(void);
 void upf_register_cli_tests(void);
 void upf_register_model_tests(void);
 void upf_register_model_masked_tests(void);
+void upf_register_cli_eval_tests(void);
 void upf_register_cli_generate_tests(void);
 void upf_register_cli_gguf_tests(void);
 void upf_register_cli_serve_tests(void);
 void upf_register_cli_tokenize_tests(void);
 void upf_register_decode_tests(void);
 void upf_register_engine_tests(void);
+void upf_register_eval_tests(void);
 void upf_register_gguf_model_tests(void);
 void upf_register_logits_tests(void);
 void upf_register_tp_tests(void);
@@ -50,12 +52,14 @@ static void (*const suites[])(void) = {
     upf_register_cli_tests,
     upf_register_model_tests,
     upf_register_model_masked_tests,
+    upf_register_cli_eval_tests,
     upf_register_cli_generate_tests,
     upf_register_cli_gguf_tests,
     upf_register_cli_serve_tests,
     upf_register_cli_tokenize_tests,
     upf_register_decode_tests,
     upf_register_engine_tests,
+    upf_register_eval_tests,
     upf_register_gguf_model_tests,
     upf_register_logits_tests,
     upf_register_tp_tests,
