@@ -27,9 +27,11 @@ plist=0.8,0.9,0.95,0.975,0.99,0.995,0.999
 only=
 # The natural text: the licence texts Debian's base-files package ships (present on every Debian
 # system), joined in this order; upf eval's default is the same list.
-texts=(/usr/share/common-licenses/GPL-3 /usr/share/common-licenses/Apache-2.0 /usr/share/common-licenses/MPL-2.0
-  /usr/share/common-licenses/GFDL-1.3 /usr/share/common-licenses/LGPL-2.1 /usr/share/common-licenses/GPL-2
-  /usr/share/common-licenses/MPL-1.1 /usr/share/common-licenses/Artistic /usr/share/common-licenses/CC0-1.0)
+# UPF_TEXT_DIR takes the same files from another folder (a machine without them: perf/carry_models.sh
+# carries this machine's copies; text.sha256 in the output records which bytes were read).
+text_dir=${UPF_TEXT_DIR:-/usr/share/common-licenses}
+texts=("$text_dir/GPL-3" "$text_dir/Apache-2.0" "$text_dir/MPL-2.0" "$text_dir/GFDL-1.3" "$text_dir/LGPL-2.1"
+  "$text_dir/GPL-2" "$text_dir/MPL-1.1" "$text_dir/Artistic" "$text_dir/CC0-1.0")
 
 usage() { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; }
 

@@ -8,7 +8,8 @@
 #   here:   bash perf/carry_models.sh split [--piece-mib N]   pieces of each model (default 44 MiB)
 #           bash perf/carry_models.sh plan                     the carry list of each piece, one a line
 #   there:  bash perf/carry_models.sh join [DIR]               assemble into DIR (default /tmp/upf-models),
-#                                                              print each file's state; exit 1 if any failed
+#                                                              print each file's state; exit 1 if any failed;
+#                                                              the sweep's texts into DIR/common-licenses
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -36,6 +37,9 @@ split)
     split -b "${mib}M" -d -a 2 "$CACHE/$name" "$PIECES/$name.part"
     echo "$name: $(ls "$PIECES/$name".part* | wc -l) pieces of at most $mib MiB"
   done <"$SUMS"
+  # the accuracy sweep's text (perf/accuracy.sh: UPF_TEXT_DIR), small enough to ride with any piece
+  tar -C /usr/share -cf "$PIECES/texts.tar" common-licenses
+  echo "texts.tar: /usr/share/common-licenses ($(stat -c %s "$PIECES/texts.tar") bytes)"
   ;;
 plan)
   for p in "$PIECES"/*.part*; do echo "[\".devmodels/$(basename "$p")\"]"; done
@@ -43,6 +47,7 @@ plan)
 join)
   dest=${2:-/tmp/upf-models}
   mkdir -p "$dest"
+  [ -f "$PIECES/texts.tar" ] && tar -C "$dest" -xf "$PIECES/texts.tar" && echo "texts: $dest/common-licenses"
   bad=0
   while read -r sum name; do
     if [ -f "$dest/$name" ] && echo "$sum  $dest/$name" | sha256sum -c --quiet - 2>/dev/null; then
