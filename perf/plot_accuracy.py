@@ -181,7 +181,7 @@ def write_markdown(summary, run_dir, path):
         if "agreement_min" in v:
             lines.append(f"- top-1 agreement >= 99%: {'met' if v['agreement_met'] else 'NOT met'} "
                          f"(lowest over lengths {100 * v['agreement_min']:.2f}%), kept share after the last drop "
-                         f"layer {v['keep_ratio_last_drop']:.3f}")
+                         f"layer {v['keep_ratio_last_drop']:.3f} (mean over lengths)")
         else:
             lines.append("- top-1 agreement: no next-token run at the default p")
         if "needle_gap_max" in v:
