@@ -185,8 +185,9 @@ static upf_model_config gemma3_270m(void) {
   const upf_rope_params local = {10000.0, 0, UPF_ROPE_DEFAULT, 1.0, 0.0, 0.0, 0};    /* rope_local_base_freq */
   const upf_rope_params global = {1000000.0, 0, UPF_ROPE_DEFAULT, 1.0, 0.0, 0.0, 0}; /* rope_theta */
   c.rope_full = global, c.rope_sliding = local;
-  /* the global layers (5, 11, 17) in the later half, as the 12B's 29, 35, 41 of 48 */
-  c.num_drop_layers = 2, c.drop_layers[0] = 11, c.drop_layers[1] = 17;
+  /* the 12B's rule (its global layers in the later half but the last: 29, 35, 41 of 48, not 47) on 18
+   * layers: 11, as the GGUF loader chooses for the real file (models/README.md) */
+  c.num_drop_layers = 1, c.drop_layers[0] = 11;
   c.drop_min_step_tokens = c.window;
   return c;
 }
