@@ -229,3 +229,28 @@ int upf_args_read_file(const char *command, const char *flag, const char *path, 
   *text = buf, *len = n;
   return 1;
 }
+
+static void json_chars(FILE *f, const char *s) {
+  for (; *s; s++) {
+    if (*s == '"' || *s == '\\')
+      fputc('\\', f), fputc(*s, f);
+    else if ((unsigned char)*s < 0x20)
+      fprintf(f, "\\u%04x", *s);
+    else
+      fputc(*s, f);
+  }
+}
+
+void upf_json_string(FILE *f, const char *s) {
+  fputc('"', f);
+  json_chars(f, s);
+  fputc('"', f);
+}
+
+void upf_json_command(FILE *f, const char *prefix, int argc, char **argv) {
+  fputc('"', f);
+  json_chars(f, prefix);
+  for (int i = 0; i < argc; i++)
+    fputc(' ', f), json_chars(f, argv[i]);
+  fputc('"', f);
+}

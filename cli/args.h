@@ -6,6 +6,7 @@
 #define UNIPREFILL_CLI_ARGS_H
 
 #include <stdint.h>
+#include <stdio.h>
 
 typedef enum {
   UPF_ARG_SWITCH, /* no value; *(int *)dest = 1 */
@@ -57,6 +58,12 @@ typedef struct {
  * and that no output names the same file as another output or an input (through links and ./ too).
  * Prints a message naming the flags and returns 0 on the first problem, 1 when all is well. */
 int upf_args_check_paths(const char *command, const upf_arg_path *paths, int n);
+
+/* Writes s to f as a JSON string: quotes and backslashes escaped, control characters as \u00XX. */
+void upf_json_string(FILE *f, const char *s);
+
+/* Writes the command line to f as one JSON string: prefix ("upf eval"), then each argument after a space. */
+void upf_json_command(FILE *f, const char *prefix, int argc, char **argv);
 
 /* Reads the whole file at path (a command's input given by flag) into a malloc'd buffer (not
  * terminated); 0 after one line on stderr naming the flag and the file when it cannot. */

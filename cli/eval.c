@@ -361,19 +361,6 @@ typedef struct {
   FILE *f;
 } json_out;
 
-static void json_string(FILE *f, const char *s) {
-  fputc('"', f);
-  for (; *s; s++) {
-    if (*s == '"' || *s == '\\')
-      fputc('\\', f), fputc(*s, f);
-    else if ((unsigned char)*s < 0x20)
-      fprintf(f, "\\u%04x", *s);
-    else
-      fputc(*s, f);
-  }
-  fputc('"', f);
-}
-
 static upf_status json_write_file(json_out *j, const char *path) {
   fclose(j->f);
   j->f = NULL;
@@ -392,10 +379,10 @@ static void json_header(FILE *f, const eval_args *a, const eval_source *src, con
                         char **argv) {
   const upf_model_config *c = src->model.cfg;
   fprintf(f, "{\n  \"task\": \"%s\",\n  \"model\": {\"name\": ", a->task);
-  json_string(f, c->name);
+  upf_json_string(f, c->name);
   fprintf(f, ", \"gguf\": ");
   if (a->gguf)
-    json_string(f, a->gguf);
+    upf_json_string(f, a->gguf);
   else
     fprintf(f, "null, \"seed\": %d", a->seed);
   fprintf(f, ", \"layers\": %d, \"vocab\": %d, \"drop_layers\": [", c->num_layers, c->vocab);
@@ -404,13 +391,13 @@ static void json_header(FILE *f, const eval_args *a, const eval_source *src, con
   fprintf(f, "], \"select\": {\"block\": %d, \"sink\": %d, \"last_q\": %d, \"p\": %g}, \"drop_min_step_tokens\": %lld},\n",
           c->select.block, c->select.sink, c->select.last_q, (double)c->select.p, (long long)c->drop_min_step_tokens);
   fprintf(f, "  \"backend\": \"%s\",\n  \"device\": ", be->name);
-  json_string(f, be->describe());
+  upf_json_string(f, be->describe());
   fprintf(f, ",\n  \"dtype\": \"%s\",\n  \"text\": ", upf_dtype_name(src->model.dtype));
   if (src->num_files) {
     fprintf(f, "{\"files\": [");
     for (int i = 0; i < src->num_files; i++) {
       fprintf(f, "%s{\"path\": ", i ? ", " : "");
-      json_string(f, src->files[i].path);
+      upf_json_string(f, src->files[i].path);
       fprintf(f, ", \"bytes\": %lld}", (long long)src->files[i].bytes);
     }
     fprintf(f, "], \"tokens\": %lld},\n", (long long)src->text_len);
@@ -419,16 +406,9 @@ static void json_header(FILE *f, const eval_args *a, const eval_source *src, con
   }
   char commit[64] = "";
   upf_source_commit(commit, sizeof commit);
-  fprintf(f, "  \"commit\": \"%s\",\n  \"command\": \"upf eval", commit[0] ? commit : "unknown");
-  for (int i = 0; i < argc; i++) {
-    fputc(' ', f);
-    for (const char *s = argv[i]; *s; s++) {
-      if (*s == '"' || *s == '\\')
-        fputc('\\', f);
-      fputc(*s, f);
-    }
-  }
-  fprintf(f, "\",\n");
+  fprintf(f, "  \"commit\": \"%s\",\n  \"command\": ", commit[0] ? commit : "unknown");
+  upf_json_command(f, "upf eval", argc, argv);
+  fprintf(f, ",\n");
 }
 
 static void json_doubles(FILE *f, const double *x, int n) {

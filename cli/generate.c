@@ -179,16 +179,9 @@ static void print_json(FILE *f, const generate_args *a, const upf_model *m, cons
              "\"bytes_saved\": %.0f, \"bytes_capacity\": %.0f},\n",
           (long long)mem->pages_in_use, (long long)mem->pages_dense, mem->bytes_in_use, mem->bytes_dense,
           mem->bytes_saved, mem->bytes_capacity);
-  fprintf(f, "  \"commit\": \"%s\",\n  \"command\": \"upf generate", commit);
-  for (int i = 0; i < argc; i++) {
-    fputc(' ', f);
-    for (const char *s = argv[i]; *s; s++) {
-      if (*s == '"' || *s == '\\')
-        fputc('\\', f);
-      fputc(*s, f);
-    }
-  }
-  fprintf(f, "\"\n}\n");
+  fprintf(f, "  \"commit\": \"%s\",\n  \"command\": ", commit);
+  upf_json_command(f, "upf generate", argc, argv);
+  fprintf(f, "\n}\n");
 }
 
 /* The outputs, all or none: the JSON to a temporary file, the tokens (upf_npy_write replaces its

@@ -245,18 +245,9 @@ static upf_status write_json(const char *path, const prefill_args *a, const upf_
              "\"allreduce_ms\": %.4f},\n",
           m->tp_size, m->comm ? upf_comm_kind_name(upf_comm_kind_of(m->comm)) : "none", (long long)res->comm_calls,
           res->comm_bytes, res->comm_seconds * 1e3);
-  fprintf(f, "  \"commit\": \"%s\",\n  \"command\": \"upf", commit);
-  for (int i = 0; i < argc; i++)
-    for (const char *s = argv[i]; ; s++) {
-      if (s == argv[i])
-        fputc(' ', f);
-      if (!*s)
-        break;
-      if (*s == '"' || *s == '\\')
-        fputc('\\', f);
-      fputc(*s, f);
-    }
-  fprintf(f, "\"\n}\n");
+  fprintf(f, "  \"commit\": \"%s\",\n  \"command\": ", commit);
+  upf_json_command(f, "upf", argc, argv);
+  fprintf(f, "\n}\n");
   if (fclose(f) != 0 || rename(tmp, path) != 0) {
     remove(tmp);
     return upf_fail(UPF_ERR_IO, "cannot write %s", path);

@@ -206,19 +206,6 @@ static void json_point(FILE *f, const serve_point *pt, const serve_args *a) {
   (void)a;
 }
 
-static void json_string(FILE *f, const char *s) {
-  fputc('"', f);
-  for (; *s; s++) {
-    if (*s == '"' || *s == '\\')
-      fputc('\\', f), fputc(*s, f);
-    else if ((unsigned char)*s < 0x20)
-      fprintf(f, "\\u%04x", *s);
-    else
-      fputc(*s, f);
-  }
-  fputc('"', f);
-}
-
 static upf_status write_json(const char *path, const serve_args *a, const upf_model *m, const upf_session_config *sc,
                              int32_t num_groups, const serve_point *pts, int n, int argc, char **argv) {
   char tmp[4096];
@@ -232,12 +219,12 @@ static upf_status write_json(const char *path, const serve_args *a, const upf_mo
   const upf_model_config *c = m->cfg;
   fprintf(f, "{\n  \"model\": \"%s\",\n  \"mode\": \"%s\",\n  \"dtype\": \"%s\",\n  \"backend\": \"%s\",\n  \"device\": ",
           c->name, a->sa.mode, upf_dtype_name(m->dtype), m->be->name);
-  json_string(f, m->be->describe());
+  upf_json_string(f, m->be->describe());
   fprintf(f, ",\n  \"select\": {\"kind\": \"%s\", \"p\": %g, \"keep_ratio\": %g, \"block\": %d, \"sink\": %d, \"last_q\": %d},\n",
           sc->select.keep_ratio > 0 ? "topk" : "topp", (double)sc->select.p, (double)sc->select.keep_ratio,
           sc->select.block, sc->select.sink, sc->select.last_q);
   fprintf(f, "  \"trace\": {\"source\": ");
-  json_string(f, a->trace ? a->trace : "seeded");
+  upf_json_string(f, a->trace ? a->trace : "seeded");
   fprintf(f, ", \"rate\": \"%s\", \"prompt_len\": \"%s\", \"decode_len\": %d, \"seed\": %d},\n", a->rate ? a->rate : "0",
           a->prompt_len, a->decode_len, a->sel.seed);
   fprintf(f, "  \"token_budget\": %d,\n  \"page_size\": %d,\n  \"max_live\": %d,\n  \"eos\": %d,\n  \"group_pages\": [",
@@ -245,18 +232,7 @@ static upf_status write_json(const char *path, const serve_args *a, const upf_mo
   for (int32_t g = 0; g < num_groups; g++)
     fprintf(f, "%s%lld", g ? ", " : "", (long long)(sc->group_pages[g] > 0 ? sc->group_pages[g] : sc->pages_per_group));
   fprintf(f, "],\n  \"weights_gib\": %.4f,\n  \"commit\": \"%s\",\n  \"command\": ", m->weight_bytes / (1 << 30), commit);
-  size_t len = 16;
-  for (int i = 0; i < argc; i++)
-    len += strlen(argv[i]) + 1;
-  char *cmd = malloc(len);
-  if (cmd) {
-    strcpy(cmd, "upf serve-sim");
-    for (int i = 0; i < argc; i++)
-      strcat(cmd, " "), strcat(cmd, argv[i]);
-    json_string(f, cmd);
-    free(cmd);
-  } else
-    json_string(f, "upf serve-sim");
+  upf_json_command(f, "upf serve-sim", argc, argv);
   fprintf(f, ",\n  \"points\": [\n");
   for (int i = 0; i < n; i++) {
     json_point(f, &pts[i], a);
