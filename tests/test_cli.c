@@ -131,7 +131,8 @@ static void test_bad_inputs_leave_no_file(void) {
 
 /* The shared flag parser, as every subcommand sees it. */
 static void test_flags_every_command(void) {
-  static const char *const commands[] = {"select", "verify", "report", "ops", "models", "prefill"};
+  static const char *const commands[] = {"select",   "verify",   "report",    "ops",      "models", "prefill",
+                                         "generate", "export",   "serve-sim", "tokenize", "eval"};
   char args[2048], want[64];
   for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
     snprintf(args, sizeof args, "%s --help", commands[i]);
