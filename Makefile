@@ -154,14 +154,22 @@ run: deps
 # The CPU-only build of the suites under Valgrind memcheck first (the CUDA libraries' own load-time
 # code, libcublasLt's constructors, is not ours to check and trips Valgrind in ld.so), then every
 # suite of the full build, so the output ends with CUnit's run summary.
+# The Valgrind pass (one core) runs beside the native suites and the MPI runs (the other), its output
+# kept in $(BUILD)/memcheck.log and printed after them; the exit status is that of all three.
+MEMCHECK_LOG := $(BUILD)/memcheck.log
 test: deps models
+	@date '+make test: %T building'
 	$(MAKE) -j$(JOBS) all
-	$(MAKE) -j$(JOBS) CUDA=0 BUILD=$(BUILD)-memcheck all
-	@echo "make test: the CPU-only suites under Valgrind memcheck (quick set; silent for several minutes) ..."
-	UPF_TEST_QUICK=1 valgrind --error-exitcode=3 --leak-check=full \
-	  --errors-for-leak-kinds=definite --show-leak-kinds=definite $(BUILD)-memcheck/test_upf
-	$(TEST_BIN)
-	bash tests/tp/run.sh $(BUILD)
+	$(MAKE) -j$(JOBS) CUDA=0 BUILD=$(BUILD)-memcheck $(BUILD)-memcheck/test_upf $(BUILD)-memcheck/upf
+	@date '+make test: %T the CPU-only suites under Valgrind memcheck (quick set) start beside the native suites; log $(MEMCHECK_LOG)'
+	@UPF_TEST_QUICK=1 valgrind --error-exitcode=3 --leak-check=full --errors-for-leak-kinds=definite \
+	  --show-leak-kinds=definite $(BUILD)-memcheck/test_upf >$(MEMCHECK_LOG) 2>&1 & vg=$$!; \
+	  $(TEST_BIN); native=$$?; \
+	  date '+make test: %T tensor parallelism under mpirun'; bash tests/tp/run.sh $(BUILD); tp=$$?; \
+	  date '+make test: %T waiting for the Valgrind pass'; wait $$vg; vgrc=$$?; \
+	  echo "make test: the Valgrind pass ($(MEMCHECK_LOG)):"; cat $(MEMCHECK_LOG); \
+	  date "+make test: %T done: native suites exit $$native, tensor parallelism $$tp, Valgrind pass $$vgrc"; \
+	  [ $$native -eq 0 ] && [ $$tp -eq 0 ] && [ $$vgrc -eq 0 ]
 
 # Tensor parallelism under mpirun -np 2 and -np 4 (skipped, with the reason, without mpirun).
 test-tp: all
