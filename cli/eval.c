@@ -507,14 +507,15 @@ static upf_status run_next_token(const eval_args *a, eval_source *src, const int
         t0 = now_seconds();
         st = upf_eval_prefill_last(m, ids, L, &opt, last, uni, &res);
         if (st == UPF_OK) {
-          secs[r] += now_seconds() - t0;
+          const double prefill_s = now_seconds() - t0; /* the prefill alone, as dense's time above */
+          secs[r] += prefill_s;
           double ratios[UPF_MODEL_MAX_LAYERS];
           upf_eval_keep_ratios(&res, L, ratios);
           drops_seen = res.num_drops;
           for (int k = 0; k < res.num_drops; k++)
             keep[r * UPF_MODEL_MAX_LAYERS + k] += ratios[k] / a->windows;
           st = upf_eval_agreement_add(&acc[r], dense, uni, last, V);
-          fprintf(stderr, ", %s %g %.1f s", arms[r].kind, arms[r].value, now_seconds() - t0);
+          fprintf(stderr, ", %s %g %.1f s", arms[r].kind, arms[r].value, prefill_s);
         }
         upf_prefill_result_free(&res);
       }

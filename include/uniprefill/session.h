@@ -78,7 +78,8 @@ typedef struct {
   void *user;
 } upf_session_step_options;
 
-/* Runs one step over rows (each request at most once; prefill rows and decode rows in any order).
+/* Runs one step over rows (each request at most once; the prefill rows first, then the decode rows:
+ * the step packs the batch in that order, and a prefill row after a decode row is refused).
  * Before any work the step checks that every group has the pages the rows could need at their dense
  * length (prefill rows: ceil(prompt / P); decode rows: one more page where the length sits on a page
  * boundary), so a step never runs out of pages half way; it fails with UPF_ERR_NOMEM naming the group
