@@ -24,6 +24,7 @@
 #include "cuda/norm.cuh"
 #include "cuda/rope.cuh"
 #include "cuda/select.cuh"
+#include "cuda/sparse.cuh"
 #include "uniprefill/backend.h"
 
 namespace {

@@ -18,6 +18,7 @@
 #include "ref_cpu/norm.h"
 #include "ref_cpu/rope.h"
 #include "ref_cpu/select.h"
+#include "ref_cpu/sparse.h"
 
 static upf_status cpu_probe(void) { return UPF_OK; }
 static const char *cpu_describe(void) { return "CPU reference (double accumulation, OpenBLAS)"; }

@@ -35,6 +35,9 @@ void upf_register_eval_tests(void);
 void upf_register_gguf_model_tests(void);
 void upf_register_logits_tests(void);
 void upf_register_tp_tests(void);
+void upf_register_sparse_tests(void);
+void upf_register_cli_sparse_tests(void);
+void upf_register_model_sparse_tests(void);
 void upf_register_cuda_tests(void);
 
 static void (*const suites[])(void) = {
@@ -48,6 +51,7 @@ static void (*const suites[])(void) = {
     upf_register_moe_tests,
     upf_register_gdn_tests,
     upf_register_attn_tests,
+    upf_register_sparse_tests,
     upf_register_verify_tests,
     upf_register_cli_tests,
     upf_register_model_tests,
@@ -62,6 +66,8 @@ static void (*const suites[])(void) = {
     upf_register_eval_tests,
     upf_register_gguf_model_tests,
     upf_register_logits_tests,
+    upf_register_cli_sparse_tests,
+    upf_register_model_sparse_tests,
     upf_register_tp_tests,
     upf_register_cuda_tests,
 };

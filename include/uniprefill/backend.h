@@ -14,6 +14,7 @@
 #include "uniprefill/kv.h"
 #include "uniprefill/moe.h"
 #include "uniprefill/select.h"
+#include "uniprefill/sparse.h"
 
 #ifdef __cplusplus
 extern "C" {
