@@ -1,7 +1,7 @@
-/* `upf eval`: what UniPrefill costs in accuracy on a model. ppl: the dense perplexity of a text;
- * next-token: top-1 agreement and KL(dense || UniPrefill) over the last positions of windows of a text;
- * needle: a pass key hidden at several depths of a filler text, answered greedily by dense and by
- * UniPrefill. Every input is checked before any model work; the JSON is written whole at the end. */
+/* `upf eval`: what UniPrefill (or FlashPrefill V2) costs in accuracy on a model. ppl: the dense
+ * perplexity of a text; next-token: top-1 agreement and KL(dense || approximation) over the last
+ * positions of windows of a text; needle: a pass key hidden at several depths of a filler text,
+ * answered greedily by dense and by the approximation. Every input is checked before any model work; the JSON is written whole at the end. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +11,7 @@
 
 #include "cli/args.h"
 #include "cli/cli.h"
+#include "cli/model_args.h"
 #include "uniprefill/eval.h"
 #include "uniprefill/provenance.h"
 #include "uniprefill/rng.h"
@@ -18,7 +19,9 @@
 
 const char upf_cli_eval_usage[] =
     "usage: upf eval (--gguf FILE | --model NAME [--seed S]) --task ppl|next-token|needle\n"
-    "                [--tokens N1,N2,...] [--mode dense|uniprefill] [--p P1,P2,...] [--keep R1,R2,...]\n"
+    "                [--tokens N1,N2,...] [--mode dense|uniprefill|flashprefill] [--p P1,P2,...] [--keep R1,R2,...]\n"
+    "                [--alpha A1,A2,...] [--block-n 64|128] [--mean-correction on|off] [--sink S] [--window W]\n"
+    "                [--last-n N]\n"
     "                [--backend cpu|cuda] [--dtype f32|bf16] [--text-file F1,F2,...] [--windows K]\n"
     "                [--last N] [--depths D1,D2,...] [--trials N] [--needle-seed S] [--dtype-floor]\n"
     "                [--json R.json]\n"
@@ -30,6 +33,10 @@ const char upf_cli_eval_usage[] =
     "    correct iff greedy decoding produces the key (checked by one prefill of prompt + answer; UniPrefill\n"
     "    replays the masks its prompt-only prefill chose).\n"
     "  UniPrefill runs at each --p (default: the model's) or, with --keep, at each top-k keep ratio;\n"
+    "  --mode flashprefill: FlashPrefill V2 (block-sparse full attention, upf prefill --mode flashprefill)\n"
+    "  in place of UniPrefill, at each --alpha (default 0.18; the other flags as upf prefill), reporting the\n"
+    "  kept share of the visible key blocks per full-attention layer; it drops no token, so needle runs\n"
+    "  the prompt + answer prefill in FlashPrefill mode directly.\n"
     "  --mode dense runs the dense side only (ppl is always dense). --dtype-floor (next-token): also the\n"
     "  dense run in the other dtype (f32 for bf16, and back) against dense: what precision alone changes.\n"
     "  --text-file: plain-text files joined in order (default: the licence texts Debian ships in\n"
@@ -38,6 +45,8 @@ const char upf_cli_eval_usage[] =
 
 typedef struct {
   const char *gguf, *model, *task, *tokens, *mode, *p, *keep, *backend, *dtype, *text_files, *depths, *json;
+  const char *alpha;  /* FlashPrefill: the list of alphas */
+  upf_sparse_args fa; /* FlashPrefill: --block-n, --mean-correction, --sink, --window, --last-n */
   int32_t seed, windows, last, trials, needle_seed, floor;
 } eval_args;
 
@@ -75,11 +84,13 @@ static int parse_doubles(const char *s, double **out, int *n) {
   }
 }
 
-/* One UniPrefill setting of the sweep: top-p at p, or top-k at a keep ratio. */
+/* One setting of the sweep: UniPrefill top-p at p or top-k at a keep ratio, or FlashPrefill at alpha. */
 typedef struct {
+  upf_prefill_mode mode; /* UNIPREFILL or FLASHPREFILL */
   upf_select_params sel;
+  upf_sparse_params sparse;
   double value;
-  const char *kind; /* "p" or "keep" */
+  const char *kind; /* "p", "keep" or "alpha" */
 } eval_arm;
 
 /* The GGUF file's tokenizer (core/tokenizer.c): text in, ids out, specials added by the caller. */
@@ -390,6 +401,12 @@ static void json_header(FILE *f, const eval_args *a, const eval_source *src, con
     fprintf(f, "%s%d", k ? ", " : "", c->drop_layers[k]);
   fprintf(f, "], \"select\": {\"block\": %d, \"sink\": %d, \"last_q\": %d, \"p\": %g}, \"drop_min_step_tokens\": %lld},\n",
           c->select.block, c->select.sink, c->select.last_q, (double)c->select.p, (long long)c->drop_min_step_tokens);
+  fprintf(f, "  \"mode\": \"%s\",\n", a->mode);
+  if (!strcmp(a->mode, "flashprefill")) { /* alpha: the sweep's, per run */
+    fprintf(f, "  \"flashprefill\": ");
+    upf_sparse_args_json(f, &a->fa.params);
+    fprintf(f, ",\n");
+  }
   fprintf(f, "  \"backend\": \"%s\",\n  \"device\": ", be->name);
   upf_json_string(f, be->describe());
   fprintf(f, ",\n  \"dtype\": \"%s\",\n  \"text\": ", upf_dtype_name(src->model.dtype));
@@ -471,7 +488,11 @@ static upf_status run_next_token(const eval_args *a, eval_source *src, const int
   upf_eval_agreement floor_acc;
   upf_eval_agreement *acc = calloc((size_t)narms, sizeof *acc);
   double *keep = calloc((size_t)narms * UPF_MODEL_MAX_LAYERS, sizeof *keep), *secs = calloc((size_t)narms, sizeof *secs);
-  upf_status st = dense && uni && acc && keep && secs ? UPF_OK : upf_fail(UPF_ERR_NOMEM, "eval: logits of %lld positions", (long long)last);
+  double *share = calloc((size_t)narms, sizeof *share); /* FlashPrefill: kept share over all layers */
+  int32_t sparse_layers[UPF_MODEL_MAX_LAYERS];
+  upf_status st = dense && uni && acc && keep && secs && share
+                      ? UPF_OK
+                      : upf_fail(UPF_ERR_NOMEM, "eval: logits of %lld positions", (long long)last);
   fprintf(j, "  \"last\": %lld,\n  \"lengths\": [", (long long)last);
   for (int li = 0; st == UPF_OK && li < nlen; li++) {
     const int64_t L = lengths[li];
@@ -479,6 +500,7 @@ static upf_status run_next_token(const eval_args *a, eval_source *src, const int
     memset(&floor_acc, 0, sizeof floor_acc);
     memset(keep, 0, (size_t)narms * UPF_MODEL_MAX_LAYERS * sizeof *keep);
     memset(secs, 0, (size_t)narms * sizeof *secs);
+    memset(share, 0, (size_t)narms * sizeof *share);
     int64_t *starts = malloc((size_t)a->windows * sizeof *starts);
     int32_t *ids = malloc((size_t)L * sizeof *ids);
     double dense_s = 0;
@@ -503,16 +525,27 @@ static upf_status run_next_token(const eval_args *a, eval_source *src, const int
         fprintf(stderr, ", dense %s %.1f s", upf_dtype_name(src->other.dtype), now_seconds() - t0);
       }
       for (int r = 0; st == UPF_OK && r < narms; r++) {
-        opt.mode = UPF_PREFILL_UNIPREFILL, opt.select = arms[r].sel;
+        opt.mode = arms[r].mode, opt.select = arms[r].sel, opt.sparse = arms[r].sparse;
         t0 = now_seconds();
         st = upf_eval_prefill_last(m, ids, L, &opt, last, uni, &res);
         if (st == UPF_OK) {
           const double prefill_s = now_seconds() - t0; /* the prefill alone, as dense's time above */
           secs[r] += prefill_s;
           double ratios[UPF_MODEL_MAX_LAYERS];
-          upf_eval_keep_ratios(&res, L, ratios);
-          drops_seen = res.num_drops;
-          for (int k = 0; k < res.num_drops; k++)
+          if (arms[r].mode == UPF_PREFILL_FLASHPREFILL) { /* per layer: kept key blocks / visible ones */
+            drops_seen = res.num_sparse;
+            share[r] += upf_prefill_kept_share(&res) / a->windows;
+            for (int k = 0; k < res.num_sparse; k++) {
+              sparse_layers[k] = res.sparse[k].layer;
+              ratios[k] = res.sparse[k].visible_blocks
+                              ? (double)res.sparse[k].kept_blocks / (double)res.sparse[k].visible_blocks
+                              : 1.0;
+            }
+          } else {
+            drops_seen = res.num_drops;
+            upf_eval_keep_ratios(&res, L, ratios);
+          }
+          for (int k = 0; k < drops_seen; k++)
             keep[r * UPF_MODEL_MAX_LAYERS + k] += ratios[k] / a->windows;
           st = upf_eval_agreement_add(&acc[r], dense, uni, last, V);
           fprintf(stderr, ", %s %g %.1f s", arms[r].kind, arms[r].value, prefill_s);
@@ -542,10 +575,14 @@ static upf_status run_next_token(const eval_args *a, eval_source *src, const int
       for (int r = 0; r < narms; r++) {
         const double agree = (double)acc[r].agree / (double)acc[r].positions;
         const double kl = acc[r].kl_sum / (double)acc[r].positions;
-        printf("%s %lld tokens x %d windows, %s %g: top-1 agreement %.2f%% (%lld/%lld), mean KL %.3g, max KL %.3g; "
-               "kept after each drop layer:",
+        const int flash = arms[r].mode == UPF_PREFILL_FLASHPREFILL;
+        printf("%s %lld tokens x %d windows, %s %g: top-1 agreement %.2f%% (%lld/%lld), mean KL %.3g, max KL %.3g; ",
                m->cfg->name, (long long)L, a->windows, arms[r].kind, arms[r].value, 100.0 * agree,
                (long long)acc[r].agree, (long long)acc[r].positions, kl, acc[r].kl_max);
+        if (flash)
+          printf("kept share of the key blocks %.4f, per full-attention layer:", share[r]);
+        else
+          printf("kept after each drop layer:");
         for (int k = 0; k < drops_seen; k++)
           printf(" %.3f", keep[r * UPF_MODEL_MAX_LAYERS + k]);
         printf("\n");
@@ -554,6 +591,12 @@ static upf_status run_next_token(const eval_args *a, eval_source *src, const int
                 r ? "," : "", arms[r].kind, arms[r].value, (long long)acc[r].positions, (long long)acc[r].agree, agree,
                 kl, acc[r].kl_max, secs[r] / a->windows);
         json_doubles(j, keep + r * UPF_MODEL_MAX_LAYERS, drops_seen);
+        if (flash) { /* keep_ratio holds the per-layer kept shares of the key blocks */
+          fprintf(j, ", \"kept_share\": %.6f, \"sparse_layers\": [", share[r]);
+          for (int k = 0; k < drops_seen; k++)
+            fprintf(j, "%s%d", k ? ", " : "", sparse_layers[k]);
+          fprintf(j, "]");
+        }
         fprintf(j, "}");
       }
       fprintf(j, "\n    ]}");
@@ -561,7 +604,7 @@ static upf_status run_next_token(const eval_args *a, eval_source *src, const int
     free(starts), free(ids);
   }
   fprintf(j, "\n  ]\n}\n");
-  free(dense), free(uni), free(acc), free(keep), free(secs);
+  free(dense), free(uni), free(acc), free(keep), free(secs), free(share);
   return st;
 }
 
@@ -570,10 +613,11 @@ static upf_status run_next_token(const eval_args *a, eval_source *src, const int
 static upf_status run_needle(const eval_args *a, eval_source *src, const int64_t *lengths, int nlen,
                              const double *depths, int ndepths, const eval_arm *arms, int narms, FILE *j) {
   const upf_model *m = &src->model;
-  const int uni = !strcmp(a->mode, "uniprefill");
+  const int uni = strcmp(a->mode, "dense") != 0; /* the arms run: UniPrefill or FlashPrefill */
   int *correct = calloc((size_t)(narms + 1), sizeof *correct);
   double *keep = calloc((size_t)narms * UPF_MODEL_MAX_LAYERS, sizeof *keep);
-  upf_status st = UPF_OK;
+  double *share = calloc((size_t)narms, sizeof *share); /* FlashPrefill: kept share over all layers */
+  upf_status st = correct && keep && share ? UPF_OK : upf_fail(UPF_ERR_NOMEM, "eval: needle tallies");
   int mismatches = 0;
   fprintf(j, "  \"needle_seed\": %d,\n  \"trials\": %d,\n  \"depths\": ", a->needle_seed, a->trials);
   json_doubles(j, depths, ndepths);
@@ -586,6 +630,7 @@ static upf_status run_needle(const eval_args *a, eval_source *src, const int64_t
     int *cell = calloc((size_t)ndepths * (narms + 1), sizeof *cell); /* correct per depth and side */
     memset(correct, 0, (size_t)(narms + 1) * sizeof *correct);
     memset(keep, 0, (size_t)narms * UPF_MODEL_MAX_LAYERS * sizeof *keep);
+    memset(share, 0, (size_t)narms * sizeof *share);
     for (int di = 0; st == UPF_OK && di < ndepths; di++)
       for (int t = 0; st == UPF_OK && t < a->trials; t++) {
         /* the case's seed: a function of the needle seed, the length, the depth's index and the trial */
@@ -612,15 +657,18 @@ static upf_status run_needle(const eval_args *a, eval_source *src, const int64_t
         for (int r = 0; uni && st == UPF_OK && r < narms; r++) {
           upf_eval_answer u;
           const double r0 = now_seconds();
-          st = upf_eval_check_answer(m, prompt, L, nd.answer, nd.answer_len, &arms[r].sel, &u);
+          const int flash = arms[r].mode == UPF_PREFILL_FLASHPREFILL;
+          st = flash ? upf_eval_check_answer_sparse(m, prompt, L, nd.answer, nd.answer_len, &arms[r].sparse, &u)
+                     : upf_eval_check_answer(m, prompt, L, nd.answer, nd.answer_len, &arms[r].sel, &u);
           if (st != UPF_OK)
             break;
           correct[r + 1] += u.correct;
           cell[di * (narms + 1) + r + 1] += u.correct;
           mismatches += u.first != u.prompt_first;
-          drops_seen = u.num_drops;
-          for (int k = 0; k < u.num_drops; k++)
-            keep[r * UPF_MODEL_MAX_LAYERS + k] += u.keep[k];
+          drops_seen = flash ? u.num_sparse : u.num_drops;
+          share[r] += u.kept_share;
+          for (int k = 0; k < drops_seen; k++)
+            keep[r * UPF_MODEL_MAX_LAYERS + k] += flash ? u.layer_kept_share[k] : u.keep[k];
           fprintf(j, ", \"%s_%g\": %s", arms[r].kind, arms[r].value, u.correct ? "true" : "false");
           fprintf(stderr, ", %s %g %s (%.1f s)", arms[r].kind, arms[r].value, u.correct ? "right" : "wrong",
                   now_seconds() - r0);
@@ -648,6 +696,10 @@ static upf_status run_needle(const eval_args *a, eval_source *src, const int64_t
           kr[k] = keep[r * UPF_MODEL_MAX_LAYERS + k] / n;
         fprintf(j, "], \"keep_ratio\": ");
         json_doubles(j, kr, drops_seen);
+        if (arms[r].mode == UPF_PREFILL_FLASHPREFILL) { /* keep_ratio: the per-layer kept shares of key blocks */
+          printf(" (kept share %.4f)", share[r] / n);
+          fprintf(j, ", \"kept_share\": %.6f", share[r] / n);
+        }
         fprintf(j, "}");
       }
       printf("\n");
@@ -661,13 +713,13 @@ static upf_status run_needle(const eval_args *a, eval_source *src, const int64_t
   if (mismatches)
     fprintf(stderr, "upf eval: needle: %d replayed runs disagree with their prompt run at the prompt's last position\n",
             mismatches);
-  free(correct), free(keep);
+  free(correct), free(keep), free(share);
   return st;
 }
 
 int upf_cli_eval(int argc, char **argv) {
-  eval_args a = {.mode = "uniprefill", .dtype = "bf16", .seed = 1, .windows = 0, .last = 128, .trials = 1,
-                 .needle_seed = 16};
+  eval_args a = {.mode = "uniprefill", .dtype = "bf16", .fa = UPF_SPARSE_ARGS_DEFAULT, .seed = 1, .windows = 0,
+                 .last = 128, .trials = 1, .needle_seed = 16};
   upf_arg args[] = {
       {"--gguf", UPF_ARG_STRING, &a.gguf},           {"--model", UPF_ARG_STRING, &a.model},
       {"--seed", UPF_ARG_INT, &a.seed, 0, 0, INT32_MAX}, {"--task", UPF_ARG_STRING, &a.task, 1},
@@ -678,6 +730,7 @@ int upf_cli_eval(int argc, char **argv) {
       {"--last", UPF_ARG_INT, &a.last, 0, 1, 1 << 20}, {"--depths", UPF_ARG_STRING, &a.depths},
       {"--trials", UPF_ARG_INT, &a.trials, 0, 1, 100000}, {"--needle-seed", UPF_ARG_INT, &a.needle_seed, 0, 0, INT32_MAX},
       {"--json", UPF_ARG_STRING, &a.json},           {"--dtype-floor", UPF_ARG_SWITCH, &a.floor},
+      {"--alpha", UPF_ARG_STRING, &a.alpha},         UPF_SPARSE_SHAPE_ARG_FLAGS(a.fa),
   };
   upf_arg_parser p = {"upf eval", upf_cli_eval_usage, args, (int)(sizeof args / sizeof *args), NULL, 0, 0};
   const upf_args_result pr = upf_args_parse(&p, argc, argv);
@@ -695,18 +748,19 @@ int upf_cli_eval(int argc, char **argv) {
     fprintf(stderr, "upf eval: --task '%s': want ppl, next-token or needle\n", a.task);
     return 2;
   }
-  if (strcmp(a.mode, "dense") && strcmp(a.mode, "uniprefill")) {
-    fprintf(stderr, "upf eval: --mode '%s': want dense or uniprefill\n", a.mode);
+  if (strcmp(a.mode, "dense") && strcmp(a.mode, "uniprefill") && strcmp(a.mode, "flashprefill")) {
+    fprintf(stderr, "upf eval: --mode '%s': want dense, uniprefill or flashprefill\n", a.mode);
     return 2;
   }
+  const int flash = !strcmp(a.mode, "flashprefill");
   if (task_ppl && upf_args_find(&p, "--mode")->seen && strcmp(a.mode, "dense")) {
     fprintf(stderr, "upf eval: --task ppl is dense only: UniPrefill drops positions, so it has no NLL at every "
-                    "position (next-token compares it with dense)\n");
+                    "position (next-token compares it, and FlashPrefill, with dense)\n");
     return 2;
   }
   if (task_next && !strcmp(a.mode, "dense")) {
-    fprintf(stderr, "upf eval: --task next-token compares UniPrefill with dense: --mode dense leaves nothing to "
-                    "compare\n");
+    fprintf(stderr, "upf eval: --task next-token compares UniPrefill or FlashPrefill with dense: --mode dense leaves "
+                    "nothing to compare\n");
     return 2;
   }
   if (task_needle && a.model) {
@@ -719,6 +773,18 @@ int upf_cli_eval(int argc, char **argv) {
   }
   if (a.p && a.keep) {
     fprintf(stderr, "upf eval: give --p (top-p) or --keep (top-k keep ratios), not both\n");
+    return 2;
+  }
+  if (flash && (a.p || a.keep)) {
+    fprintf(stderr, "upf eval: --p and --keep go with --mode uniprefill (flashprefill sweeps --alpha)\n");
+    return 2;
+  }
+  /* --alpha and the other FlashPrefill flags only with --mode flashprefill, each in range */
+  const int rc_sparse = upf_sparse_args_resolve("eval", &p, flash, &a.fa);
+  if (rc_sparse)
+    return rc_sparse;
+  if (a.alpha && task_ppl) {
+    fprintf(stderr, "upf eval: --alpha does not apply to --task ppl\n");
     return 2;
   }
   if ((a.p || a.keep || a.depths || upf_args_find(&p, "--last")->seen) && task_ppl) {
@@ -755,14 +821,16 @@ int upf_cli_eval(int argc, char **argv) {
     fprintf(stderr, "upf eval: --tokens '%s': want token counts >= 2 separated by commas\n", len_text);
     rc = 2;
   }
-  const char *sweep = a.keep ? a.keep : a.p;
+  const char *sweep = flash ? a.alpha : a.keep ? a.keep : a.p;
+  const char *sweep_flag = flash ? "--alpha" : a.keep ? "--keep" : "--p";
   if (rc == 0 && sweep && (!parse_doubles(sweep, &values, &nval) || nval < 1)) {
-    fprintf(stderr, "upf eval: %s '%s': want numbers in (0, 1] separated by commas\n", a.keep ? "--keep" : "--p", sweep);
+    fprintf(stderr, "upf eval: %s '%s': want numbers in %s separated by commas\n", sweep_flag, sweep,
+            flash ? "[0, 1]" : "(0, 1]");
     rc = 2;
   }
   for (int i = 0; rc == 0 && i < nval; i++)
-    if (!(values[i] > 0.0 && values[i] <= 1.0)) {
-      fprintf(stderr, "upf eval: %s %g: want a value in (0, 1]\n", a.keep ? "--keep" : "--p", values[i]);
+    if (!((flash ? values[i] >= 0.0 : values[i] > 0.0) && values[i] <= 1.0)) {
+      fprintf(stderr, "upf eval: %s %g: want a value in %s\n", sweep_flag, values[i], flash ? "[0, 1]" : "(0, 1]");
       rc = 2;
     }
   if (rc == 0 && task_needle) {
@@ -815,15 +883,20 @@ int upf_cli_eval(int argc, char **argv) {
     narms = nval ? nval : 1;
     arms = calloc((size_t)narms, sizeof *arms);
     for (int i = 0; i < narms; i++) {
+      arms[i].mode = flash ? UPF_PREFILL_FLASHPREFILL : UPF_PREFILL_UNIPREFILL;
       arms[i].sel = c->select;
-      arms[i].kind = a.keep ? "keep" : "p";
-      arms[i].value = nval ? values[i] : (double)c->select.p;
-      if (a.keep)
+      arms[i].sparse = a.fa.params;
+      arms[i].kind = flash ? "alpha" : a.keep ? "keep" : "p";
+      arms[i].value = nval ? values[i] : flash ? (double)a.fa.params.alpha : (double)c->select.p;
+      if (flash)
+        arms[i].sparse.alpha = (float)arms[i].value;
+      else if (a.keep)
         arms[i].sel.keep_ratio = (float)values[i];
       else
         arms[i].sel.p = (float)arms[i].value;
     }
-    if (task_next && a.last > c->select.last_q) {
+    /* FlashPrefill has logits at every position; UniPrefill only at those it keeps */
+    if (task_next && !flash && a.last > c->select.last_q) {
       fprintf(stderr, "upf eval: --last %d: at most the model's last-q (%d): positions before the observation window "
                       "can be dropped, and dropped positions have no logits\n", a.last, c->select.last_q);
       rc = 2;

@@ -1,4 +1,4 @@
-/* `upf generate`: greedy decoding after a dense or UniPrefill prefill, through a session
+/* `upf generate`: greedy decoding after a dense, UniPrefill or FlashPrefill prefill, through a session
  * (uniprefill/session.h): every request is prefilled in one step, then each decode step feeds one row
  * per request (the token picked from its last logits). Every input is checked before any work; the
  * outputs are written only once the whole run succeeded, and none is left behind when one fails. */
@@ -20,7 +20,9 @@
 const char upf_cli_generate_usage[] =
     "usage: upf generate (--model NAME | --gguf FILE) (--token-ids IDS.npy [--cu-seqlens CU.npy] | --text STR |\n"
     "                    --file F) --max-new N\n"
-    "                    [--mode dense|uniprefill] [--p P | --keep R] [--page-size P] [--seed S]\n"
+    "                    [--mode dense|uniprefill|flashprefill] [--p P | --keep R] [--page-size P] [--seed S]\n"
+    "                    [--alpha A] [--block-n 64|128] [--mean-correction on|off] [--sink S] [--window W]\n"
+    "                    [--last-n N]\n"
     "                    [--dtype f32|bf16] [--backend cpu|cuda] [--layers A:B] [--out-tokens OUT.npy]\n"
     "                    [--json R.json]\n"
     "  Greedy decoding (ties to the lowest id) of N tokens per request after a prefill of a built-in model\n"
@@ -31,13 +33,16 @@ const char upf_cli_generate_usage[] =
     "  tokenizer (its BOS added, special tokens parsed); the generated text is printed.\n"
     "  --mode uniprefill drops tokens after each drop layer's attention: top-p with --p (default: the\n"
     "  model's), or --keep R: the ceil(R * blocks) best blocks of each request; decode then reads only\n"
-    "  the kept tokens' KV. --page-size: tokens per KV page (16).\n"
+    "  the kept tokens' KV. --mode flashprefill: the prefill's full-attention layers run FlashPrefill V2's\n"
+    "  block-sparse attention (--alpha and the rest as upf prefill); decode is unchanged (dense over the\n"
+    "  whole cache). --page-size: tokens per KV page (16).\n"
     "  The JSON: per request the prompt length, the drops (layer, kept), the KV pages held against\n"
     "  dense, TTFT and the time of every token, and the tokens; the session's KV memory in total.\n";
 
 typedef struct {
   upf_model_args sel;
   upf_select_args sa; /* --mode, --p, --keep */
+  upf_sparse_args fa; /* --alpha, --block-n, --mean-correction, --sink, --window, --last-n */
   const char *ids_path, *cu_path, *text, *text_file, *out_tokens, *json;
   int32_t max_new, page_size;
 } generate_args;
@@ -67,6 +72,8 @@ typedef struct {
   int32_t *num_drops;    /* (B) */
   int64_t *pages, *pages_dense; /* (B) KV pages each request holds at the end, and would hold dense */
   upf_session_memory mem;
+  int32_t num_sparse;    /* FlashPrefill: the prefill step's full-attention layers */
+  upf_sparse_record sparse[UPF_MODEL_MAX_LAYERS];
 } run_record;
 
 static upf_status run(const generate_args *a, const upf_model *m, const upf_session_config *sc, const int32_t *ids,
@@ -88,6 +95,10 @@ static upf_status run(const generate_args *a, const upf_model *m, const upf_sess
     if (st != UPF_OK)
       break;
     rec->step_seconds[i] = now_seconds() - t0;
+    if (i == 0) {
+      rec->num_sparse = res.num_sparse;
+      memcpy(rec->sparse, res.sparse, (size_t)res.num_sparse * sizeof *res.sparse);
+    }
     for (int32_t r = 0; r < B; r++) {
       const int32_t tok = argmax(res.logits + (size_t)r * V, V);
       rec->tokens[(size_t)r * N + i] = tok;
@@ -124,6 +135,14 @@ static upf_status run(const generate_args *a, const upf_model *m, const upf_sess
   return st;
 }
 
+/* FlashPrefill: kept key blocks over visible ones in the prefill step, over its full-attention layers. */
+static double kept_share(const run_record *rec) {
+  int64_t kept = 0, visible = 0;
+  for (int32_t i = 0; i < rec->num_sparse; i++)
+    kept += rec->sparse[i].kept_blocks, visible += rec->sparse[i].visible_blocks;
+  return visible > 0 ? (double)kept / (double)visible : 1.0;
+}
+
 static int cmp_double(const void *a, const void *b) {
   const double x = *(const double *)a, y = *(const double *)b;
   return x < y ? -1 : x > y;
@@ -148,6 +167,19 @@ static void print_json(FILE *f, const generate_args *a, const upf_model *m, cons
           upf_dtype_name(m->dtype), m->be->name, m->be->describe());
   fprintf(f, "  \"select\": {\"block\": %d, \"sink\": %d, \"last_q\": %d, \"p\": %g, \"keep_ratio\": %g},\n",
           sc->select.block, sc->select.sink, sc->select.last_q, (double)sc->select.p, (double)sc->select.keep_ratio);
+  if (sc->mode == UPF_PREFILL_FLASHPREFILL) {
+    fprintf(f, "  \"flashprefill\": ");
+    upf_sparse_args_json(f, &sc->sparse);
+    fprintf(f, ",\n  \"kept_share\": %.6f,\n  \"sparse_layers\": [", kept_share(rec));
+    for (int32_t i = 0; i < rec->num_sparse; i++) {
+      const upf_sparse_record *r = &rec->sparse[i];
+      fprintf(f, "%s{\"layer\": %d, \"kept_blocks\": %lld, \"visible_blocks\": %lld, \"index_ms\": %.4f, "
+                 "\"attn_ms\": %.4f}",
+              i ? ", " : "", r->layer, (long long)r->kept_blocks, (long long)r->visible_blocks, r->index_seconds * 1e3,
+              r->attn_seconds * 1e3);
+    }
+    fprintf(f, "],\n");
+  }
   fprintf(f, "  \"max_new\": %d,\n  \"page_size\": %d,\n  \"requests\": [", N, sc->page_size);
   for (int32_t r = 0; r < rec->B; r++) {
     fprintf(f, "%s\n    {\"prompt_len\": %d, \"drops\": [", r ? "," : "", rec->cu[r + 1] - rec->cu[r]);
@@ -242,7 +274,8 @@ static void print_texts(const char *gguf, const run_record *rec) {
 }
 
 int upf_cli_generate(int argc, char **argv) {
-  generate_args a = {.sel = UPF_MODEL_ARGS_DEFAULT, .sa = UPF_SELECT_ARGS_DEFAULT, .page_size = 16};
+  generate_args a = {.sel = UPF_MODEL_ARGS_DEFAULT, .sa = UPF_SELECT_ARGS_DEFAULT, .fa = UPF_SPARSE_ARGS_DEFAULT,
+                     .page_size = 16};
   upf_arg args[] = {
       UPF_MODEL_ARG_FLAGS(a.sel),
       {"--token-ids", UPF_ARG_STRING, &a.ids_path},
@@ -251,6 +284,7 @@ int upf_cli_generate(int argc, char **argv) {
       {"--cu-seqlens", UPF_ARG_STRING, &a.cu_path},
       {"--max-new", UPF_ARG_INT, &a.max_new, 1, 1, 1 << 20},
       UPF_SELECT_ARG_FLAGS(a.sa),
+      UPF_SPARSE_ARG_FLAGS(a.fa),
       {"--page-size", UPF_ARG_INT, &a.page_size, 0, 1, 1 << 16},
       {"--out-tokens", UPF_ARG_STRING, &a.out_tokens},
       {"--json", UPF_ARG_STRING, &a.json},
@@ -271,7 +305,7 @@ int upf_cli_generate(int argc, char **argv) {
     fprintf(stderr, "upf generate: --cu-seqlens goes with --token-ids\n");
     return 2;
   }
-  const int rc_mode = upf_select_args_resolve("generate", &p, &a.sa);
+  const int rc_mode = upf_mode_args_resolve("generate", &p, &a.sa, &a.fa);
   if (rc_mode)
     return rc_mode;
   const upf_arg_path paths[] = {{"--token-ids", a.ids_path, 0}, {"--cu-seqlens", a.cu_path, 0},
@@ -290,7 +324,7 @@ int upf_cli_generate(int argc, char **argv) {
     return upf_cli_error(st, "generate: building the model");
   }
   upf_session_config sc = upf_session_config_default(&m);
-  sc.mode = a.sa.prefill_mode, sc.page_size = a.page_size, sc.max_requests = B;
+  sc.mode = a.sa.prefill_mode, sc.page_size = a.page_size, sc.max_requests = B, sc.sparse = a.fa.params;
   upf_select_args_apply(&a.sa, &sc.select);
   /* every group holds each request at its dense length at most: prompt + N - 1 fed tokens */
   sc.pages_per_group = 0;
@@ -318,6 +352,12 @@ int upf_cli_generate(int argc, char **argv) {
       decode += rec.step_seconds[i];
     printf("  TTFT %.3f ms; %d decode steps of %d rows, %.3f ms each on average\n", rec.step_seconds[0] * 1e3, N - 1,
            B, N > 1 ? decode / (N - 1) * 1e3 : 0.0);
+    if (sc.mode == UPF_PREFILL_FLASHPREFILL) {
+      char params[256];
+      upf_sparse_args_describe(&sc.sparse, params, sizeof params);
+      printf("  flashprefill (%s): the prefill kept share %.4f of the visible key blocks over %d full-attention "
+             "layers\n", params, kept_share(&rec), rec.num_sparse);
+    }
     printf("  KV pages %lld of %lld dense (%.1f%% of the dense bytes)\n", (long long)rec.mem.pages_in_use,
            (long long)rec.mem.pages_dense,
            rec.mem.bytes_dense > 0 ? 100.0 * rec.mem.bytes_in_use / rec.mem.bytes_dense : 100.0);

@@ -201,3 +201,99 @@ int upf_model_args_batch(const char *command, const upf_model_args *ma, const ch
   }
   return ok;
 }
+
+/* ---- FlashPrefill's flags ---- */
+
+static int seen(const upf_arg_parser *p, const char *flag) {
+  const upf_arg *a = upf_args_find(p, flag);
+  return a && a->seen;
+}
+
+int upf_sparse_args_resolve(const char *command, const upf_arg_parser *p, int flashprefill, upf_sparse_args *fa) {
+  static const char *const flags[] = {"--alpha", "--block-n", "--mean-correction", "--sink", "--window", "--last-n"};
+  for (size_t i = 0; !flashprefill && i < sizeof flags / sizeof *flags; i++)
+    if (seen(p, flags[i])) {
+      fprintf(stderr, "upf %s: %s needs --mode flashprefill\n", command, flags[i]);
+      return 2;
+    }
+  upf_sparse_params sp = upf_prefill_sparse_default();
+  const upf_arg *alpha = upf_args_find(p, "--alpha");
+  if (alpha && alpha->seen && alpha->kind == UPF_ARG_FLOAT) {
+    if (!(fa->alpha >= 0.0f && fa->alpha <= 1.0f)) {
+      fprintf(stderr, "upf %s: --alpha %g: want a value in [0, 1] (0 keeps every block; larger is sparser)\n", command,
+              (double)fa->alpha);
+      return 2;
+    }
+    sp.alpha = fa->alpha;
+  }
+  if (seen(p, "--block-n")) {
+    if (fa->block_n != 64 && fa->block_n != 128) {
+      fprintf(stderr, "upf %s: --block-n %d: want 64 or 128 (keys a block)\n", command, fa->block_n);
+      return 2;
+    }
+    sp.block_n = fa->block_n;
+  }
+  if (seen(p, "--mean-correction")) {
+    if (strcmp(fa->mean_correction, "on") && strcmp(fa->mean_correction, "off")) {
+      fprintf(stderr, "upf %s: --mean-correction '%s': want on or off\n", command, fa->mean_correction);
+      return 2;
+    }
+    sp.mean_correction = !strcmp(fa->mean_correction, "on");
+  }
+  const struct {
+    const char *flag;
+    int32_t value, min;
+    int32_t *dest;
+    const char *what;
+  } counts[] = {{"--sink", fa->sink, 0, &sp.sink, "leading key blocks always kept"},
+                {"--window", fa->window, 1, &sp.window, "key blocks always kept up to the diagonal"},
+                {"--last-n", fa->last_n, 0, &sp.last_n, "last query tiles of a request kept dense"}};
+  for (size_t i = 0; i < sizeof counts / sizeof *counts; i++)
+    if (seen(p, counts[i].flag)) {
+      if (counts[i].value < counts[i].min) {
+        fprintf(stderr, "upf %s: %s %d: want >= %d (%s)\n", command, counts[i].flag, counts[i].value, counts[i].min,
+                counts[i].what);
+        return 2;
+      }
+      *counts[i].dest = counts[i].value;
+    }
+  if (upf_sparse_params_check(&sp) != UPF_OK) /* the flags above cover every rule; kept in step with it */
+    return upf_cli_error(UPF_ERR_INVALID_ARG, command), 2;
+  fa->params = sp;
+  return 0;
+}
+
+int upf_mode_args_resolve(const char *command, const upf_arg_parser *p, upf_select_args *sa, upf_sparse_args *fa) {
+  const char *mode = sa->mode;
+  const int flash = !strcmp(mode, "flashprefill");
+  if (!flash && strcmp(mode, "dense") && strcmp(mode, "uniprefill")) {
+    fprintf(stderr, "upf %s: --mode '%s': want dense, uniprefill or flashprefill\n", command, mode);
+    return 2;
+  }
+  if (flash && (seen(p, "--p") || seen(p, "--keep"))) {
+    fprintf(stderr, "upf %s: --p and --keep need --mode uniprefill (flashprefill drops no token: --alpha sets its "
+                    "sparsity)\n", command);
+    return 2;
+  }
+  /* the selection's own rules; flashprefill, which takes none of its flags, passes them as dense */
+  sa->mode = flash ? "dense" : mode;
+  const int rc = upf_select_args_resolve(command, p, sa);
+  sa->mode = mode;
+  if (rc)
+    return rc;
+  if (flash)
+    sa->prefill_mode = UPF_PREFILL_FLASHPREFILL;
+  return upf_sparse_args_resolve(command, p, flash, fa);
+}
+
+void upf_sparse_args_describe(const upf_sparse_params *p, char *buf, size_t size) {
+  snprintf(buf, size, "alpha %g, block_m %d, block_n %d, sink %d, window %d, last_n %d, mean correction %s",
+           (double)p->alpha, p->block_m, p->block_n, p->sink, p->window, p->last_n, p->mean_correction ? "on" : "off");
+}
+
+void upf_sparse_args_json(FILE *f, const upf_sparse_params *p) {
+  fprintf(f, "{\"alpha\": %g, \"block_m\": %d, \"block_n\": %d, \"sink\": %d, \"window\": %d, \"last_n\": %d, "
+             "\"min_sparse_q_len\": %d, \"mean_correction\": %s}",
+          (double)p->alpha, p->block_m, p->block_n, p->sink, p->window, p->last_n, p->min_sparse_q_len,
+          p->mean_correction ? "true" : "false");
+}

@@ -7,9 +7,12 @@
 #ifndef UNIPREFILL_CLI_MODEL_ARGS_H
 #define UNIPREFILL_CLI_MODEL_ARGS_H
 
+#include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "cli/args.h"
+#include "cli/select_args.h"
 #include "uniprefill/model.h"
 
 typedef struct {
@@ -65,5 +68,44 @@ int upf_model_args_batch(const char *command, const upf_model_args *ma, const ch
 
 /* 1 when the layer range is not the whole model. */
 int upf_model_args_partial(const upf_model_args *ma);
+
+/* ---- FlashPrefill's flags (--mode flashprefill), shared by prefill, eval, generate and serve-sim ----
+ * --alpha A in [0, 1], --block-n 64|128, --mean-correction on|off, --sink S >= 0, --window W >= 1 and
+ * --last-n N >= 0 (blocks, blocks, query tiles); each flag not given keeps the model default
+ * (upf_prefill_sparse_default: the published values, alpha 0.18 at block_n 128). */
+typedef struct {
+  /* the flags' values (eval takes --alpha as a list of its own) */
+  float alpha;
+  int32_t block_n, sink, window, last_n;
+  const char *mean_correction;
+  /* set by upf_sparse_args_resolve */
+  upf_sparse_params params;
+} upf_sparse_args;
+
+#define UPF_SPARSE_ARGS_DEFAULT {.alpha = -1.0f}
+
+/* The entries of a command's upf_arg table: every flag but --alpha, then --alpha as one value. */
+#define UPF_SPARSE_SHAPE_ARG_FLAGS(fa)                                                                         \
+  {"--block-n", UPF_ARG_INT, &(fa).block_n}, {"--mean-correction", UPF_ARG_STRING, &(fa).mean_correction},   \
+      {"--sink", UPF_ARG_INT, &(fa).sink}, {"--window", UPF_ARG_INT, &(fa).window},                          \
+      {"--last-n", UPF_ARG_INT, &(fa).last_n}
+#define UPF_SPARSE_ARG_FLAGS(fa) UPF_SPARSE_SHAPE_ARG_FLAGS(fa), {"--alpha", UPF_ARG_FLOAT, &(fa).alpha}
+
+/* Checks the FlashPrefill flags p parsed for `command`: given only with flashprefill (1: the mode is
+ * flashprefill), each in range, and fills fa->params. --alpha is read when it is a float flag (a
+ * command with a list of its own checks that itself). 0 when all is well, else 2 after one line on
+ * stderr naming the flag at fault. */
+int upf_sparse_args_resolve(const char *command, const upf_arg_parser *p, int flashprefill, upf_sparse_args *fa);
+
+/* --mode dense|uniprefill|flashprefill with the selection flags (cli/select_args.h, whose rules apply
+ * to dense and uniprefill; flashprefill takes neither --p nor --keep) and the FlashPrefill flags:
+ * sa->prefill_mode and fa->params set. 0, else 2 after one line on stderr naming the flag at fault. */
+int upf_mode_args_resolve(const char *command, const upf_arg_parser *p, upf_select_args *sa, upf_sparse_args *fa);
+
+/* One line describing the parameters: "alpha 0.18, block_m 128, block_n 128, sink 2, window 4, last_n 2,
+ * mean correction off". */
+void upf_sparse_args_describe(const upf_sparse_params *p, char *buf, size_t size);
+/* The parameters as a JSON object. */
+void upf_sparse_args_json(FILE *f, const upf_sparse_params *p);
 
 #endif

@@ -1,5 +1,5 @@
 /* `upf models` lists the built-in models; `upf prefill` runs the end-to-end prefill of one of them on
- * seeded weights, dense or UniPrefill, on the CPU reference or CUDA, and writes the last-position
+ * seeded weights, dense, UniPrefill or FlashPrefill, on the CPU reference or CUDA, and writes the last-position
  * logits, the drop masks and a JSON record. Every input is checked before any work, and outputs are
  * written only once the whole run succeeded. */
 #include <math.h>
@@ -51,7 +51,9 @@ int upf_cli_models(int argc, char **argv) {
 const char upf_cli_prefill_usage[] =
     "usage: upf prefill (--model NAME | --gguf FILE)\n"
     "                   (--lengths N1,N2,... | --token-ids IDS.npy [--cu-seqlens CU.npy] | --text STR | --file F)\n"
-    "                   [--seed S] [--mode dense|uniprefill] [--select topp|topk] [--p P] [--keep R]\n"
+    "                   [--seed S] [--mode dense|uniprefill|flashprefill] [--select topp|topk] [--p P] [--keep R]\n"
+    "                   [--alpha A] [--block-n 64|128] [--mean-correction on|off] [--sink S] [--window W]\n"
+    "                   [--last-n N]\n"
     "                   [--dtype f32|bf16] [--backend cpu|cuda] [--layers A:B] [--out-logits L.npy]\n"
     "                   [--tp R] [--comm auto|single|mpi|nccl]\n"
     "                   [--dump-masks DIR] [--replay-masks DIR] [--json R.json] [--warmup N] [--iters N]\n"
@@ -64,10 +66,18 @@ const char upf_cli_prefill_usage[] =
     "  special tokens in the text parsed).\n"
     "  L <f4 (B, vocab): the last-position logits of each request.\n"
     "  A <i4 (T,): the argmax token at every position (ties to the lowest id); N <f8 (T,): the NLL of the\n"
-    "  next token of the request at every position (natural log; NaN at each request's last). Dense mode\n"
-    "  only: UniPrefill has outputs at its kept positions only.\n"
+    "  next token of the request at every position (natural log; NaN at each request's last). Not with\n"
+    "  --mode uniprefill: it has outputs at its kept positions only.\n"
     "  --mode uniprefill drops tokens after each drop layer's attention: top-p with --p (default: the\n"
     "  model's), or --select topk --keep R: the ceil(R * blocks) best blocks of each request.\n"
+    "  --mode flashprefill: every full-attention layer runs FlashPrefill V2's block-sparse attention (block\n"
+    "  means, the index of kept key blocks, attention over them) in place of dense attention; the other\n"
+    "  layers are unchanged and no token is dropped. --alpha A in [0, 1] (a block is kept when its score\n"
+    "  is >= A times the tile's best; 0 keeps all), --block-n keys a block, --mean-correction on adds each\n"
+    "  unkept block's mean term, --sink / --window leading and diagonal blocks always kept, --last-n query\n"
+    "  tiles of a request kept dense. Defaults: the published ones, with alpha 0.18 at block_n 128 (the\n"
+    "  values calibrated for Llama-3.1-8B), mean correction off. Reports per full-attention layer the\n"
+    "  kept share of the visible key blocks and the times of means + index and of the attention.\n"
     "  --dump-masks writes DIR/layer<l>.npy (|u1, one entry per token entering drop layer l, compacted\n"
     "  order); --replay-masks uses such masks instead of selecting. --layers A:B runs layers [A, B) only\n"
     "  (a partial model: every output says so). --warmup/--iters repeat the run; times are medians.\n"
@@ -81,6 +91,7 @@ const char upf_cli_prefill_usage[] =
 typedef struct {
   upf_model_args sel; /* --model, --seed, --dtype, --backend, --layers */
   upf_select_args sa; /* --mode, --p, --keep */
+  upf_sparse_args fa; /* --alpha, --block-n, --mean-correction, --sink, --window, --last-n */
   const char *lengths, *ids_path, *cu_path, *text, *text_file, *select;
   const char *out_logits, *dump_dir, *replay_dir, *json, *comm;
   const char *out_argmax, *out_nll;
@@ -176,8 +187,11 @@ static void print_plan(FILE *f, const upf_model *m, const upf_memory_plan *p, in
   const double g = 1.0 / (1 << 30);
   fprintf(f, "memory plan (%s, %lld tokens in %d requests): weights %.2f GiB, activations %.2f GiB (reused by every "
              "layer, incl. the widest op's scratch), selection %.3f GiB, K/V the attention layers produce %.2f GiB "
-             "(dense; not retained by prefill)\n",
+             "(dense; not retained by prefill)",
           m->be->name, (long long)T, B, p->weights * g, p->activations * g, p->selection * g, p->kv_dense * g);
+  if (p->sparse > 0)
+    fprintf(f, ", FlashPrefill block means + index %.2f MiB (reused by every full-attention layer)", p->sparse / (1 << 20));
+  fprintf(f, "\n");
 }
 
 /* The JSON record of a run (see the issue: per request and drop layer, tokens in and kept, per-layer
@@ -238,9 +252,31 @@ static upf_status write_json(const char *path, const prefill_args *a, const upf_
   if (ideal->measured)
     fprintf(f, "  \"dense_ms\": %.4f,\n  \"ideal_ms\": %.4f,\n  \"select_total_ms\": %.4f,\n  \"select_share\": %.5f,\n",
             ideal->dense_s * 1e3, ideal->ideal_s * 1e3, ideal->select_s * 1e3, ideal->select_s / totals[iters / 2]);
-  fprintf(f, "  \"memory_gib\": {\"weights\": %.4f, \"activations\": %.4f, \"selection\": %.4f, \"kv_dense\": %.4f},\n",
+  fprintf(f, "  \"memory_gib\": {\"weights\": %.4f, \"activations\": %.4f, \"selection\": %.4f, \"kv_dense\": %.4f",
           plan->weights / (1 << 30), plan->activations / (1 << 30), plan->selection / (1 << 30),
           plan->kv_dense / (1 << 30));
+  if (a->sa.prefill_mode == UPF_PREFILL_FLASHPREFILL)
+    fprintf(f, ", \"sparse\": %.6f", plan->sparse / (1 << 30));
+  fprintf(f, "},\n");
+  if (a->sa.prefill_mode == UPF_PREFILL_FLASHPREFILL) {
+    fprintf(f, "  \"flashprefill\": ");
+    upf_sparse_args_json(f, &a->fa.params);
+    double index_s = 0, attn_s = 0;
+    for (int i = 0; i < res->num_sparse; i++)
+      index_s += res->sparse[i].index_seconds, attn_s += res->sparse[i].attn_seconds;
+    fprintf(f, ",\n  \"kept_share\": %.6f,\n  \"sparse_index_ms\": %.4f,\n  \"sparse_attn_ms\": %.4f,\n",
+            upf_prefill_kept_share(res), index_s * 1e3, attn_s * 1e3);
+    fprintf(f, "  \"sparse_layers\": [");
+    for (int i = 0; i < res->num_sparse; i++) {
+      const upf_sparse_record *r = &res->sparse[i];
+      fprintf(f, "%s\n    {\"layer\": %d, \"kept_blocks\": %lld, \"visible_blocks\": %lld, \"kept_share\": %.6f, "
+                 "\"index_ms\": %.4f, \"attn_ms\": %.4f}",
+              i ? "," : "", r->layer, (long long)r->kept_blocks, (long long)r->visible_blocks,
+              r->visible_blocks ? (double)r->kept_blocks / (double)r->visible_blocks : 1.0, r->index_seconds * 1e3,
+              r->attn_seconds * 1e3);
+    }
+    fprintf(f, "\n  ],\n");
+  }
   fprintf(f, "  \"tp\": {\"ranks\": %d, \"comm\": \"%s\", \"allreduce_calls\": %lld, \"allreduce_bytes\": %.0f, "
              "\"allreduce_ms\": %.4f},\n",
           m->tp_size, m->comm ? upf_comm_kind_name(upf_comm_kind_of(m->comm)) : "none", (long long)res->comm_calls,
@@ -302,9 +338,10 @@ static int build_batch(const prefill_args *a, const upf_model_config *cfg, int32
 }
 
 int upf_cli_prefill(int argc, char **argv) {
-  prefill_args a = {.sel = UPF_MODEL_ARGS_DEFAULT, .sa = UPF_SELECT_ARGS_DEFAULT, .select = "topp", .iters = 1, .tp = 1};
+  prefill_args a = {.sel = UPF_MODEL_ARGS_DEFAULT, .sa = UPF_SELECT_ARGS_DEFAULT, .fa = UPF_SPARSE_ARGS_DEFAULT, .select = "topp", .iters = 1, .tp = 1};
   upf_arg args[] = {
       UPF_MODEL_ARG_FLAGS(a.sel),                    {"--lengths", UPF_ARG_STRING, &a.lengths},
+      UPF_SPARSE_ARG_FLAGS(a.fa),
       {"--token-ids", UPF_ARG_STRING, &a.ids_path},  {"--cu-seqlens", UPF_ARG_STRING, &a.cu_path},
       {"--text", UPF_ARG_STRING, &a.text},           {"--file", UPF_ARG_STRING, &a.text_file},
       UPF_SELECT_ARG_FLAGS(a.sa),                    {"--select", UPF_ARG_STRING, &a.select},
@@ -333,10 +370,10 @@ int upf_cli_prefill(int argc, char **argv) {
     return 2;
   }
   /* the rules every prefill command shares, then prefill's own: --select topk goes with --keep */
-  const int rc_mode = upf_select_args_resolve("prefill", &p, &a.sa);
+  const int rc_mode = upf_mode_args_resolve("prefill", &p, &a.sa, &a.fa);
   if (rc_mode)
     return rc_mode;
-  upf_prefill_options opt = {.mode = a.sa.prefill_mode, .select = cfg->select};
+  upf_prefill_options opt = {.mode = a.sa.prefill_mode, .select = cfg->select, .sparse = a.fa.params};
   const int topk = !strcmp(a.select, "topk");
   if (!topk && strcmp(a.select, "topp")) {
     fprintf(stderr, "upf prefill: --select '%s': want topp or topk\n", a.select);
@@ -346,13 +383,13 @@ int upf_cli_prefill(int argc, char **argv) {
     fprintf(stderr, "upf prefill: --select topk takes --keep R, and --keep needs --select topk\n");
     return 2;
   }
-  if (opt.mode == UPF_PREFILL_DENSE && (a.dump_dir || a.replay_dir || a.ideal)) {
+  if (opt.mode != UPF_PREFILL_UNIPREFILL && (a.dump_dir || a.replay_dir || a.ideal)) {
     fprintf(stderr, "upf prefill: --dump-masks, --replay-masks and --ideal need --mode uniprefill\n");
     return 2;
   }
-  if (opt.mode != UPF_PREFILL_DENSE && (a.out_argmax || a.out_nll)) {
-    fprintf(stderr, "upf prefill: --out-argmax and --out-nll need --mode dense (UniPrefill has outputs at its kept "
-                    "positions only)\n");
+  if (opt.mode == UPF_PREFILL_UNIPREFILL && (a.out_argmax || a.out_nll)) {
+    fprintf(stderr, "upf prefill: --out-argmax and --out-nll need --mode dense or flashprefill (UniPrefill has outputs "
+                    "at its kept positions only)\n");
     return 2;
   }
   upf_select_args_apply(&a.sa, &opt.select);
@@ -409,9 +446,21 @@ int upf_cli_prefill(int argc, char **argv) {
     upf_comm_destroy(comm);
     return upf_cli_error(st, "prefill: building the model");
   }
-  const upf_memory_plan plan = upf_model_memory_plan(&m, cu[B], B);
+  upf_memory_plan plan;
+  st = upf_model_memory_plan_batch(&m, cu, B, &opt, &plan);
+  if (st != UPF_OK) {
+    free(ids), free(cu), free(targets);
+    upf_model_free(&m);
+    upf_comm_destroy(comm);
+    return upf_cli_error(st, "prefill: --mode flashprefill");
+  }
   if (rank0)
     print_plan(stderr, &m, &plan, cu[B], B);
+  if (rank0 && opt.mode == UPF_PREFILL_FLASHPREFILL) {
+    char params[256];
+    upf_sparse_args_describe(&a.fa.params, params, sizeof params);
+    fprintf(stderr, "flashprefill: %s\n", params);
+  }
 
   upf_tensor masks[UPF_MODEL_MAX_LAYERS];
   const uint8_t *mask_ptrs[UPF_MODEL_MAX_LAYERS] = {0};
@@ -459,6 +508,23 @@ int upf_cli_prefill(int argc, char **argv) {
     memcpy(sorted, totals, (size_t)a.iters * sizeof *sorted);
     qsort(sorted, (size_t)a.iters, sizeof *sorted, cmp_double);
     printf("  prefill %.3f ms (median of %d)\n", sorted[a.iters / 2] * 1e3, a.iters);
+    if (opt.mode == UPF_PREFILL_FLASHPREFILL) {
+      char params[256];
+      upf_sparse_args_describe(&a.fa.params, params, sizeof params);
+      double index_s = 0, attn_s = 0;
+      for (int i = 0; i < res.num_sparse; i++)
+        index_s += res.sparse[i].index_seconds, attn_s += res.sparse[i].attn_seconds;
+      printf("  flashprefill (%s): kept share %.4f of the visible key blocks over %d full-attention layers; block "
+             "means + index %.3f ms, block-sparse attention %.3f ms (last run)\n",
+             params, upf_prefill_kept_share(&res), res.num_sparse, index_s * 1e3, attn_s * 1e3);
+      for (int i = 0; i < res.num_sparse; i++) {
+        const upf_sparse_record *r = &res.sparse[i];
+        printf("  full layer %2d: kept %lld of %lld key blocks, kept share %.4f; means + index %.3f ms, attention "
+               "%.3f ms\n", r->layer, (long long)r->kept_blocks, (long long)r->visible_blocks,
+               r->visible_blocks ? (double)r->kept_blocks / (double)r->visible_blocks : 1.0, r->index_seconds * 1e3,
+               r->attn_seconds * 1e3);
+      }
+    }
     if (a.ideal && !comm) { /* the dense runs are collective under TP: every rank measures below */
       st = measure_ideal(&m, cu, B, &res, &ideal);
       if (st != UPF_OK)

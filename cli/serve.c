@@ -1,5 +1,5 @@
 /* `upf serve-sim`: a request trace (seeded, or JSON lines) served by the continuous-batching engine
- * over a session of a built-in model on seeded weights, dense or UniPrefill; prints TTFT and TPOT
+ * over a session of a built-in model on seeded weights, dense, UniPrefill or FlashPrefill; prints TTFT and TPOT
  * percentiles, throughput, batch composition and KV memory per point, and writes them with the
  * per-request records to a JSON file and the generated tokens to a .npy. Every input is checked
  * before any work; outputs are written only once every point ran. */
@@ -20,8 +20,10 @@
 #include "uniprefill/session.h"
 
 const char upf_cli_serve_usage[] =
-    "usage: upf serve-sim (--model NAME | --gguf FILE) [--backend cpu|cuda] [--dtype f32|bf16] [--mode dense|uniprefill]\n"
-    "                     [--p P | --keep R] [--requests N[,N...]] [--prompt-len A..B] [--decode-len N]\n"
+    "usage: upf serve-sim (--model NAME | --gguf FILE) [--backend cpu|cuda] [--dtype f32|bf16]\n"
+    "                     [--mode dense|uniprefill|flashprefill] [--p P | --keep R] [--alpha A] [--block-n 64|128]\n"
+    "                     [--mean-correction on|off] [--sink S] [--window W] [--last-n N]\n"
+    "                     [--requests N[,N...]] [--prompt-len A..B] [--decode-len N]\n"
     "                     [--rate R | --trace FILE.jsonl] [--seed S] [--token-budget N] [--page-size P]\n"
     "                     [--kv-pages N | --kv-gib G] [--max-live N] [--eos ID] [--warmup N]\n"
     "                     [--json R.json] [--dump-tokens OUT.npy]\n"
@@ -42,7 +44,9 @@ const char upf_cli_serve_usage[] =
     "  (arrival required; prompt ids or prompt_len with an optional seed (default the line number);\n"
     "  max_new default --decode-len; id default the line number). A bad line is named by its number.\n"
     "  --mode uniprefill drops tokens at the drop layers of each prefill row: top-p with --p (default the\n"
-    "  model's) or top-k --keep R. KV pages: P tokens (--page-size, default 16) per attention layer, a\n"
+    "  model's) or top-k --keep R. --mode flashprefill: the prefill rows' full-attention layers run\n"
+    "  FlashPrefill V2's block-sparse attention (--alpha and the rest as upf prefill); decode rows and the\n"
+    "  KV pages are as dense; the kept share of the key blocks is reported per point. KV pages: P tokens (--page-size, default 16) per attention layer, a\n"
     "  budget per cache group (the layers between two drop layers): --kv-pages N each, or --kv-gib G bytes\n"
     "  split over the groups (dense and top-p: the same pages each; top-k: each group one step's prefill\n"
     "  plus a share of the rest in proportion to the tokens --keep leaves there at the mean prompt); by\n"
@@ -55,6 +59,7 @@ const char upf_cli_serve_usage[] =
 typedef struct {
   upf_model_args sel; /* --model | --gguf, --seed, --dtype, --backend */
   upf_select_args sa; /* --mode, --p, --keep */
+  upf_sparse_args fa; /* --alpha, --block-n, --mean-correction, --sink, --window, --last-n */
   const char *requests, *prompt_len, *rate, *trace, *json, *dump;
   int32_t decode_len, budget, page, kv_pages, max_live, eos, warmup;
   float kv_gib;
@@ -153,6 +158,7 @@ typedef struct {
   upf_trace trace;
   upf_engine_result res;
   double wall;
+  int64_t sparse_kept, sparse_visible; /* FlashPrefill: key blocks over the point's prefill steps */
 } serve_point;
 
 static void json_ms3(FILE *f, const char *key, const double *p, double mean) {
@@ -176,6 +182,10 @@ static void json_point(FILE *f, const serve_point *pt, const serve_args *a) {
           r->total_tokens_per_s);
   fprintf(f, "      \"batch\": {\"mean_prefill_rows\": %.4f, \"mean_decode_rows\": %.4f, \"mean_prefill_tokens\": %.2f, "
              "\"max_running\": %d},\n", r->mean_prefill_rows, r->mean_decode_rows, r->mean_prefill_tokens, r->max_running);
+  if (a->sa.prefill_mode == UPF_PREFILL_FLASHPREFILL)
+    fprintf(f, "      \"sparse\": {\"kept_blocks\": %lld, \"visible_blocks\": %lld, \"kept_share\": %.6f},\n",
+            (long long)pt->sparse_kept, (long long)pt->sparse_visible,
+            pt->sparse_visible ? (double)pt->sparse_kept / (double)pt->sparse_visible : 1.0);
   fprintf(f, "      \"kv\": {\"pages_peak\": %lld, \"pages_dense_peak\": %lld, \"gib_peak\": %.6f, \"gib_dense_peak\": %.6f, "
              "\"gib_saved\": %.6f, \"saved_share\": %.6f, \"gib_capacity\": %.6f},\n",
           (long long)r->pages_peak, (long long)r->pages_dense_peak, r->kv_bytes_peak * gib, r->kv_dense_bytes_peak * gib,
@@ -223,6 +233,11 @@ static upf_status write_json(const char *path, const serve_args *a, const upf_mo
   fprintf(f, ",\n  \"select\": {\"kind\": \"%s\", \"p\": %g, \"keep_ratio\": %g, \"block\": %d, \"sink\": %d, \"last_q\": %d},\n",
           sc->select.keep_ratio > 0 ? "topk" : "topp", (double)sc->select.p, (double)sc->select.keep_ratio,
           sc->select.block, sc->select.sink, sc->select.last_q);
+  if (sc->mode == UPF_PREFILL_FLASHPREFILL) {
+    fprintf(f, "  \"flashprefill\": ");
+    upf_sparse_args_json(f, &sc->sparse);
+    fprintf(f, ",\n");
+  }
   fprintf(f, "  \"trace\": {\"source\": ");
   upf_json_string(f, a->trace ? a->trace : "seeded");
   fprintf(f, ", \"rate\": \"%s\", \"prompt_len\": \"%s\", \"decode_len\": %d, \"seed\": %d},\n", a->rate ? a->rate : "0",
@@ -276,6 +291,10 @@ static void print_point(const upf_model *m, const char *mode, const serve_point 
   printf("  throughput %.2f output tok/s, %.2f total tok/s; per step %.2f prefill rows (%.1f tokens) + %.2f decode rows; "
          "at most %d running\n", r->output_tokens_per_s, r->total_tokens_per_s, r->mean_prefill_rows,
          r->mean_prefill_tokens, r->mean_decode_rows, r->max_running);
+  if (pt->sparse_visible)
+    printf("  flashprefill: kept share %.4f of the visible key blocks (%lld of %lld over every prefill step's "
+           "full-attention layers)\n", (double)pt->sparse_kept / (double)pt->sparse_visible, (long long)pt->sparse_kept,
+           (long long)pt->sparse_visible);
   printf("  KV peak %.4f GiB (%lld pages) against %.4f GiB dense-equivalent: %.4f GiB saved (%.1f%%), of %.4f GiB\n",
          r->kv_bytes_peak * gib, (long long)r->pages_peak, r->kv_dense_bytes_peak * gib, r->kv_saved_bytes * gib,
          100 * r->kv_saved_share, r->kv_bytes_capacity * gib);
@@ -288,6 +307,7 @@ static upf_status run_point(upf_session *s, const upf_model *m, int32_t max_live
   UPF_TRY(upf_engine_session_ops(s, m, max_live, pt->trace.num_reqs, &ops));
   const upf_status st = upf_engine_run(&ops, &pt->trace, eo, &pt->res);
   pt->wall = upf_engine_session_wall_seconds(&ops);
+  upf_engine_session_sparse_blocks(&ops, &pt->sparse_kept, &pt->sparse_visible);
   upf_engine_session_ops_free(&ops);
   return st;
 }
@@ -295,11 +315,13 @@ static upf_status run_point(upf_session *s, const upf_model *m, int32_t max_live
 #define MAX_POINTS 32
 
 int upf_cli_serve(int argc, char **argv) {
-  serve_args a = {.sel = UPF_MODEL_ARGS_DEFAULT, .sa = UPF_SELECT_ARGS_DEFAULT, .requests = "8",
+  serve_args a = {.sel = UPF_MODEL_ARGS_DEFAULT, .sa = UPF_SELECT_ARGS_DEFAULT, .fa = UPF_SPARSE_ARGS_DEFAULT,
+                  .requests = "8",
                   .prompt_len = "256..1024", .decode_len = 16, .budget = 8192, .page = 16, .eos = -1, .warmup = -1};
   upf_arg args[] = {
       UPF_MODEL_ARG_FLAGS(a.sel),
       UPF_SELECT_ARG_FLAGS(a.sa),
+      UPF_SPARSE_ARG_FLAGS(a.fa),
       {"--requests", UPF_ARG_STRING, &a.requests},
       {"--prompt-len", UPF_ARG_STRING, &a.prompt_len},
       {"--decode-len", UPF_ARG_INT, &a.decode_len, 0, 1, 1 << 20},
@@ -329,7 +351,7 @@ int upf_cli_serve(int argc, char **argv) {
   }
   const upf_model_config *cfg = a.sel.cfg;
   const upf_backend *be = a.sel.be;
-  const int rc_mode = upf_select_args_resolve("serve-sim", &p, &a.sa);
+  const int rc_mode = upf_mode_args_resolve("serve-sim", &p, &a.sa, &a.fa);
   if (rc_mode)
     return rc_mode;
   if (a.trace && (SEEN("--rate") || SEEN("--requests") || SEEN("--prompt-len"))) {
@@ -421,7 +443,7 @@ int upf_cli_serve(int argc, char **argv) {
   }
   if (rc == 0) {
     sc = upf_session_config_default(&m);
-    sc.mode = a.sa.prefill_mode;
+    sc.mode = a.sa.prefill_mode, sc.sparse = a.fa.params;
     upf_select_args_apply(&a.sa, &sc.select);
     sc.page_size = a.page, sc.max_requests = max_live;
     sc.pages_per_group = a.kv_pages ? a.kv_pages : worst_all;
@@ -445,6 +467,11 @@ int upf_cli_serve(int argc, char **argv) {
     for (int32_t g = 0; g < num_groups; g++)
       fprintf(stderr, " %lld", (long long)upf_session_pages_total(sess, g));
     fprintf(stderr, "), token budget %d, at most %d live\n", a.budget, max_live);
+    if (sc.mode == UPF_PREFILL_FLASHPREFILL) {
+      char params[256];
+      upf_sparse_args_describe(&sc.sparse, params, sizeof params);
+      fprintf(stderr, "serve-sim: flashprefill: %s\n", params);
+    }
   }
   const upf_engine_options eo = {.token_budget = a.budget, .eos = a.eos, .keep_steps = 1};
   /* warm-up: one-request traces of the shortest prompt (cuBLAS plans, workspace growth) */

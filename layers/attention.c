@@ -2,7 +2,8 @@
  *   qkv (T, Nqkv)       = hidden (T, H) . attn_qkv (H, Nqkv)
  *   q (T, Hq, D), gate (T, Hq, D) [Qwen3-Next], k, v (T, Hkv, D)   views of qkv
  *   q, k               <- q/k RMSNorm per head [Gemma-3, Qwen3-Next], then RoPE at the original positions
- *   o (T, Hq, D)        = causal attention (sliding window on local layers, counted in compacted indices)
+ *   o (T, Hq, D)        = causal attention (sliding window on local layers, counted in compacted indices;
+ *                         FlashPrefill mode: block-sparse on full layers over the prefill rows)
  *   o                  <- o * sigmoid(gate) [Qwen3-Next]
  *   out (T, H)          = o . attn_output (Hq D, H), post-attention norm [Gemma-3]
  *   residual += out;  hidden = ffn_norm(residual) */
@@ -16,11 +17,20 @@ upf_status upf_layer_add_norm(const upf_model *m, upf_tokens *tok, upf_layer_scr
   return m->be->rmsnorm_add(&out, &residual, norm_w, &m->cfg->norm, &hidden);
 }
 
+/* Prefill rows over their own contiguous K/V: block-sparse when sp is set, else dense. */
+static upf_status attend_prefill(const upf_model *m, upf_layer_sparse *sp, const upf_attn_varlen *batch,
+                                 const upf_tensor *q, const upf_tensor *k, const upf_tensor *v,
+                                 const upf_attn_params *p, const upf_tensor *o) {
+  if (sp)
+    return upf_layer_sparse_attend(m, sp, batch, q, k, v, o);
+  return m->be->attn_prefill(batch, q, k, v, p, o, NULL);
+}
+
 /* A session step: K/V into the cache, prefill rows over the step's own K/V, decode rows over the cache
  * (their kv_len + 1 entries, this step's included). */
 static upf_status attend_cached(const upf_model *m, const upf_tokens *tok, const upf_layer_cache *kc,
-                                             const upf_tensor *q, const upf_tensor *k, const upf_tensor *v,
-                                             const upf_attn_params *p, const upf_tensor *o) {
+                                upf_layer_sparse *sp, const upf_tensor *q, const upf_tensor *k, const upf_tensor *v,
+                                const upf_attn_params *p, const upf_tensor *o) {
   const upf_backend *be = m->be;
   UPF_TRY(be->kv_cache_write(k, v, kc->slots, kc->slots_host, &kc->k_cache, &kc->v_cache));
   const int32_t Bp = kc->num_prefill_rows;
@@ -28,7 +38,7 @@ static upf_status attend_cached(const upf_model *m, const upf_tokens *tok, const
   if (Bp > 0) {
     const upf_attn_varlen prefill = {Bp, tok->cu_seqlens, tok->cu_seqlens_host, tok->cu_seqlens, tok->cu_seqlens_host};
     const upf_tensor qp = upf_rows(q, 0, Tp), kp = upf_rows(k, 0, Tp), vp = upf_rows(v, 0, Tp), op = upf_rows(o, 0, Tp);
-    UPF_TRY(be->attn_prefill(&prefill, &qp, &kp, &vp, p, &op, NULL));
+    UPF_TRY(attend_prefill(m, sp, &prefill, &qp, &kp, &vp, p, &op));
   }
   if (Bp < tok->num_reqs) {
     const upf_tensor qd = upf_rows(q, Tp, T - Tp), od = upf_rows(o, Tp, T - Tp);
@@ -64,10 +74,11 @@ upf_status upf_layer_attention(const upf_model *m, int32_t layer, upf_tokens *to
   p.window = kind == UPF_MIXER_SLIDING ? c->window : 0;
   const upf_tensor o2 = upf_mat(s->mix, m->dtype, T, Hq * D);
   const upf_tensor o = upf_heads(&o2, 0, Hq, D, D);
+  upf_layer_sparse *sp = kind == UPF_MIXER_FULL ? s->sparse : NULL;
   if (s->cache)
-    UPF_TRY(attend_cached(m, tok, s->cache, &q, &k, &v, &p, &o));
+    UPF_TRY(attend_cached(m, tok, s->cache, sp, &q, &k, &v, &p, &o));
   else
-    UPF_TRY(be->attn_prefill(&batch, &q, &k, &v, &p, &o, NULL));
+    UPF_TRY(attend_prefill(m, sp, &batch, &q, &k, &v, &p, &o));
   if (c->attn_gate) {
     const upf_tensor gate = upf_heads(&qkv, D, Hq, D, q_head_stride);
     UPF_TRY(be->gated_output(&o, &gate, &o));

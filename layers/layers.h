@@ -45,6 +45,19 @@ typedef struct {
   void *rec;                       /* (B, Hv, Dk, Dv) f32 step buffer, updated in place by the scan */
 } upf_layer_cache;
 
+/* FlashPrefill mode (models/prefill.c sets it for a step with prefill rows): the parameters, the plan
+ * of the prefill rows' batch and the scratch it sizes, reused by every full-attention layer, which
+ * fills `rec` (its layer excepted) when it runs sparse. */
+typedef struct {
+  upf_sparse_params params;  /* scale resolved: the model's attention scale unless given */
+  upf_sparse_plan plan;      /* of the prefill rows [0, Bp) over their own K/V */
+  int64_t visible_blocks;    /* upf_sparse_visible_blocks of that batch */
+  void *kbar;                /* (Bp, max_key_blocks, Hkv, D) model dtype */
+  void *vbar;                /* (Bp, max_key_blocks, Hkv, D) model dtype; NULL without mean correction */
+  upf_sparse_index index;    /* row_ptr (S+1), blocks (S * max_key_blocks); scores NULL */
+  upf_sparse_record rec;     /* the last sparse layer's counts and times */
+} upf_layer_sparse;
+
 /* Buffers a layer writes and a later one overwrites, sized by the step's tokens (Tmax rows). */
 typedef struct {
   void *out;            /* (Tmax, H) a sub-layer's output, before the residual add */
@@ -59,6 +72,7 @@ typedef struct {
   int32_t *new_cu;      /* (B+1) */
   int32_t *kept_count;  /* (B) */
   const upf_layer_cache *cache; /* NULL: nothing outlives the step (plain prefill) */
+  upf_layer_sparse *sparse;     /* NULL: full-attention layers run dense attention */
 } upf_layer_scratch;
 
 /* Views of a drop layer's q and k (after q/k norm and RoPE): the drop step's input. */
@@ -78,11 +92,18 @@ upf_tensor upf_rows(const upf_tensor *t, int64_t row0, int64_t rows);
 upf_tensor upf_heads(const upf_tensor *mat, int64_t col0, int64_t heads, int64_t dim, int64_t head_stride);
 
 /* Attention block: hidden (T, H) = norm(residual) in; q/k/v projection, q/k norm, RoPE at the original
- * positions, full or sliding-window causal attention, the output gate, the output projection, the
- * post-attention norm (sandwich), then residual += out and hidden = ffn_norm(residual). qk receives
- * the layer's q and k for the drop step. */
+ * positions, full or sliding-window causal attention (full layers block-sparse over the prefill rows
+ * when s->sparse is set), the output gate, the output projection, the post-attention norm (sandwich),
+ * then residual += out and hidden = ffn_norm(residual). qk receives the layer's q and k for the drop
+ * step. */
 upf_status upf_layer_attention(const upf_model *m, int32_t layer, upf_tokens *tok, upf_layer_scratch *s,
                                upf_attn_qk *qk);
+/* FlashPrefill V2 over a varlen batch of contiguous K/V (layers/sparse.c): sp->kbar (and vbar) =
+ * block means, the index, then o = block-sparse attention; sp->rec gets the kept and visible block
+ * counts and the times of means + index and of the attention (each bracketed by a synchronize). q, o
+ * (T, Hq, D), k, v (T, Hkv, D) views; the batch must be the one sp->plan was made for. */
+upf_status upf_layer_sparse_attend(const upf_model *m, upf_layer_sparse *sp, const upf_attn_varlen *batch,
+                                   const upf_tensor *q, const upf_tensor *k, const upf_tensor *v, const upf_tensor *o);
 /* Gated DeltaNet block: the same contract, with the linear-attention mixer in place of attention. */
 upf_status upf_layer_gdn(const upf_model *m, int32_t layer, upf_tokens *tok, upf_layer_scratch *s);
 /* FFN block: s->out (T, H) = FFN(hidden) (dense gated or MoE), post-FFN norm (sandwich). The residual

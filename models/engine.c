@@ -693,6 +693,7 @@ typedef struct {
   int32_t rows_cap;
   int32_t vocab;
   double wall;
+  int64_t sparse_kept, sparse_visible; /* FlashPrefill: key blocks over every step's sparse layers */
 } session_ctx;
 
 static double wall_now(void) {
@@ -743,6 +744,8 @@ static upf_status session_step(void *ctx, const upf_engine_row *rows, int32_t n,
   for (int32_t k = 0; k < n; k++)
     memcpy(logits + (int64_t)c->order[k] * c->vocab, res.logits + (int64_t)k * c->vocab, (size_t)c->vocab * sizeof *logits);
   *seconds = res.total_seconds;
+  for (int32_t i = 0; i < res.num_sparse; i++)
+    c->sparse_kept += res.sparse[i].kept_blocks, c->sparse_visible += res.sparse[i].visible_blocks;
   upf_prefill_result_free(&res);
   return UPF_OK;
 }
@@ -833,3 +836,8 @@ void upf_engine_session_ops_free(upf_engine_ops *ops) {
 }
 
 double upf_engine_session_wall_seconds(const upf_engine_ops *ops) { return ((const session_ctx *)ops->ctx)->wall; }
+
+void upf_engine_session_sparse_blocks(const upf_engine_ops *ops, int64_t *kept, int64_t *visible) {
+  const session_ctx *c = ops->ctx;
+  *kept = c->sparse_kept, *visible = c->sparse_visible;
+}

@@ -202,8 +202,10 @@ upf_status upf_eval_prefill_nll(const upf_model *m, const int32_t *ids, int64_t 
   return st;
 }
 
-upf_status upf_eval_check_answer(const upf_model *m, const int32_t *prompt, int64_t P, const int32_t *answer, int64_t A,
-                                 const upf_select_params *sel, upf_eval_answer *out) {
+/* The answer check of upf_eval_check_answer (sel: UniPrefill) and upf_eval_check_answer_sparse (sparse:
+ * FlashPrefill); both NULL: dense. */
+static upf_status check_answer(const upf_model *m, const int32_t *prompt, int64_t P, const int32_t *answer, int64_t A,
+                               const upf_select_params *sel, const upf_sparse_params *sparse, upf_eval_answer *out) {
   memset(out, 0, sizeof *out);
   if (P < 1 || A < 1)
     return upf_fail(UPF_ERR_INVALID_ARG, "eval: answer check of a %lld-token prompt and a %lld-token answer",
@@ -223,6 +225,8 @@ upf_status upf_eval_check_answer(const upf_model *m, const int32_t *prompt, int6
     memcpy(ids + P, answer, (size_t)(A - 1) * sizeof *ids);
   }
   upf_prefill_options opt = {.mode = UPF_PREFILL_DENSE, .select = m->cfg->select};
+  if (sparse) /* no token is dropped: the answer run is the FlashPrefill prefill itself */
+    opt.mode = UPF_PREFILL_FLASHPREFILL, opt.sparse = *sparse;
   if (st == UPF_OK && sel) {
     /* the prompt alone: its drop layers choose the masks */
     opt.mode = UPF_PREFILL_UNIPREFILL, opt.select = *sel;
@@ -246,10 +250,31 @@ upf_status upf_eval_check_answer(const upf_model *m, const int32_t *prompt, int6
       argmax[i] = upf_eval_argmax(logits + i * V, V);
     out->first = argmax[0];
     out->correct = upf_eval_answer_correct(argmax, answer, A);
+    if (sparse) {
+      out->prompt_first = out->first; /* one run: nothing to disagree with */
+      out->kept_share = upf_prefill_kept_share(&res);
+      out->num_sparse = res.num_sparse;
+      for (int32_t i = 0; i < res.num_sparse; i++)
+        out->layer_kept_share[i] = res.sparse[i].visible_blocks
+                                       ? (double)res.sparse[i].kept_blocks / (double)res.sparse[i].visible_blocks
+                                       : 1.0;
+    }
   }
   upf_prefill_result_free(&res);
   for (int k = 0; k < UPF_MODEL_MAX_LAYERS; k++)
     free(masks[k]);
   free(ids), free(logits), free(argmax);
   return st;
+}
+
+upf_status upf_eval_check_answer(const upf_model *m, const int32_t *prompt, int64_t P, const int32_t *answer, int64_t A,
+                                 const upf_select_params *sel, upf_eval_answer *out) {
+  return check_answer(m, prompt, P, answer, A, sel, NULL, out);
+}
+
+upf_status upf_eval_check_answer_sparse(const upf_model *m, const int32_t *prompt, int64_t P, const int32_t *answer,
+                                        int64_t A, const upf_sparse_params *sparse, upf_eval_answer *out) {
+  if (!sparse)
+    return upf_fail(UPF_ERR_INVALID_ARG, "eval: FlashPrefill answer check without parameters");
+  return check_answer(m, prompt, P, answer, A, NULL, sparse, out);
 }

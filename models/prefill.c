@@ -1,6 +1,7 @@
 /* The prefill of a packed batch: embedding, the layers in order with the drop step after each drop
- * layer's attention block (UniPrefill mode), the final norm and the last-position logits of each
- * request. The walk over the layers is the model; buffers, timing and validation sit around it. */
+ * layer's attention block (UniPrefill mode) or block-sparse full attention (FlashPrefill mode), the
+ * final norm and the last-position logits of each request. The walk over the layers is the model;
+ * buffers, timing and validation sit around it. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,11 +33,105 @@ static scratch_cols scratch_widths(const upf_model_config *c) {
   return w;
 }
 
+const char *upf_prefill_mode_name(upf_prefill_mode mode) {
+  return mode == UPF_PREFILL_UNIPREFILL ? "uniprefill" : mode == UPF_PREFILL_FLASHPREFILL ? "flashprefill" : "dense";
+}
+
+upf_sparse_params upf_prefill_sparse_default(void) {
+  upf_sparse_params p = upf_sparse_params_default();
+  p.alpha = 0.18f, p.block_n = 128;
+  return p;
+}
+
+double upf_prefill_kept_share(const upf_prefill_result *res) {
+  int64_t kept = 0, visible = 0;
+  for (int32_t i = 0; i < res->num_sparse; i++)
+    kept += res->sparse[i].kept_blocks, visible += res->sparse[i].visible_blocks;
+  return visible > 0 ? (double)kept / (double)visible : 1.0;
+}
+
+/* The parameters a step runs: the model's attention scale unless one is given. */
+static upf_sparse_params sparse_params(const upf_model_config *c, const upf_prefill_options *opt) {
+  upf_sparse_params p = opt->sparse;
+  if (p.scale == 0.0f)
+    p.scale = c->attn.scale; /* 0 there too: 1/sqrt(D), the same convention */
+  return p;
+}
+
+/* The plan of the prefill rows [0, Bp) of cu (host) over their own K/V, and its visible blocks. */
+static upf_status sparse_plan(const upf_model *m, const int32_t *cu, int32_t Bp, const upf_sparse_params *p,
+                              upf_sparse_plan *plan, int64_t *visible) {
+  const upf_attn_varlen v = {Bp, NULL, cu, NULL, cu};
+  const upf_sparse_batch b = {&v, NULL};
+  UPF_TRY(upf_sparse_plan_make(&b, m->cfg->q_heads, m->cfg->kv_heads, p, plan));
+  *visible = upf_sparse_visible_blocks(&b, plan, p);
+  return UPF_OK;
+}
+
+/* Bytes of the sparse scratch: kbar (vbar the same), row_ptr, blocks. */
+static void sparse_bytes(const upf_model *m, const upf_sparse_plan *plan, size_t *means, size_t *row_ptr,
+                         size_t *blocks) {
+  *means = (size_t)plan->num_reqs * (size_t)plan->max_key_blocks * (size_t)m->cfg->kv_heads *
+           (size_t)m->cfg->head_dim * upf_dtype_size(m->dtype);
+  *row_ptr = ((size_t)plan->num_segments + 1) * sizeof(int32_t);
+  *blocks = (size_t)plan->num_segments * (size_t)plan->max_key_blocks * sizeof(int32_t);
+}
+
+static upf_status sparse_setup(const upf_model *m, const int32_t *cu, int32_t Bp, const upf_prefill_options *opt,
+                               upf_layer_sparse *sp) {
+  const upf_backend *be = m->be;
+  sp->params = sparse_params(m->cfg, opt);
+  UPF_TRY(sparse_plan(m, cu, Bp, &sp->params, &sp->plan, &sp->visible_blocks));
+  size_t means, row_ptr, blocks;
+  sparse_bytes(m, &sp->plan, &means, &row_ptr, &blocks);
+  UPF_TRY(be->alloc(&sp->kbar, means ? means : 1));
+  if (sp->params.mean_correction)
+    UPF_TRY(be->alloc(&sp->vbar, means ? means : 1));
+  UPF_TRY(be->alloc((void **)&sp->index.row_ptr, row_ptr));
+  return be->alloc((void **)&sp->index.blocks, blocks ? blocks : 1);
+}
+
+static void sparse_free(const upf_backend *be, upf_layer_sparse *sp) {
+  void *list[] = {sp->kbar, sp->vbar, sp->index.row_ptr, sp->index.blocks};
+  for (size_t i = 0; i < sizeof list / sizeof *list; i++)
+    if (list[i])
+      be->release(list[i]);
+  upf_sparse_plan_free(&sp->plan);
+  memset(sp, 0, sizeof *sp);
+}
+
+/* Host checks of the FlashPrefill parameters against the model. */
+static upf_status sparse_check(const upf_model *m, const upf_prefill_options *opt) {
+  const upf_sparse_params p = sparse_params(m->cfg, opt);
+  UPF_TRY(upf_sparse_params_check(&p));
+  if (m->cfg->attn.softcap > 0.0f)
+    return upf_fail(UPF_ERR_UNSUPPORTED, "prefill: flashprefill: %s soft-caps its attention logits (%g), which "
+                    "attn.block_sparse does not", m->cfg->name, (double)m->cfg->attn.softcap);
+  return UPF_OK;
+}
+
+upf_status upf_model_memory_plan_batch(const upf_model *m, const int32_t *cu, int32_t B, const upf_prefill_options *opt,
+                                       upf_memory_plan *plan) {
+  *plan = upf_model_memory_plan(m, cu[B], B);
+  if (opt->mode != UPF_PREFILL_FLASHPREFILL)
+    return UPF_OK;
+  UPF_TRY(sparse_check(m, opt));
+  const upf_sparse_params p = sparse_params(m->cfg, opt);
+  upf_sparse_plan sp;
+  int64_t visible;
+  UPF_TRY(sparse_plan(m, cu, B, &p, &sp, &visible));
+  size_t means, row_ptr, blocks;
+  sparse_bytes(m, &sp, &means, &row_ptr, &blocks);
+  plan->sparse = (double)means * (p.mean_correction ? 2 : 1) + (double)row_ptr + (double)blocks;
+  upf_sparse_plan_free(&sp);
+  return UPF_OK;
+}
+
 upf_memory_plan upf_model_memory_plan(const upf_model *m, int64_t T, int32_t B) {
   const upf_model_config *c = m->cfg;
   const double e = (double)upf_dtype_size(m->dtype), H = c->hidden;
   const scratch_cols w = scratch_widths(c);
-  upf_memory_plan p = {m->weight_bytes, 0, 0, 0};
+  upf_memory_plan p = {m->weight_bytes, 0, 0, 0, 0};
   /* residual, hidden, out, spare; proj, mix, conv, ba; ids, positions, origin, spare_i32 */
   p.activations = (double)T * (e * (4 * H + (double)(w.proj + w.mix + w.conv + w.ba)) + 4 * 4);
   /* the backend's own scratch of the widest op: the dense FFN's (T, 2I) and (T, I), or the MoE layer's
@@ -67,6 +162,10 @@ static upf_status check_batch(const upf_model *m, const int32_t *ids, const int3
                       ids[t], (long long)t, m->cfg->vocab);
   if (opt->mode == UPF_PREFILL_UNIPREFILL)
     UPF_TRY(upf_select_params_check(&opt->select));
+  if (opt->mode == UPF_PREFILL_FLASHPREFILL)
+    UPF_TRY(sparse_check(m, opt));
+  else if (opt->mode != UPF_PREFILL_DENSE && opt->mode != UPF_PREFILL_UNIPREFILL)
+    return upf_fail(UPF_ERR_INVALID_ARG, "prefill: mode %d is not a prefill mode", (int)opt->mode);
   for (int64_t t = 0; opt->targets && t < cu[B]; t++)
     if (opt->targets[t] < -1 || opt->targets[t] >= m->cfg->vocab)
       return upf_fail(UPF_ERR_INVALID_ARG, "prefill: target %d at position %lld is outside the vocabulary [0, %d) (or -1)",
@@ -246,6 +345,11 @@ static upf_status run_layers(const upf_model *m, const upf_prefill_options *opt,
       UPF_TRY(upf_layer_attention(m, l, tok, &b->s, &qk));
     UPF_TRY(be->synchronize());
     res->mixer_seconds[l] = now_seconds() - t0;
+    if (b->s.sparse && upf_model_mixer(c, l) == UPF_MIXER_FULL) {
+      upf_sparse_record *rec = &res->sparse[res->num_sparse++];
+      *rec = b->s.sparse->rec;
+      rec->layer = l;
+    }
     while (drop_index < c->num_drop_layers && c->drop_layers[drop_index] < l)
       drop_index++;
     if (dropping && drop_index < c->num_drop_layers && c->drop_layers[drop_index] == l) {
@@ -296,7 +400,14 @@ upf_status upf_model_run_step(const upf_model *m, const int32_t *ids, const int3
     return upf_fail(UPF_ERR_NOMEM, "prefill: logits (%d x %d)", num_reqs, m->cfg->vocab);
   run_buffers b;
   memset(&b, 0, sizeof b);
+  upf_layer_sparse sparse;
+  memset(&sparse, 0, sizeof sparse);
   upf_status st = alloc_buffers(m, cu_seqlens[num_reqs], num_reqs, &b);
+  const int32_t Bp = hooks ? hooks->num_prefill_rows : num_reqs;
+  if (st == UPF_OK && opt->mode == UPF_PREFILL_FLASHPREFILL && Bp > 0) {
+    st = sparse_setup(m, cu_seqlens, Bp, opt, &sparse);
+    b.s.sparse = &sparse;
+  }
   if (st == UPF_OK)
     st = upload_batch(m->be, ids, cu_seqlens, positions, num_reqs, &b);
   if (st == UPF_OK)
@@ -311,6 +422,7 @@ upf_status upf_model_run_step(const upf_model *m, const int32_t *ids, const int3
     st = m->be->synchronize();
   res->total_seconds = now_seconds() - t0;
   free_buffers(m->be, &b);
+  sparse_free(m->be, &sparse);
   if (st != UPF_OK)
     upf_prefill_result_free(res);
   return st;

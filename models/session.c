@@ -62,6 +62,7 @@ upf_session_config upf_session_config_default(const upf_model *m) {
   memset(&c, 0, sizeof c);
   c.mode = UPF_PREFILL_DENSE;
   c.select = m->cfg->select;
+  c.sparse = upf_prefill_sparse_default();
   c.page_size = 16, c.max_requests = 64, c.pages_per_group = 1024;
   return c;
 }
@@ -146,6 +147,8 @@ upf_status upf_session_create(const upf_model *m, const upf_session_config *cfg,
                     cfg->page_size, cfg->max_requests, (long long)cfg->pages_per_group);
   if (cfg->mode == UPF_PREFILL_UNIPREFILL)
     UPF_TRY(upf_select_params_check(&cfg->select));
+  if (cfg->mode == UPF_PREFILL_FLASHPREFILL)
+    UPF_TRY(upf_sparse_params_check(&cfg->sparse));
   upf_session *s = calloc(1, sizeof *s);
   if (!s)
     return upf_fail(UPF_ERR_NOMEM, "session");
@@ -491,7 +494,7 @@ upf_status upf_session_step(upf_session *s, const upf_session_row *rows, int32_t
     st = step_setup(&x, ids, cu, pos, T);
   upf_prefill_options po;
   memset(&po, 0, sizeof po);
-  po.mode = s->cfg.mode, po.select = s->cfg.select;
+  po.mode = s->cfg.mode, po.select = s->cfg.select, po.sparse = s->cfg.sparse;
   if (opt)
     po.replay_masks = opt->replay_masks, po.replay_mask_len = opt->replay_mask_len, po.on_layer = opt->on_layer,
     po.user = opt->user;

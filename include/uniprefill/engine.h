@@ -110,6 +110,9 @@ upf_status upf_engine_session_ops(struct upf_session *s, const upf_model *m, int
 void upf_engine_session_ops_free(upf_engine_ops *ops);
 /* Wall seconds of the session steps the ops ran (the whole upf_session_step calls, host work included). */
 double upf_engine_session_wall_seconds(const upf_engine_ops *ops);
+/* FlashPrefill mode: the kept and visible key blocks (upf_sparse_record) summed over every full-attention
+ * layer of every step the ops ran; both 0 in the other modes. */
+void upf_engine_session_sparse_blocks(const upf_engine_ops *ops, int64_t *kept, int64_t *visible);
 
 /* ---- The engine ---- */
 

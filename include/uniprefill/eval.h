@@ -1,4 +1,4 @@
-/* Accuracy of UniPrefill against dense prefill: the metrics (perplexity from next-token NLLs, top-1
+/* Accuracy of UniPrefill (and of FlashPrefill V2) against dense prefill: the metrics (perplexity from next-token NLLs, top-1
  * agreement and KL divergence between two rows of logits, the greedy answer check), the windows a
  * long text is cut into, the needle prompt builder, the extension of recorded drop masks to tokens
  * appended after a prompt, and the runs on a model that produce what the metrics read. The metric
@@ -100,6 +100,11 @@ typedef struct {
   int32_t prompt_first;   /* UniPrefill: the same argmax in the prompt-only run that chose the masks */
   int num_drops;
   double keep[UPF_MODEL_MAX_LAYERS]; /* UniPrefill: kept share of the prompt after each drop layer */
+  /* FlashPrefill: kept key blocks over visible ones in the run, over all its full-attention layers and
+   * per layer (num_sparse of them, in layer order) */
+  double kept_share;
+  int32_t num_sparse;
+  double layer_kept_share[UPF_MODEL_MAX_LAYERS];
 } upf_eval_answer;
 
 /* Checks whether greedy decoding after `prompt` (P tokens) produces `answer` (A tokens), without a
@@ -110,6 +115,12 @@ typedef struct {
  * decode step after that prefill would see. */
 upf_status upf_eval_check_answer(const upf_model *m, const int32_t *prompt, int64_t P, const int32_t *answer, int64_t A,
                                  const upf_select_params *sel, upf_eval_answer *out);
+/* The same check under FlashPrefill V2 with `sparse` (upf_prefill_options.sparse): it drops no token,
+ * so there are no masks to replay; the one prefill of prompt + answer[0..A-1) runs in FlashPrefill
+ * mode (the answer positions sit in the request's last, dense, query tiles unless A exceeds them).
+ * out->first == out->prompt_first; kept_share and layer_kept_share are the run's. */
+upf_status upf_eval_check_answer_sparse(const upf_model *m, const int32_t *prompt, int64_t P, const int32_t *answer,
+                                        int64_t A, const upf_sparse_params *sparse, upf_eval_answer *out);
 
 #ifdef __cplusplus
 }

@@ -13,6 +13,7 @@
 #include "uniprefill/gguf.h"
 #include "uniprefill/moe.h"
 #include "uniprefill/select.h"
+#include "uniprefill/sparse.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -203,7 +204,19 @@ upf_status upf_model_save_gguf(const upf_model *m, const char *path, upf_dtype d
 
 /* ---- Prefill ---- */
 
-typedef enum { UPF_PREFILL_DENSE = 0, UPF_PREFILL_UNIPREFILL } upf_prefill_mode;
+/* FLASHPREFILL: every full-attention layer runs FlashPrefill V2's block-sparse attention (SPEC section
+ * 8: block means, the index, attention over the kept blocks) over the step's prefill rows in place of
+ * dense attention; sliding-window, Gated DeltaNet, FFN and MoE layers, decode rows and every token
+ * are as in dense mode. */
+typedef enum { UPF_PREFILL_DENSE = 0, UPF_PREFILL_UNIPREFILL, UPF_PREFILL_FLASHPREFILL } upf_prefill_mode;
+
+/* "dense", "uniprefill", "flashprefill". */
+const char *upf_prefill_mode_name(upf_prefill_mode mode);
+
+/* FlashPrefill V2's parameters in a model: the published defaults (upf_sparse_params_default) except
+ * alpha 0.18 at block_n 128, the values calibrated for Llama-3.1-8B (FlashPrefill's paper); scale 0
+ * stands for the model's own attention scale. */
+upf_sparse_params upf_prefill_sparse_default(void);
 
 typedef struct {
   upf_prefill_mode mode;
@@ -223,6 +236,9 @@ typedef struct {
   int32_t per_position;
   const int32_t *targets;
   int32_t tail_logits;
+  /* FLASHPREFILL: the parameters (upf_prefill_sparse_default); scale 0 takes the model's attention
+   * scale (cfg->attn), a nonzero scale is used as given */
+  upf_sparse_params sparse;
 } upf_prefill_options;
 
 /* What one drop layer did. */
@@ -239,6 +255,15 @@ typedef struct {
   int32_t disagreeing_ranks; /* ranks whose own top-p mask differed from rank 0's (then replaced by it) */
   upf_select_tp_stats tp;    /* the TP selection's steps (their times split the selection) */
 } upf_drop_record;
+
+/* What one full-attention layer did in FlashPrefill mode (the step's prefill rows). */
+typedef struct {
+  int32_t layer;
+  int64_t kept_blocks;    /* index kept_total: kept key blocks summed over (KV head, query tile) */
+  int64_t visible_blocks; /* upf_sparse_visible_blocks: the same count with every visible block kept */
+  double index_seconds;   /* sparse.block_means + sparse.index */
+  double attn_seconds;    /* attn.block_sparse */
+} upf_sparse_record;
 
 typedef struct {
   int32_t num_reqs;
@@ -262,16 +287,29 @@ typedef struct {
   double *nll;                /* (P) host: -log softmax(logits)[target] in double; NaN for target -1 (targets) */
   int32_t tail_n;             /* N */
   float *tail_logits;         /* (B, N, V) host: logits of the last N positions of each request */
+  /* FLASHPREFILL: one record per full-attention layer of the range that ran sparse, in layer order
+   * (none in a step without prefill rows); the kept share of a layer is kept_blocks / visible_blocks */
+  int32_t num_sparse;
+  upf_sparse_record sparse[UPF_MODEL_MAX_LAYERS];
 } upf_prefill_result;
+
+/* Kept key blocks over visible ones, summed over the result's sparse records (1 when there are none). */
+double upf_prefill_kept_share(const upf_prefill_result *res);
 
 /* Device memory a prefill of `total_tokens` (the step's packed tokens) over `num_reqs` requests needs
  * besides the weights: activation buffers (reused across layers), the selection's outputs, and the
  * K/V the step's attention layers produce (not retained by prefill; what a paged cache would hold,
- * dense). Bytes. */
+ * dense). Bytes. sparse: FlashPrefill's block means (kbar, and vbar with mean correction) and index
+ * (row_ptr, blocks), reused by every full-attention layer (0 unless upf_model_memory_plan_batch). */
 typedef struct {
   double weights, activations, selection, kv_dense;
+  double sparse;
 } upf_memory_plan;
 upf_memory_plan upf_model_memory_plan(const upf_model *m, int64_t total_tokens, int32_t num_reqs);
+/* The same for the batch cu_seqlens (B+1) host under opt: in FLASHPREFILL mode with the sparse
+ * scratch the plan of the batch (upf_sparse_plan_make) sizes; fails on parameters it refuses. */
+upf_status upf_model_memory_plan_batch(const upf_model *m, const int32_t *cu_seqlens, int32_t num_reqs,
+                                       const upf_prefill_options *opt, upf_memory_plan *plan);
 
 /* Runs the prefill of a packed batch: ids (T) host token ids, cu_seqlens (B+1) host. With a layer
  * range that does not start at 0 the embedding still feeds the first held layer; with one that does

@@ -37,15 +37,17 @@ typedef struct upf_session upf_session;
 #define UPF_SESSION_MAX_GROUPS (UPF_MODEL_MAX_LAYERS + 1)
 
 typedef struct {
-  upf_prefill_mode mode;    /* dense or UniPrefill prefill rows */
+  upf_prefill_mode mode;    /* dense, UniPrefill or FlashPrefill prefill rows (decode rows are dense) */
   upf_select_params select; /* the selection at every drop layer */
   int32_t page_size;        /* P, tokens per page (default 16) */
   int32_t max_requests;     /* live requests at once (the Gated DeltaNet state slots; default 64) */
   int64_t pages_per_group;  /* page budget of every cache group (default 1024) ... */
   int64_t group_pages[UPF_SESSION_MAX_GROUPS]; /* ... unless group_pages[g] > 0, group g's own budget */
+  upf_sparse_params sparse; /* FlashPrefill mode: the prefill rows' block-sparse full attention (model.h) */
 } upf_session_config;
 
-/* Dense mode, the model's selection, P = 16, 64 requests, 1024 pages per group. */
+/* Dense mode, the model's selection, FlashPrefill's model defaults (upf_prefill_sparse_default), P = 16,
+ * 64 requests, 1024 pages per group. */
 upf_session_config upf_session_config_default(const upf_model *m);
 
 /* Allocates the caches and state slots on m's backend. m must outlive the session. */
