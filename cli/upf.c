@@ -388,6 +388,7 @@ static const command commands[] = {
     {"generate", upf_cli_generate, upf_cli_generate_usage},
     {"eval", upf_cli_eval, upf_cli_eval_usage},
     {"tokenize", upf_cli_tokenize, upf_cli_tokenize_usage},
+    {"block-sparse", upf_cli_block_sparse, upf_cli_block_sparse_usage},
 };
 
 static void usage(FILE *out) {

@@ -188,6 +188,8 @@ void upf_register_attn_benchmarks(void);
 /* perf/bench_kv.c: kv.slot_mapping and compact.scatter_rows (cuda at Llama-3.1-8B / Qwen3-Next serving
  * shapes, cpu small) and session.decode_step (a session's decode step of B requests at a context, cuda). */
 void upf_register_kv_benchmarks(void);
+/* perf/bench_sparse.c: FlashPrefill V2's sparse.block_means, sparse.index, attn.block_sparse (vs dense). */
+void upf_register_sparse_benchmarks(void);
 
 /* perf/bench_registry.c: every family above; a new op's benchmarks add one line there. */
 void upf_register_all_benchmarks(void);
