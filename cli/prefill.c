@@ -246,6 +246,18 @@ static upf_status write_json(const char *path, const prefill_args *a, const upf_
   fprintf(f, "],\n  \"layer_tokens\": [");
   for (int32_t l = m->layer_begin; l < m->layer_end; l++)
     fprintf(f, "%s%lld", l > m->layer_begin ? ", " : "", (long long)res->layer_tokens[l]);
+  /* the per-layer-kind breakdown: each layer's kind, its mixer (pre-norm and attention / GDN block) and
+   * its FFN / MoE block (after any drop) */
+  static const char *const kind_names[] = {"full", "sliding", "gdn"};
+  fprintf(f, "],\n  \"layer_kind\": [");
+  for (int32_t l = m->layer_begin; l < m->layer_end; l++)
+    fprintf(f, "%s\"%s\"", l > m->layer_begin ? ", " : "", kind_names[upf_model_mixer(m->cfg, l)]);
+  fprintf(f, "],\n  \"mixer_ms\": [");
+  for (int32_t l = m->layer_begin; l < m->layer_end; l++)
+    fprintf(f, "%s%.4f", l > m->layer_begin ? ", " : "", res->mixer_seconds[l] * 1e3);
+  fprintf(f, "],\n  \"ffn_ms\": [");
+  for (int32_t l = m->layer_begin; l < m->layer_end; l++)
+    fprintf(f, "%s%.4f", l > m->layer_begin ? ", " : "", res->ffn_seconds[l] * 1e3);
   qsort((void *)totals, (size_t)iters, sizeof *totals, cmp_double);
   fprintf(f, "],\n  \"ttft_ms\": {\"median\": %.4f, \"min\": %.4f, \"max\": %.4f, \"iters\": %d},\n",
           totals[iters / 2] * 1e3, totals[0] * 1e3, totals[iters - 1] * 1e3, iters);

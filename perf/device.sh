@@ -22,6 +22,13 @@
 #                                         llama3.1-8b gemma3-12b) and run (a length, or a comma list: one
 #                                         batch; default "8192 32768 131072"), UniPrefill at each top-k keep
 #                                         ratio (default 0.5,0.3,0.2) with --ideal, which also times dense
+#     methods [MODELS...] [--runs "T1 T2"] [--alpha A] [--layers A:B] [--iters N]
+#                                         the three methods end to end (upf prefill, bf16, cuda), per model
+#                                         (default llama3.1-8b gemma3-12b) and length (default "32768 131072"):
+#                                         dense, FlashPrefill V2 (--mode flashprefill; --alpha A, default the
+#                                         mode's 0.18 at block_n 128), UniPrefill at the model's p, and UniPrefill
+#                                         top-k at FlashPrefill's kept share; methods/table.md (perf/methods_table.py:
+#                                         TTFT, speedup, kept share, time by layer kind) and one JSON a run
 #     serve [MODEL] [--keep R1,R2]        perf/serve_sweep.sh: upf serve-sim dense vs UniPrefill top-k (default
 #                                         llama3.1-8b, keep 0.5,0.3) at 1, 4, 16, 64 requests of 8K-32K tokens
 #                                         (SERVE_* settings: serve_sweep.sh --help); JSON and summary.md under serve/
@@ -253,6 +260,41 @@ do_prefill() {
       done
     done
   done
+}
+
+# methods MODELS: dense, FlashPrefill V2, UniPrefill (the model's p) and UniPrefill top-k at FlashPrefill's
+# kept share, one process each, for each model and length; the table of perf/methods_table.py.
+do_methods() {
+  local cap=$1
+  shift
+  local models=("$@") m t base share runs=${RUNS_SET:+$RUNS}
+  [ ${#models[@]} -gt 0 ] || models=(llama3.1-8b gemma3-12b)
+  runs=${runs:-32768 131072}
+  say "methods ${models[*]}: runs '$runs'${ALPHA:+, alpha $ALPHA}${LAYERS:+, layers $LAYERS} (cap $cap s each)"
+  mkdir -p "$DIR/methods"
+  for m in "${models[@]}"; do
+    for t in $runs; do
+      base=$DIR/methods/$m-$t
+      local common=(bin/upf prefill --model "$m" --lengths "$t" --backend cuda --dtype bf16 --warmup 1 --iters "$ITERS"
+        ${LAYERS:+--layers "$LAYERS"})
+      run "$base-dense.log" "$cap" -- "${common[@]}" --mode dense --json "$base-dense.json"
+      note "$base-dense.log"
+      run "$base-flashprefill.log" "$cap" -- "${common[@]}" --mode flashprefill ${ALPHA:+--alpha "$ALPHA"} \
+        --json "$base-flashprefill.json"
+      note "$base-flashprefill.log"
+      run "$base-uniprefill-topp.log" "$cap" -- "${common[@]}" --mode uniprefill --json "$base-uniprefill-topp.json"
+      note "$base-uniprefill-topp.log"
+      share=$(python3 -c 'import json, sys; print("%.3f" % json.load(open(sys.argv[1]))["kept_share"])' \
+        "$base-flashprefill.json" 2>/dev/null)
+      if [ -n "$share" ]; then
+        run "$base-uniprefill-keep$share.log" "$cap" -- "${common[@]}" --mode uniprefill --select topk --keep "$share" \
+          --json "$base-uniprefill-keep$share.json"
+        note "$base-uniprefill-keep$share.log"
+      fi
+    done
+  done
+  python3 "$REPO/perf/methods_table.py" "$DIR/methods" --out "$DIR/methods/table.md" --json "$DIR/methods/table.json" &&
+    tee -a "$DIR/summary.txt" <"$DIR/methods/table.md" >/dev/null
 }
 
 # serve [MODEL]: the serving sweep (perf/serve_sweep.sh), each serve-sim process capped at CAP seconds.
@@ -489,13 +531,13 @@ shift
 case $CMD in
 -h | --help | help) usage; exit 0 ;;
 stage) stage "$@"; exit $? ;;
-verify | sanitize | test | bench | peers | profile | prefill | serve | tp | session) ;;
-*) die "unknown command $CMD (stage, verify, sanitize, test, bench, peers, profile, prefill, serve, tp, session; --help)" ;;
+verify | sanitize | test | bench | peers | profile | prefill | methods | serve | tp | session) ;;
+*) die "unknown command $CMD (stage, verify, sanitize, test, bench, peers, profile, prefill, methods, serve, tp, session; --help)" ;;
 esac
 
 NAME=$CMD BUNDLE="" CAP="" ENVS=() ARGS=()
 QUICK="" TOOLS=memcheck,racecheck,synccheck FILTER="" REPS="" AB="" BASE=""
-KERNEL="" SKIP=0 COUNT=1 NCUARGS=() RUNS="8192 32768 131072" RUNS_SET="" KEEPS=0.5,0.3,0.2 KEEPS_SET="" LAYERS="" ITERS=1
+KERNEL="" SKIP=0 COUNT=1 NCUARGS=() RUNS="8192 32768 131072" RUNS_SET="" KEEPS=0.5,0.3,0.2 KEEPS_SET="" LAYERS="" ITERS=1 ALPHA=""
 while [ $# -gt 0 ]; do
   case $1 in
   --name) NAME=${2:?--name needs a value}; shift 2 ;;
@@ -515,6 +557,7 @@ while [ $# -gt 0 ]; do
   --keep) KEEPS=${2:?--keep needs ratios}; KEEPS_SET=1; shift 2 ;;
   --layers) LAYERS=${2:?--layers needs A:B}; shift 2 ;;
   --iters) ITERS=${2:?--iters needs a number}; shift 2 ;;
+  --alpha) ALPHA=${2:?--alpha needs a value}; shift 2 ;;
   --set | --section | --metrics) NCUARGS+=("$1" "${2:?$1 needs a value}"); shift 2 ;;
   -h | --help) usage; exit 0 ;;
   -*) die "$CMD: unknown option $1" ;;
@@ -530,6 +573,7 @@ verify) do_verify "$QUICK" "${CAP:-300}" "${ARGS[@]}" ;;
 sanitize) do_sanitize "$TOOLS" "${CAP:-300}" "${ARGS[@]}" ;;
 test) do_test "${CAP:-300}" ;;
 prefill) do_prefill "${CAP:-300}" "${ARGS[@]}" ;;
+methods) do_methods "${CAP:-240}" "${ARGS[@]}" ;;
 serve)
   [ ${#ARGS[@]} -le 1 ] || die "serve takes at most one model"
   do_serve "${CAP:-240}" "${ARGS[@]}" ;;

@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""The three methods side by side: dense, FlashPrefill V2 and UniPrefill TTFT per model and length, with
+the per-layer-kind time breakdown that explains them (from `upf prefill --json` files).
+
+  perf/methods_table.py DIR [--out table.md] [--json methods.json]
+
+DIR holds <model>-<length>-<method>.json as perf/device.sh's `methods` step writes them (method: dense,
+flashprefill, uniprefill-topp, uniprefill-keepR). Columns: TTFT (median of the iterations), speedup over
+dense of the same run, the kept share (FlashPrefill: key blocks kept of those visible, over its
+full-attention layers; UniPrefill: tokens kept after the last drop layer), and the time of the last
+iteration's layers by kind: full attention (pre-norm + attention block), sliding-window attention, Gated
+DeltaNet, FFN / MoE, and the method's own overhead (FlashPrefill: block means + index; UniPrefill:
+selection + compaction). The layer times are per-layer host timings with a synchronise between
+sub-layers, so their sum exceeds TTFT by the synchronisation gaps.
+"""
+import argparse
+import glob
+import json
+import os
+import re
+import sys
+
+KINDS = ("full", "sliding", "gdn")
+
+
+def load(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def breakdown(d):
+    out = {k: 0.0 for k in KINDS}
+    out["ffn"] = sum(d.get("ffn_ms", []))
+    for kind, ms in zip(d.get("layer_kind", []), d.get("mixer_ms", [])):
+        out[kind] += ms
+    if d["mode"] == "flashprefill":
+        out["overhead"] = d.get("sparse_index_ms", 0.0)
+    elif d["mode"] == "uniprefill":
+        out["overhead"] = sum(x.get("select_ms", 0.0) for x in d.get("drops", []))
+    else:
+        out["overhead"] = 0.0
+    return out
+
+
+def kept_share(d):
+    if d["mode"] == "flashprefill":
+        return d.get("kept_share")
+    if d["mode"] == "uniprefill" and d.get("drops"):
+        total = sum(d["requests"])
+        return sum(d["drops"][-1]["kept_per_request"]) / total if total else None
+    return None
+
+
+def method_key(name):
+    order = {"dense": 0, "flashprefill": 1, "uniprefill-topp": 2}
+    return (order.get(name, 3), name)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("dir")
+    ap.add_argument("--out", help="write the markdown table here (default: stdout)")
+    ap.add_argument("--json", help="write the rows as JSON here")
+    a = ap.parse_args()
+    runs = {}
+    pat = re.compile(r"^(?P<model>.+)-(?P<length>\d+)-(?P<method>dense|flashprefill|uniprefill-[a-z0-9.]+)\.json$")
+    for path in sorted(glob.glob(os.path.join(a.dir, "*.json"))):
+        m = pat.match(os.path.basename(path))
+        if not m:
+            continue
+        try:
+            d = load(path)
+        except (OSError, ValueError) as e:
+            print(f"methods_table: skipping {path}: {e}", file=sys.stderr)
+            continue
+        runs.setdefault((m["model"], int(m["length"])), {})[m["method"]] = d
+    if not runs:
+        print(f"methods_table: no <model>-<length>-<method>.json under {a.dir}", file=sys.stderr)
+        return 2
+    lines = ["| model | tokens | method | TTFT ms | vs dense | kept share | full attn ms | sliding ms | GDN ms |"
+             " FFN/MoE ms | own overhead ms |", "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    rows = []
+    for (model, length), methods in sorted(runs.items()):
+        dense = methods.get("dense")
+        base = dense["ttft_ms"]["median"] if dense else None
+        for name in sorted(methods, key=method_key):
+            d = methods[name]
+            ttft = d["ttft_ms"]["median"]
+            b = breakdown(d)
+            share = kept_share(d)
+            label = name
+            if name == "flashprefill":
+                fp = d.get("flashprefill", {})
+                label = f"flashprefill a={fp.get('alpha')} bn={fp.get('block_n')}" + (
+                    " mc" if fp.get("mean_correction") else "")
+            partial = " (layers %d:%d)" % tuple(d["layers"]) if d.get("partial_model") else ""
+            row = {"model": model + partial, "tokens": length, "method": label, "ttft_ms": ttft,
+                   "speedup": base / ttft if base else None, "kept_share": share, **{k + "_ms": v for k, v in b.items()}}
+            rows.append(row)
+            lines.append("| %s | %d | %s | %.1f | %s | %s | %.1f | %.1f | %.1f | %.1f | %.1f |" % (
+                row["model"], length, label, ttft, "%.2fx" % row["speedup"] if base else "-",
+                "%.3f" % share if share is not None else "-", b["full"], b["sliding"], b["gdn"], b["ffn"],
+                b["overhead"]))
+    text = "\n".join(lines) + "\n"
+    if a.out:
+        with open(a.out, "w") as f:
+            f.write(text)
+    else:
+        sys.stdout.write(text)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
