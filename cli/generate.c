@@ -1,6 +1,7 @@
 /* `upf generate`: greedy decoding after a dense, UniPrefill or FlashPrefill prefill, through a session
- * (uniprefill/session.h): every request is prefilled in one step, then each decode step feeds one row
- * per request (the token picked from its last logits). Every input is checked before any work; the
+ * (uniprefill/session.h): every request is prefilled in one step (or, with --chunk, in chunks over
+ * several steps), then each decode step feeds one row per request (the token picked from its last
+ * logits). Every input is checked before any work; the
  * outputs are written only once the whole run succeeded, and none is left behind when one fails. */
 #include <math.h>
 #include <stdio.h>
@@ -22,7 +23,7 @@ const char upf_cli_generate_usage[] =
     "                    --file F) --max-new N\n"
     "                    [--mode dense|uniprefill|flashprefill] [--p P | --keep R] [--page-size P] [--seed S]\n"
     "                    [--alpha A] [--block-n 64|128] [--mean-correction on|off] [--sink S] [--window W]\n"
-    "                    [--last-n N]\n"
+    "                    [--last-n N] [--chunk C]\n"
     "                    [--dtype f32|bf16] [--backend cpu|cuda] [--layers A:B] [--out-tokens OUT.npy]\n"
     "                    [--json R.json]\n"
     "  Greedy decoding (ties to the lowest id) of N tokens per request after a prefill of a built-in model\n"
@@ -36,15 +37,23 @@ const char upf_cli_generate_usage[] =
     "  the kept tokens' KV. --mode flashprefill: the prefill's full-attention layers run FlashPrefill V2's\n"
     "  block-sparse attention (--alpha and the rest as upf prefill); decode is unchanged (dense over the\n"
     "  whole cache). --page-size: tokens per KV page (16).\n"
+    "  --chunk C: chunked prefill: each prefill step holds the next chunk of at most C tokens of every\n"
+    "  request not yet prefilled (a prompt of at most C tokens in one row); a chunk writes its KV into the\n"
+    "  paged cache and attends to its earlier chunks' KV; a request's first token comes from its last\n"
+    "  chunk, and decoding starts once every request has it. Dense and FlashPrefill give what they give\n"
+    "  unchunked (FlashPrefill: a chunk block-sparse over its cached context); UniPrefill runs every chunk\n"
+    "  of a prompt split in more than one chunk dense (chunks with cached context run dense, SPEC section\n"
+    "  4), prompts of at most C tokens drop as usual.\n"
     "  The JSON: per request the prompt length, the drops (layer, kept), the KV pages held against\n"
-    "  dense, TTFT and the time of every token, and the tokens; the session's KV memory in total.\n";
+    "  dense, TTFT and the time of every token, and the tokens; the session's KV memory in total; with\n"
+    "  --chunk the chunk size, each request's chunks and the prefill steps' times.\n";
 
 typedef struct {
   upf_model_args sel;
   upf_select_args sa; /* --mode, --p, --keep */
   upf_sparse_args fa; /* --alpha, --block-n, --mean-correction, --sink, --window, --last-n */
   const char *ids_path, *cu_path, *text, *text_file, *out_tokens, *json;
-  int32_t max_new, page_size;
+  int32_t max_new, page_size, chunk;
 } generate_args;
 
 static double now_seconds(void) {
@@ -67,14 +76,86 @@ typedef struct {
   int32_t B, N;
   const int32_t *cu;
   int32_t *tokens;       /* (B, N) */
-  double *step_seconds;  /* (N): step 0 the prefill (TTFT), step i the decode step that produced token i */
+  double *step_seconds;  /* (N): step 0 the prefill (TTFT; chunked: every prefill step), step i the decode
+                          * step that produced token i */
+  double *ttft;          /* (B) each request's first token: the prefill steps up to its last chunk */
+  int32_t *chunks;       /* (B) prefill rows each request took */
+  int32_t prefill_steps; /* steps of the prefill (1 unchunked) */
+  double *prefill_step_seconds; /* (prefill_steps) */
   upf_kv_drop (*drops)[UPF_MODEL_MAX_LAYERS]; /* (B) */
   int32_t *num_drops;    /* (B) */
   int64_t *pages, *pages_dense; /* (B) KV pages each request holds at the end, and would hold dense */
   upf_session_memory mem;
-  int32_t num_sparse;    /* FlashPrefill: the prefill step's full-attention layers */
+  int32_t num_sparse;    /* FlashPrefill: the prefill's full-attention layers, summed over its steps */
   upf_sparse_record sparse[UPF_MODEL_MAX_LAYERS];
 } run_record;
+
+/* Adds a step's sparse records (one per full-attention layer, in layer order) to the record's. */
+static void add_sparse(run_record *rec, const upf_prefill_result *res) {
+  if (!rec->num_sparse) {
+    rec->num_sparse = res->num_sparse;
+    memcpy(rec->sparse, res->sparse, (size_t)res->num_sparse * sizeof *res->sparse);
+    return;
+  }
+  for (int32_t k = 0; k < res->num_sparse && k < rec->num_sparse; k++) {
+    upf_sparse_record *d = &rec->sparse[k];
+    d->kept_blocks += res->sparse[k].kept_blocks, d->visible_blocks += res->sparse[k].visible_blocks;
+    d->index_seconds += res->sparse[k].index_seconds, d->attn_seconds += res->sparse[k].attn_seconds;
+  }
+}
+
+/* --chunk: the prefill in steps, each holding the next chunk of every request not yet prefilled (whole
+ * prompts first, then chunks: the session's row order); a request's first token from its last chunk. */
+static upf_status chunked_prefill(const generate_args *a, upf_session *s, const int32_t *req, run_record *rec, int32_t V) {
+  const int32_t B = rec->B, N = rec->N;
+  int32_t *done = calloc((size_t)B, sizeof *done), *who = malloc((size_t)B * sizeof *who);
+  upf_session_row *rows = malloc((size_t)B * sizeof *rows);
+  upf_status st = done && who && rows ? UPF_OK : upf_fail(UPF_ERR_NOMEM, "generate: chunk rows");
+  double clock = 0;
+  for (int32_t left = B; st == UPF_OK && left > 0;) {
+    int32_t n = 0;
+    for (int pass = 0; pass < 2; pass++) /* whole prompts, then chunks */
+      for (int32_t r = 0; r < B; r++) {
+        const int32_t len = rec->cu[r + 1] - rec->cu[r];
+        if (done[r] == len)
+          continue;
+        const int32_t k = len - done[r] < a->chunk ? len - done[r] : a->chunk;
+        if ((k == len) != (pass == 0))
+          continue;
+        who[n] = r;
+        rows[n++] = (upf_session_row){req[r], UPF_ROW_PREFILL, 0, k};
+      }
+    upf_prefill_result res;
+    const double t0 = now_seconds();
+    st = upf_session_step(s, rows, n, NULL, &res);
+    if (st != UPF_OK)
+      break;
+    const double dt = now_seconds() - t0;
+    clock += dt;
+    double *grown = realloc(rec->prefill_step_seconds, (size_t)(rec->prefill_steps + 1) * sizeof *grown);
+    if (!grown) {
+      upf_prefill_result_free(&res);
+      st = upf_fail(UPF_ERR_NOMEM, "generate: prefill step times");
+      break;
+    }
+    rec->prefill_step_seconds = grown;
+    rec->prefill_step_seconds[rec->prefill_steps++] = dt;
+    add_sparse(rec, &res);
+    for (int32_t j = 0; j < n; j++) {
+      const int32_t r = who[j];
+      done[r] += rows[j].num_tokens, rec->chunks[r]++;
+      if (done[r] < rec->cu[r + 1] - rec->cu[r])
+        continue;
+      rec->tokens[(size_t)r * N] = argmax(res.logits + (size_t)j * V, V);
+      rec->ttft[r] = clock;
+      left--;
+    }
+    upf_prefill_result_free(&res);
+  }
+  rec->step_seconds[0] = clock;
+  free(done), free(who), free(rows);
+  return st;
+}
 
 static upf_status run(const generate_args *a, const upf_model *m, const upf_session_config *sc, const int32_t *ids,
                       run_record *rec) {
@@ -86,9 +167,14 @@ static upf_status run(const generate_args *a, const upf_model *m, const upf_sess
   upf_status st = req && rows ? UPF_OK : upf_fail(UPF_ERR_NOMEM, "generate: rows");
   for (int32_t r = 0; st == UPF_OK && r < B; r++) {
     st = upf_session_add_request(s, ids + rec->cu[r], rec->cu[r + 1] - rec->cu[r], &req[r]);
-    rows[r] = (upf_session_row){req[r], UPF_ROW_PREFILL, 0};
+    rows[r] = (upf_session_row){req[r], UPF_ROW_PREFILL, 0, 0};
   }
-  for (int32_t i = 0; st == UPF_OK && i < N; i++) {
+  if (st == UPF_OK && a->chunk) {
+    st = chunked_prefill(a, s, req, rec, V);
+    for (int32_t r = 0; r < B; r++)
+      rows[r] = (upf_session_row){req[r], UPF_ROW_DECODE, rec->tokens[(size_t)r * N], 0};
+  }
+  for (int32_t i = a->chunk ? 1 : 0; st == UPF_OK && i < N; i++) {
     upf_prefill_result res;
     const double t0 = now_seconds();
     st = upf_session_step(s, rows, B, NULL, &res);
@@ -96,8 +182,10 @@ static upf_status run(const generate_args *a, const upf_model *m, const upf_sess
       break;
     rec->step_seconds[i] = now_seconds() - t0;
     if (i == 0) {
-      rec->num_sparse = res.num_sparse;
-      memcpy(rec->sparse, res.sparse, (size_t)res.num_sparse * sizeof *res.sparse);
+      add_sparse(rec, &res);
+      rec->prefill_steps = 1;
+      for (int32_t r = 0; r < B; r++)
+        rec->ttft[r] = rec->step_seconds[0], rec->chunks[r] = 1;
     }
     for (int32_t r = 0; r < B; r++) {
       const int32_t tok = argmax(res.logits + (size_t)r * V, V);
@@ -135,7 +223,7 @@ static upf_status run(const generate_args *a, const upf_model *m, const upf_sess
   return st;
 }
 
-/* FlashPrefill: kept key blocks over visible ones in the prefill step, over its full-attention layers. */
+/* FlashPrefill: kept key blocks over visible ones in the prefill steps, over their full-attention layers. */
 static double kept_share(const run_record *rec) {
   int64_t kept = 0, visible = 0;
   for (int32_t i = 0; i < rec->num_sparse; i++)
@@ -180,15 +268,26 @@ static void print_json(FILE *f, const generate_args *a, const upf_model *m, cons
     }
     fprintf(f, "],\n");
   }
-  fprintf(f, "  \"max_new\": %d,\n  \"page_size\": %d,\n  \"requests\": [", N, sc->page_size);
+  fprintf(f, "  \"max_new\": %d,\n  \"page_size\": %d,\n  \"chunk\": %d,\n", N, sc->page_size, a->chunk);
+  if (a->chunk) {
+    fprintf(f, "  \"prefill_step_ms\": [");
+    for (int32_t i = 0; i < rec->prefill_steps; i++)
+      fprintf(f, "%s%.4f", i ? ", " : "", rec->prefill_step_seconds[i] * 1e3);
+    fprintf(f, "],\n");
+    if (sc->mode == UPF_PREFILL_UNIPREFILL)
+      fprintf(f, "  \"chunked_uniprefill\": \"chunks with cached context ran dense: every chunk of a prompt split in "
+                 "more than one chunk ran dense; prompts of at most %d tokens dropped as usual\",\n", a->chunk);
+  }
+  fprintf(f, "  \"requests\": [");
   for (int32_t r = 0; r < rec->B; r++) {
     fprintf(f, "%s\n    {\"prompt_len\": %d, \"drops\": [", r ? "," : "", rec->cu[r + 1] - rec->cu[r]);
     for (int32_t k = 0; k < rec->num_drops[r]; k++)
       fprintf(f, "%s{\"layer\": %d, \"kept\": %d}", k ? ", " : "", rec->drops[r][k].layer, rec->drops[r][k].kept_len);
-    fprintf(f, "], \"kv_pages\": %lld, \"kv_pages_dense\": %lld, \"ttft_ms\": %.4f, \"token_ms\": [",
-            (long long)rec->pages[r], (long long)rec->pages_dense[r], rec->step_seconds[0] * 1e3);
+    fprintf(f, "], \"kv_pages\": %lld, \"kv_pages_dense\": %lld, \"prefill_chunks\": %d, \"ttft_ms\": %.4f, "
+               "\"token_ms\": [",
+            (long long)rec->pages[r], (long long)rec->pages_dense[r], rec->chunks[r], rec->ttft[r] * 1e3);
     for (int32_t i = 0; i < N; i++)
-      fprintf(f, "%s%.4f", i ? ", " : "", rec->step_seconds[i] * 1e3);
+      fprintf(f, "%s%.4f", i ? ", " : "", (i ? rec->step_seconds[i] : rec->ttft[r]) * 1e3);
     fprintf(f, "], \"tokens\": [");
     for (int32_t i = 0; i < N; i++)
       fprintf(f, "%s%d", i ? ", " : "", rec->tokens[(size_t)r * N + i]);
@@ -286,6 +385,7 @@ int upf_cli_generate(int argc, char **argv) {
       UPF_SELECT_ARG_FLAGS(a.sa),
       UPF_SPARSE_ARG_FLAGS(a.fa),
       {"--page-size", UPF_ARG_INT, &a.page_size, 0, 1, 1 << 16},
+      {"--chunk", UPF_ARG_INT, &a.chunk, 0, 1, INT32_MAX},
       {"--out-tokens", UPF_ARG_STRING, &a.out_tokens},
       {"--json", UPF_ARG_STRING, &a.json},
   };
@@ -339,7 +439,9 @@ int upf_cli_generate(int argc, char **argv) {
   rec.num_drops = calloc((size_t)B, sizeof *rec.num_drops);
   rec.pages = calloc((size_t)B, sizeof *rec.pages);
   rec.pages_dense = calloc((size_t)B, sizeof *rec.pages_dense);
-  st = rec.tokens && rec.step_seconds && rec.drops && rec.num_drops && rec.pages && rec.pages_dense
+  rec.ttft = calloc((size_t)B, sizeof *rec.ttft);
+  rec.chunks = calloc((size_t)B, sizeof *rec.chunks);
+  st = rec.tokens && rec.step_seconds && rec.drops && rec.num_drops && rec.pages && rec.pages_dense && rec.ttft && rec.chunks
            ? run(&a, &m, &sc, ids, &rec)
            : upf_fail(UPF_ERR_NOMEM, "generate: %d x %d tokens", B, N);
   int rc = st == UPF_OK ? 0 : upf_cli_error(st, "generate");
@@ -352,6 +454,15 @@ int upf_cli_generate(int argc, char **argv) {
       decode += rec.step_seconds[i];
     printf("  TTFT %.3f ms; %d decode steps of %d rows, %.3f ms each on average\n", rec.step_seconds[0] * 1e3, N - 1,
            B, N > 1 ? decode / (N - 1) * 1e3 : 0.0);
+    if (a.chunk) {
+      int32_t chunked = 0;
+      for (int32_t r = 0; r < B; r++)
+        chunked += rec.chunks[r] > 1;
+      printf("  chunked prefill: chunks of at most %d tokens over %d steps; %d of %d requests in more than one chunk%s\n",
+             a.chunk, rec.prefill_steps, chunked, B,
+             sc.mode == UPF_PREFILL_UNIPREFILL ? "; chunks with cached context ran dense (every chunk of a prompt split "
+                                                 "in more than one chunk)" : "");
+    }
     if (sc.mode == UPF_PREFILL_FLASHPREFILL) {
       char params[256];
       upf_sparse_args_describe(&sc.sparse, params, sizeof params);
@@ -366,7 +477,7 @@ int upf_cli_generate(int argc, char **argv) {
     rc = write_outputs(&a, &m, &sc, &rec, argc, argv);
   }
   free(rec.tokens), free(rec.step_seconds), free(rec.drops), free(rec.num_drops), free(rec.pages),
-      free(rec.pages_dense);
+      free(rec.pages_dense), free(rec.ttft), free(rec.chunks), free(rec.prefill_step_seconds);
   free(ids), free(cu);
   upf_model_free(&m);
   return rc;

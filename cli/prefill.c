@@ -1,7 +1,8 @@
 /* `upf models` lists the built-in models; `upf prefill` runs the end-to-end prefill of one of them on
- * seeded weights, dense, UniPrefill or FlashPrefill, on the CPU reference or CUDA, and writes the last-position
- * logits, the drop masks and a JSON record. Every input is checked before any work, and outputs are
- * written only once the whole run succeeded. */
+ * seeded weights, dense, UniPrefill or FlashPrefill, on the CPU reference or CUDA (in one step, or with
+ * --chunk in chunks through a session's paged KV cache), and writes the last-position logits, the drop
+ * masks and a JSON record. Every input is checked before any work, and outputs are written only once
+ * the whole run succeeded. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +16,7 @@
 #include "cli/select_args.h"
 #include "uniprefill/model.h"
 #include "uniprefill/npy.h"
+#include "uniprefill/session.h"
 
 const char upf_cli_models_usage[] =
     "usage: upf models\n"
@@ -57,7 +59,7 @@ const char upf_cli_prefill_usage[] =
     "                   [--dtype f32|bf16] [--backend cpu|cuda] [--layers A:B] [--out-logits L.npy]\n"
     "                   [--tp R] [--comm auto|single|mpi|nccl]\n"
     "                   [--dump-masks DIR] [--replay-masks DIR] [--json R.json] [--warmup N] [--iters N]\n"
-    "                   [--out-argmax A.npy] [--out-nll N.npy]\n"
+    "                   [--out-argmax A.npy] [--out-nll N.npy] [--chunk C]\n"
     "  End-to-end prefill of a built-in model (upf models) on weights seeded by S, or of the llama or\n"
     "  gemma3 model of a GGUF file (--gguf: its weights dequantised to --dtype; drop layers scaled from\n"
     "  the family's published choice, models/README.md).\n"
@@ -86,7 +88,15 @@ const char upf_cli_prefill_usage[] =
     "  entering the layer, FFN block at the count leaving its drop) at the kept counts.\n"
     "  --tp R: tensor parallelism over R ranks (mpirun -np R; R must equal the communicator's size): each\n"
     "  rank holds Hq/R heads and 1/R of the FFN; rank 0 prints and writes every output, the others nothing.\n"
-    "  --comm: auto (mpi under mpirun, nccl there with --backend cuda), single, mpi or nccl.\n";
+    "  --comm: auto (mpi under mpirun, nccl there with --backend cuda), single, mpi or nccl.\n"
+    "  --chunk C: chunked prefill through a session's paged KV cache (pages of 16 tokens): each step holds\n"
+    "  the next chunk of at most C tokens of every request not yet done (a prompt of at most C tokens in\n"
+    "  one row); a chunk writes its KV into the cache and attends to its earlier chunks' KV and itself;\n"
+    "  L holds each request's last chunk's logits; times are the steps' summed (per step in the JSON).\n"
+    "  Dense chunked equals dense; FlashPrefill runs a chunk block-sparse over its cached context;\n"
+    "  UniPrefill runs every chunk of a prompt split in more than one chunk dense (chunks with cached\n"
+    "  context run dense, SPEC section 4), prompts of at most C tokens drop as usual. Not with --tp,\n"
+    "  --dump-masks, --replay-masks, --ideal, --out-argmax or --out-nll.\n";
 
 typedef struct {
   upf_model_args sel; /* --model, --seed, --dtype, --backend, --layers */
@@ -95,8 +105,126 @@ typedef struct {
   const char *lengths, *ids_path, *cu_path, *text, *text_file, *select;
   const char *out_logits, *dump_dir, *replay_dir, *json, *comm;
   const char *out_argmax, *out_nll;
-  int32_t warmup, iters, ideal, tp;
+  int32_t warmup, iters, ideal, tp, chunk;
 } prefill_args;
+
+/* What a chunked run adds: its steps and each request's chunks. */
+typedef struct {
+  int32_t steps;
+  double *step_seconds; /* (steps) of the last run */
+  int32_t *chunks;      /* (B) */
+} chunk_record;
+
+/* Adds a step's per-layer times and token counts and its sparse records to the run's. */
+static void add_step(upf_prefill_result *sum, const upf_prefill_result *step, const upf_model *m) {
+  for (int32_t l = m->layer_begin; l < m->layer_end; l++) {
+    sum->layer_seconds[l] += step->layer_seconds[l], sum->mixer_seconds[l] += step->mixer_seconds[l];
+    sum->ffn_seconds[l] += step->ffn_seconds[l], sum->layer_tokens[l] += step->layer_tokens[l];
+  }
+  sum->total_seconds += step->total_seconds;
+  if (!sum->num_sparse) {
+    sum->num_sparse = step->num_sparse;
+    memcpy(sum->sparse, step->sparse, (size_t)step->num_sparse * sizeof *step->sparse);
+  } else {
+    for (int32_t k = 0; k < step->num_sparse && k < sum->num_sparse; k++) {
+      upf_sparse_record *d = &sum->sparse[k];
+      d->kept_blocks += step->sparse[k].kept_blocks, d->visible_blocks += step->sparse[k].visible_blocks;
+      d->index_seconds += step->sparse[k].index_seconds, d->attn_seconds += step->sparse[k].attn_seconds;
+    }
+  }
+  for (int k = 0; k < step->num_drops; k++) /* the selection time of every drop layer's steps */
+    for (int j = 0; j < sum->num_drops; j++)
+      if (sum->drops[j].layer == step->drops[k].layer)
+        sum->drops[j].select_seconds += step->drops[k].select_seconds;
+}
+
+/* --chunk: the batch prefilled in chunks through a session; res as upf_model_prefill fills it: each
+ * request's last chunk's logits, the layer times and tokens and the sparse records summed over the
+ * steps, and per drop layer each request's tokens kept (its prompt, for a request that did not drop). */
+static upf_status chunked_run(const upf_model *m, const int32_t *ids, const int32_t *cu, int32_t B,
+                              const upf_prefill_options *opt, int32_t C, upf_prefill_result *res, chunk_record *cr) {
+  const upf_model_config *c = m->cfg;
+  const int32_t V = c->vocab;
+  memset(res, 0, sizeof *res);
+  upf_session_config sc = upf_session_config_default(m);
+  sc.mode = opt->mode, sc.select = opt->select, sc.sparse = opt->sparse, sc.max_requests = B;
+  sc.pages_per_group = 0;
+  for (int32_t r = 0; r < B; r++)
+    sc.pages_per_group += ((int64_t)cu[r + 1] - cu[r] + sc.page_size - 1) / sc.page_size;
+  upf_session *s = NULL;
+  UPF_TRY(upf_session_create(m, &sc, &s));
+  int32_t *req = malloc((size_t)B * sizeof *req), *done = calloc((size_t)B, sizeof *done);
+  int32_t *who = malloc((size_t)B * sizeof *who);
+  upf_session_row *rows = malloc((size_t)B * sizeof *rows);
+  res->logits = malloc((size_t)B * V * sizeof *res->logits);
+  upf_status st = req && done && who && rows && res->logits ? UPF_OK : upf_fail(UPF_ERR_NOMEM, "prefill: --chunk rows");
+  res->num_reqs = B, res->vocab = V;
+  for (int32_t r = 0; st == UPF_OK && r < B; r++)
+    st = upf_session_add_request(s, ids + cu[r], cu[r + 1] - cu[r], &req[r]);
+  /* every drop layer of the range, in order, for the per-request kept counts */
+  for (int k = 0; st == UPF_OK && opt->mode == UPF_PREFILL_UNIPREFILL && k < c->num_drop_layers; k++)
+    if (c->drop_layers[k] >= m->layer_begin && c->drop_layers[k] < m->layer_end)
+      res->drops[res->num_drops++].layer = c->drop_layers[k];
+  cr->steps = 0;
+  memset(cr->chunks, 0, (size_t)B * sizeof *cr->chunks);
+  for (int32_t left = B; st == UPF_OK && left > 0;) {
+    int32_t n = 0;
+    for (int pass = 0; pass < 2; pass++) /* whole prompts, then chunks: the session's row order */
+      for (int32_t r = 0; r < B; r++) {
+        const int32_t len = cu[r + 1] - cu[r];
+        const int32_t k = len - done[r] < C ? len - done[r] : C;
+        if (done[r] < len && (k == len) == (pass == 0))
+          who[n] = r, rows[n++] = (upf_session_row){req[r], UPF_ROW_PREFILL, 0, k};
+      }
+    upf_prefill_result step;
+    st = upf_session_step(s, rows, n, NULL, &step);
+    if (st != UPF_OK)
+      break;
+    double *grown = realloc(cr->step_seconds, (size_t)(cr->steps + 1) * sizeof *grown);
+    if (grown) {
+      cr->step_seconds = grown;
+      cr->step_seconds[cr->steps++] = step.total_seconds;
+    }
+    add_step(res, &step, m);
+    for (int32_t j = 0; j < n; j++) {
+      const int32_t r = who[j];
+      done[r] += rows[j].num_tokens, cr->chunks[r]++;
+      if (done[r] == cu[r + 1] - cu[r]) {
+        memcpy(res->logits + (size_t)r * V, step.logits + (size_t)j * V, (size_t)V * sizeof *res->logits);
+        left--;
+      }
+    }
+    upf_prefill_result_free(&step);
+    if (!grown)
+      st = upf_fail(UPF_ERR_NOMEM, "prefill: --chunk step times");
+  }
+  /* per drop layer: each request's tokens entering it and kept (the session's drop history) */
+  for (int k = 0; st == UPF_OK && k < res->num_drops; k++) {
+    upf_drop_record *d = &res->drops[k];
+    d->kept_per_req = calloc((size_t)B, sizeof *d->kept_per_req);
+    if (!d->kept_per_req) {
+      st = upf_fail(UPF_ERR_NOMEM, "prefill: --chunk drop records");
+      break;
+    }
+    for (int32_t r = 0; r < B && st == UPF_OK; r++) {
+      upf_session_request_info info;
+      st = upf_session_request(s, req[r], &info);
+      int32_t in = cu[r + 1] - cu[r], kept = in;
+      for (int32_t j = 0; st == UPF_OK && j < info.num_drops; j++) {
+        if (info.drops[j].layer < d->layer)
+          in = kept = info.drops[j].kept_len;
+        else if (info.drops[j].layer == d->layer)
+          kept = info.drops[j].kept_len;
+      }
+      d->kept_per_req[r] = kept, d->tokens_in += in, d->tokens_kept += kept;
+    }
+  }
+  free(req), free(done), free(who), free(rows);
+  upf_session_free(s);
+  if (st != UPF_OK)
+    upf_prefill_result_free(res);
+  return st;
+}
 
 /* What --ideal measured: the dense prefill of the same batch, and the sum over layers of the dense
  * per-block times at the token counts the UniPrefill run had there. */
@@ -198,7 +326,8 @@ static void print_plan(FILE *f, const upf_model *m, const upf_memory_plan *p, in
  * times, the memory plan, the commit and the command). */
 static upf_status write_json(const char *path, const prefill_args *a, const upf_model *m, const int32_t *cu, int32_t B,
                              const upf_prefill_result *res, const double *totals, int iters,
-                             const upf_memory_plan *plan, const ideal_times *ideal, int argc, char **argv) {
+                             const upf_memory_plan *plan, const ideal_times *ideal, const chunk_record *cr, int argc,
+                             char **argv) {
   char tmp[4096];
   snprintf(tmp, sizeof tmp, "%s.tmp-%d", path, (int)getpid());
   FILE *f = fopen(tmp, "w");
@@ -289,6 +418,20 @@ static upf_status write_json(const char *path, const prefill_args *a, const upf_
     }
     fprintf(f, "\n  ],\n");
   }
+  fprintf(f, "  \"chunk\": %d,\n", a->chunk);
+  if (a->chunk) {
+    fprintf(f, "  \"chunked_prefill\": {\"steps\": %d, \"step_ms\": [", cr->steps);
+    for (int32_t i = 0; i < cr->steps; i++)
+      fprintf(f, "%s%.4f", i ? ", " : "", cr->step_seconds[i] * 1e3);
+    fprintf(f, "], \"request_chunks\": [");
+    for (int32_t r = 0; r < B; r++)
+      fprintf(f, "%s%d", r ? ", " : "", cr->chunks[r]);
+    fprintf(f, "]");
+    if (a->sa.prefill_mode == UPF_PREFILL_UNIPREFILL)
+      fprintf(f, ", \"uniprefill\": \"chunks with cached context ran dense: every chunk of a prompt split in more than "
+                 "one chunk ran dense; prompts of at most %d tokens dropped as usual\"", a->chunk);
+    fprintf(f, "},\n");
+  }
   fprintf(f, "  \"tp\": {\"ranks\": %d, \"comm\": \"%s\", \"allreduce_calls\": %lld, \"allreduce_bytes\": %.0f, "
              "\"allreduce_ms\": %.4f},\n",
           m->tp_size, m->comm ? upf_comm_kind_name(upf_comm_kind_of(m->comm)) : "none", (long long)res->comm_calls,
@@ -363,6 +506,7 @@ int upf_cli_prefill(int argc, char **argv) {
       {"--iters", UPF_ARG_INT, &a.iters, 0, 1, 1000},   {"--ideal", UPF_ARG_SWITCH, &a.ideal},
       {"--tp", UPF_ARG_INT, &a.tp, 0, 1, 1 << 16},     {"--comm", UPF_ARG_STRING, &a.comm},
       {"--out-argmax", UPF_ARG_STRING, &a.out_argmax}, {"--out-nll", UPF_ARG_STRING, &a.out_nll},
+      {"--chunk", UPF_ARG_INT, &a.chunk, 0, 1, INT32_MAX},
   };
   upf_arg_parser p = {"upf prefill", upf_cli_prefill_usage, args, (int)(sizeof args / sizeof *args), NULL, 0, 0};
   const upf_args_result pr = upf_args_parse(&p, argc, argv);
@@ -402,6 +546,11 @@ int upf_cli_prefill(int argc, char **argv) {
   if (opt.mode == UPF_PREFILL_UNIPREFILL && (a.out_argmax || a.out_nll)) {
     fprintf(stderr, "upf prefill: --out-argmax and --out-nll need --mode dense or flashprefill (UniPrefill has outputs "
                     "at its kept positions only)\n");
+    return 2;
+  }
+  if (a.chunk && (a.tp > 1 || a.comm || a.dump_dir || a.replay_dir || a.ideal || a.out_argmax || a.out_nll)) {
+    fprintf(stderr, "upf prefill: --chunk runs through a session on one rank: not with --tp, --comm, --dump-masks, "
+                    "--replay-masks, --ideal, --out-argmax or --out-nll\n");
     return 2;
   }
   upf_select_args_apply(&a.sa, &opt.select);
@@ -458,16 +607,32 @@ int upf_cli_prefill(int argc, char **argv) {
     upf_comm_destroy(comm);
     return upf_cli_error(st, "prefill: building the model");
   }
-  upf_memory_plan plan;
-  st = upf_model_memory_plan_batch(&m, cu, B, &opt, &plan);
-  if (st != UPF_OK) {
+  /* with --chunk the widest step is the first: every request's first chunk */
+  int32_t *cu_plan = malloc((size_t)(B + 1) * sizeof *cu_plan);
+  if (!cu_plan) {
     free(ids), free(cu), free(targets);
+    upf_model_free(&m);
+    upf_comm_destroy(comm);
+    return upf_cli_error(upf_fail(UPF_ERR_NOMEM, "prefill: the memory plan"), "prefill");
+  }
+  cu_plan[0] = 0;
+  for (int32_t r = 0; r < B; r++)
+    cu_plan[r + 1] = cu_plan[r] + (a.chunk && cu[r + 1] - cu[r] > a.chunk ? a.chunk : cu[r + 1] - cu[r]);
+  upf_memory_plan plan;
+  st = upf_model_memory_plan_batch(&m, cu_plan, B, &opt, &plan);
+  if (st != UPF_OK) {
+    free(ids), free(cu), free(targets), free(cu_plan);
     upf_model_free(&m);
     upf_comm_destroy(comm);
     return upf_cli_error(st, "prefill: --mode flashprefill");
   }
   if (rank0)
-    print_plan(stderr, &m, &plan, cu[B], B);
+    print_plan(stderr, &m, &plan, cu_plan[B], B);
+  if (rank0 && a.chunk)
+    fprintf(stderr, "chunked prefill: chunks of at most %d tokens (the plan above is the widest step's); the session's "
+                    "paged KV cache holds every request's whole prompt%s\n", a.chunk,
+            opt.mode == UPF_PREFILL_UNIPREFILL ? "; uniprefill: chunks with cached context run dense (every chunk of a "
+                                                 "prompt split in more than one chunk)" : "");
   if (rank0 && opt.mode == UPF_PREFILL_FLASHPREFILL) {
     char params[256];
     upf_sparse_args_describe(&a.fa.params, params, sizeof params);
@@ -489,9 +654,10 @@ int upf_cli_prefill(int argc, char **argv) {
   upf_prefill_result res = {0};
   ideal_times ideal = {0};
   double *totals = calloc((size_t)a.iters, sizeof *totals);
+  chunk_record cr = {0, NULL, calloc((size_t)B, sizeof(int32_t))};
   for (int it = 0; rc == 0 && it < a.warmup + a.iters; it++) {
     upf_prefill_result_free(&res);
-    st = upf_model_prefill(&m, ids, cu, B, &opt, &res);
+    st = a.chunk ? chunked_run(&m, ids, cu, B, &opt, a.chunk, &res, &cr) : upf_model_prefill(&m, ids, cu, B, &opt, &res);
     if (st != UPF_OK)
       rc = upf_cli_error(st, a.replay_dir ? "prefill: --replay-masks" : "prefill");
     else if (it >= a.warmup)
@@ -520,6 +686,15 @@ int upf_cli_prefill(int argc, char **argv) {
     memcpy(sorted, totals, (size_t)a.iters * sizeof *sorted);
     qsort(sorted, (size_t)a.iters, sizeof *sorted, cmp_double);
     printf("  prefill %.3f ms (median of %d)\n", sorted[a.iters / 2] * 1e3, a.iters);
+    if (a.chunk) {
+      int32_t chunked = 0;
+      for (int32_t r = 0; r < B; r++)
+        chunked += cr.chunks[r] > 1;
+      printf("  chunked prefill: chunks of at most %d tokens over %d steps (their times summed); %d of %d requests in "
+             "more than one chunk%s\n", a.chunk, cr.steps, chunked, B,
+             opt.mode == UPF_PREFILL_UNIPREFILL ? "; chunks with cached context ran dense (every chunk of a prompt "
+                                                  "split in more than one chunk)" : "");
+    }
     if (opt.mode == UPF_PREFILL_FLASHPREFILL) {
       char params[256];
       upf_sparse_args_describe(&a.fa.params, params, sizeof params);
@@ -591,14 +766,14 @@ int upf_cli_prefill(int argc, char **argv) {
       rc = upf_cli_error(st, "prefill: --dump-masks");
   }
   if (rc == 0 && a.json && rank0) {
-    st = write_json(a.json, &a, &m, cu, B, &res, totals, a.iters, &plan, &ideal, argc, argv);
+    st = write_json(a.json, &a, &m, cu, B, &res, totals, a.iters, &plan, &ideal, &cr, argc, argv);
     if (st != UPF_OK)
       rc = upf_cli_error(st, "prefill: --json");
   }
   upf_prefill_result_free(&res);
   for (int k = 0; k < UPF_MODEL_MAX_LAYERS; k++)
     upf_tensor_free(&masks[k]);
-  free(totals), free(ids), free(cu), free(targets);
+  free(totals), free(ids), free(cu), free(targets), free(cu_plan), free(cr.chunks), free(cr.step_seconds);
   upf_model_free(&m);
   upf_comm_destroy(comm);
   return rc;

@@ -1,7 +1,8 @@
 /* `upf serve-sim`: a request trace (seeded, or JSON lines) served by the continuous-batching engine
  * over a session of a built-in model on seeded weights, dense, UniPrefill or FlashPrefill; prints TTFT and TPOT
  * percentiles, throughput, batch composition and KV memory per point, and writes them with the
- * per-request records to a JSON file and the generated tokens to a .npy. Every input is checked
+ * per-request records to a JSON file and the generated tokens to a .npy; --chunk C runs chunked
+ * prefill (decode rows first, then prefill chunks up to the token budget). Every input is checked
  * before any work; outputs are written only once every point ran. */
 #include <math.h>
 #include <stdio.h>
@@ -24,7 +25,7 @@ const char upf_cli_serve_usage[] =
     "                     [--mode dense|uniprefill|flashprefill] [--p P | --keep R] [--alpha A] [--block-n 64|128]\n"
     "                     [--mean-correction on|off] [--sink S] [--window W] [--last-n N]\n"
     "                     [--requests N[,N...]] [--prompt-len A..B] [--decode-len N]\n"
-    "                     [--rate R | --trace FILE.jsonl] [--seed S] [--token-budget N] [--page-size P]\n"
+    "                     [--rate R | --trace FILE.jsonl] [--seed S] [--token-budget N] [--chunk C] [--page-size P]\n"
     "                     [--kv-pages N | --kv-gib G] [--max-live N] [--eos ID] [--warmup N]\n"
     "                     [--json R.json] [--dump-tokens OUT.npy]\n"
     "  Serves a request trace with continuous batching on a built-in model (upf models, weights seeded by S) or a GGUF file:\n"
@@ -33,6 +34,13 @@ const char upf_cli_serve_usage[] =
     "  --token-budget (default 8192; a longer prompt runs alone) and the request's worst case (dense pages\n"
     "  for prompt + decode-len - 1 tokens) fits every cache group's pages. Requests wait for pages; none\n"
     "  is preempted. Tokens are greedy (ties to the lowest id); a request ends after N tokens or at --eos.\n"
+    "  --chunk C: chunked prefill (the vLLM / SGLang policy): each step takes the decode rows first, then the\n"
+    "  next chunk of every prompt in progress and of newly admitted ones, each at most C tokens and what\n"
+    "  the --token-budget leaves (so no step exceeds the budget but by decode rows); a chunk writes its KV\n"
+    "  into the paged cache and attends to its earlier chunks' KV; the last chunk gives the first token.\n"
+    "  With --mode uniprefill a prompt split in more than one chunk runs dense in every chunk (chunks with\n"
+    "  cached context run dense, SPEC section 4); prompts of at most C tokens drop as usual. With --mode\n"
+    "  flashprefill a chunk runs block-sparse over its cached context and itself.\n"
     "  The clock is simulated: it advances by each step's measured time (the backend finished), arrivals\n"
     "  come by the trace; TTFT = first token - arrival, TPOT = mean gap between a request's later tokens.\n"
     "  Trace: --requests N (default 8; a list runs one seeded trace per count, on one model and session),\n"
@@ -61,7 +69,7 @@ typedef struct {
   upf_select_args sa; /* --mode, --p, --keep */
   upf_sparse_args fa; /* --alpha, --block-n, --mean-correction, --sink, --window, --last-n */
   const char *requests, *prompt_len, *rate, *trace, *json, *dump;
-  int32_t decode_len, budget, page, kv_pages, max_live, eos, warmup;
+  int32_t decode_len, budget, page, kv_pages, max_live, eos, warmup, chunk;
   float kv_gib;
 } serve_args;
 
@@ -182,6 +190,15 @@ static void json_point(FILE *f, const serve_point *pt, const serve_args *a) {
           r->total_tokens_per_s);
   fprintf(f, "      \"batch\": {\"mean_prefill_rows\": %.4f, \"mean_decode_rows\": %.4f, \"mean_prefill_tokens\": %.2f, "
              "\"max_running\": %d},\n", r->mean_prefill_rows, r->mean_decode_rows, r->mean_prefill_tokens, r->max_running);
+  if (a->chunk) {
+    int64_t chunk_rows = 0, chunked = 0;
+    for (int64_t k = 0; k < r->num_steps; k++)
+      chunk_rows += r->steps[k].prefill_chunks;
+    for (int32_t i = 0; i < r->num_reqs; i++)
+      chunked += r->reqs[i].num_chunks > 1;
+    fprintf(f, "      \"chunked_prefill\": {\"chunk_rows\": %lld, \"chunked_requests\": %lld},\n", (long long)chunk_rows,
+            (long long)chunked);
+  }
   if (a->sa.prefill_mode == UPF_PREFILL_FLASHPREFILL)
     fprintf(f, "      \"sparse\": {\"kept_blocks\": %lld, \"visible_blocks\": %lld, \"kept_share\": %.6f},\n",
             (long long)pt->sparse_kept, (long long)pt->sparse_visible,
@@ -191,12 +208,12 @@ static void json_point(FILE *f, const serve_point *pt, const serve_args *a) {
           (long long)r->pages_peak, (long long)r->pages_dense_peak, r->kv_bytes_peak * gib, r->kv_dense_bytes_peak * gib,
           r->kv_saved_bytes * gib, r->kv_saved_share, r->kv_bytes_capacity * gib);
   fprintf(f, "      \"step_log\": {\"columns\": [\"start_ms\", \"ms\", \"prefill_rows\", \"decode_rows\", \"prefill_tokens\", "
-             "\"running\", \"pages_used\", \"pages_dense\"], \"rows\": [");
+             "\"running\", \"pages_used\", \"pages_dense\", \"prefill_chunks\"], \"rows\": [");
   for (int64_t s = 0; s < r->num_steps; s++) {
     const upf_engine_step_record *st = &r->steps[s];
-    fprintf(f, "%s\n        [%.4f, %.4f, %d, %d, %lld, %d, %lld, %lld]", s ? "," : "", st->start * 1e3, st->seconds * 1e3,
-            st->prefill_rows, st->decode_rows, (long long)st->prefill_tokens, st->running, (long long)st->pages_used,
-            (long long)st->pages_dense);
+    fprintf(f, "%s\n        [%.4f, %.4f, %d, %d, %lld, %d, %lld, %lld, %d]", s ? "," : "", st->start * 1e3,
+            st->seconds * 1e3, st->prefill_rows, st->decode_rows, (long long)st->prefill_tokens, st->running,
+            (long long)st->pages_used, (long long)st->pages_dense, st->prefill_chunks);
   }
   fprintf(f, "]},\n      \"per_request\": [");
   for (int32_t i = 0; i < r->num_reqs; i++) {
@@ -204,10 +221,10 @@ static void json_point(FILE *f, const serve_point *pt, const serve_args *a) {
     fprintf(f, "%s\n        {\"id\": %lld, \"arrival_s\": %.6f, \"prompt_len\": %d, \"max_new\": %d, \"generated\": %d, "
                "\"admitted_s\": %.6f, \"first_token_s\": %.6f, \"finished_s\": %.6f, \"ttft_ms\": %.4f, \"tpot_ms\": %.4f, "
                "\"admit_step\": %lld, \"finish_step\": %lld, \"pages_after_prefill\": %lld, \"dense_pages_after_prefill\": "
-               "%lld, \"tokens\": [",
+               "%lld, \"prefill_chunks\": %d, \"tokens\": [",
             i ? "," : "", (long long)q->id, q->arrival, q->prompt_len, q->max_new, q->num_generated, q->admitted,
             q->first_token, q->finished, q->ttft * 1e3, q->tpot * 1e3, (long long)q->admit_step, (long long)q->finish_step,
-            (long long)q->pages_after_prefill, (long long)q->dense_pages_after_prefill);
+            (long long)q->pages_after_prefill, (long long)q->dense_pages_after_prefill, q->num_chunks);
     for (int32_t k = 0; k < q->num_generated; k++)
       fprintf(f, "%s%d", k ? ", " : "", q->tokens[k]);
     fprintf(f, "]}");
@@ -242,8 +259,13 @@ static upf_status write_json(const char *path, const serve_args *a, const upf_mo
   upf_json_string(f, a->trace ? a->trace : "seeded");
   fprintf(f, ", \"rate\": \"%s\", \"prompt_len\": \"%s\", \"decode_len\": %d, \"seed\": %d},\n", a->rate ? a->rate : "0",
           a->prompt_len, a->decode_len, a->sel.seed);
-  fprintf(f, "  \"token_budget\": %d,\n  \"page_size\": %d,\n  \"max_live\": %d,\n  \"eos\": %d,\n  \"group_pages\": [",
-          a->budget, sc->page_size, sc->max_requests, a->eos);
+  fprintf(f, "  \"token_budget\": %d,\n  \"page_size\": %d,\n  \"max_live\": %d,\n  \"eos\": %d,\n", a->budget,
+          sc->page_size, sc->max_requests, a->eos);
+  fprintf(f, "  \"chunk\": %d,\n", a->chunk);
+  if (a->chunk && sc->mode == UPF_PREFILL_UNIPREFILL)
+    fprintf(f, "  \"chunked_uniprefill\": \"chunks with cached context ran dense: every chunk of a prompt split in more "
+               "than one chunk ran dense; prompts of at most %d tokens dropped as usual\",\n", a->chunk);
+  fprintf(f, "  \"group_pages\": [");
   for (int32_t g = 0; g < num_groups; g++)
     fprintf(f, "%s%lld", g ? ", " : "", (long long)(sc->group_pages[g] > 0 ? sc->group_pages[g] : sc->pages_per_group));
   fprintf(f, "],\n  \"weights_gib\": %.4f,\n  \"commit\": \"%s\",\n  \"command\": ", m->weight_bytes / (1 << 30), commit);
@@ -280,7 +302,7 @@ static upf_status dump_tokens(const char *path, const upf_engine_result *r) {
   return st;
 }
 
-static void print_point(const upf_model *m, const char *mode, const serve_point *pt) {
+static void print_point(const upf_model *m, const char *mode, const serve_point *pt, int32_t chunk) {
   const upf_engine_result *r = &pt->res;
   const double gib = 1.0 / (1 << 30);
   printf("%s %s on %s: %d requests (%lld prompt, %lld output tokens), %lld steps over %.3f s\n", m->cfg->name, mode,
@@ -291,6 +313,17 @@ static void print_point(const upf_model *m, const char *mode, const serve_point 
   printf("  throughput %.2f output tok/s, %.2f total tok/s; per step %.2f prefill rows (%.1f tokens) + %.2f decode rows; "
          "at most %d running\n", r->output_tokens_per_s, r->total_tokens_per_s, r->mean_prefill_rows,
          r->mean_prefill_tokens, r->mean_decode_rows, r->max_running);
+  if (chunk) {
+    int64_t chunk_rows = 0, chunked = 0;
+    for (int64_t k = 0; k < r->num_steps; k++)
+      chunk_rows += r->steps[k].prefill_chunks;
+    for (int32_t i = 0; i < r->num_reqs; i++)
+      chunked += r->reqs[i].num_chunks > 1;
+    printf("  chunked prefill: %lld of %d requests in more than one chunk, %lld chunk rows%s\n", (long long)chunked,
+           r->num_reqs, (long long)chunk_rows,
+           !strcmp(mode, "uniprefill") ? "; chunks with cached context ran dense (every chunk of a prompt split in more "
+                                         "than one chunk)" : "");
+  }
   if (pt->sparse_visible)
     printf("  flashprefill: kept share %.4f of the visible key blocks (%lld of %lld over every prefill step's "
            "full-attention layers)\n", (double)pt->sparse_kept / (double)pt->sparse_visible, (long long)pt->sparse_kept,
@@ -328,6 +361,7 @@ int upf_cli_serve(int argc, char **argv) {
       {"--rate", UPF_ARG_STRING, &a.rate},
       {"--trace", UPF_ARG_STRING, &a.trace},
       {"--token-budget", UPF_ARG_INT, &a.budget, 0, 1, INT32_MAX},
+      {"--chunk", UPF_ARG_INT, &a.chunk, 0, 1, INT32_MAX},
       {"--page-size", UPF_ARG_INT, &a.page, 0, 1, 1 << 16},
       {"--kv-pages", UPF_ARG_INT, &a.kv_pages, 0, 1, INT32_MAX},
       {"--kv-gib", UPF_ARG_FLOAT, &a.kv_gib},
@@ -467,13 +501,18 @@ int upf_cli_serve(int argc, char **argv) {
     for (int32_t g = 0; g < num_groups; g++)
       fprintf(stderr, " %lld", (long long)upf_session_pages_total(sess, g));
     fprintf(stderr, "), token budget %d, at most %d live\n", a.budget, max_live);
+    if (a.chunk)
+      fprintf(stderr, "serve-sim: chunked prefill: chunks of at most %d tokens; per step the decode rows first, then "
+                      "prefill chunks up to the token budget of %d%s\n", a.chunk, a.budget,
+              sc.mode == UPF_PREFILL_UNIPREFILL ? "; uniprefill: chunks with cached context run dense (every chunk of a "
+                                                  "prompt split in more than one chunk)" : "");
     if (sc.mode == UPF_PREFILL_FLASHPREFILL) {
       char params[256];
       upf_sparse_args_describe(&sc.sparse, params, sizeof params);
       fprintf(stderr, "serve-sim: flashprefill: %s\n", params);
     }
   }
-  const upf_engine_options eo = {.token_budget = a.budget, .eos = a.eos, .keep_steps = 1};
+  const upf_engine_options eo = {.token_budget = a.budget, .eos = a.eos, .keep_steps = 1, .chunk = a.chunk};
   /* warm-up: one-request traces of the shortest prompt (cuBLAS plans, workspace growth) */
   const int warmups = a.warmup >= 0 ? a.warmup : be != upf_backend_cpu();
   for (int w = 0; w < warmups && rc == 0; w++) {
@@ -493,7 +532,7 @@ int upf_cli_serve(int argc, char **argv) {
     if (st != UPF_OK)
       rc = upf_cli_error(st, "serve-sim");
     else
-      print_point(&m, a.sa.mode, &pts[i]);
+      print_point(&m, a.sa.mode, &pts[i], a.chunk);
   }
   if (rc == 0 && a.dump) {
     st = dump_tokens(a.dump, &pts[0].res);

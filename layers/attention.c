@@ -3,7 +3,9 @@
  *   q (T, Hq, D), gate (T, Hq, D) [Qwen3-Next], k, v (T, Hkv, D)   views of qkv
  *   q, k               <- q/k RMSNorm per head [Gemma-3, Qwen3-Next], then RoPE at the original positions
  *   o (T, Hq, D)        = causal attention (sliding window on local layers, counted in compacted indices;
- *                         FlashPrefill mode: block-sparse on full layers over the prefill rows)
+ *                         FlashPrefill mode: block-sparse on full layers over the prefill rows); in a
+ *                         session step whole prompts attend over their own K/V, prefill chunks and
+ *                         decode rows over the paged cache (bottom-right causal)
  *   o                  <- o * sigmoid(gate) [Qwen3-Next]
  *   out (T, H)          = o . attn_output (Hq D, H), post-attention norm [Gemma-3]
  *   residual += out;  hidden = ffn_norm(residual) */
@@ -21,27 +23,40 @@ upf_status upf_layer_add_norm(const upf_model *m, upf_tokens *tok, upf_layer_scr
 static upf_status attend_prefill(const upf_model *m, upf_layer_sparse *sp, const upf_attn_varlen *batch,
                                  const upf_tensor *q, const upf_tensor *k, const upf_tensor *v,
                                  const upf_attn_params *p, const upf_tensor *o) {
-  if (sp)
-    return upf_layer_sparse_attend(m, sp, batch, q, k, v, o);
+  if (sp) {
+    const upf_sparse_batch b = {batch, NULL};
+    return upf_layer_sparse_attend(m, sp, &b, q, k, v, o);
+  }
   return m->be->attn_prefill(batch, q, k, v, p, o, NULL);
 }
 
-/* A session step: K/V into the cache, prefill rows over the step's own K/V, decode rows over the cache
- * (their kv_len + 1 entries, this step's included). */
+/* A session step: K/V into the cache, then whole prompts over the step's own K/V, prefill chunks over
+ * the cache (their cached context and themselves, block-sparse when sc is set), decode rows over the
+ * cache (their kv_len + 1 entries, this step's included). Chunks and decode rows run as two calls: a
+ * batch of one-token rows keeps the decode path it has without chunks. */
 static upf_status attend_cached(const upf_model *m, const upf_tokens *tok, const upf_layer_cache *kc,
-                                upf_layer_sparse *sp, const upf_tensor *q, const upf_tensor *k, const upf_tensor *v,
-                                const upf_attn_params *p, const upf_tensor *o) {
+                                upf_layer_sparse *sp, upf_layer_sparse *sc, const upf_tensor *q, const upf_tensor *k,
+                                const upf_tensor *v, const upf_attn_params *p, const upf_tensor *o) {
   const upf_backend *be = m->be;
   UPF_TRY(be->kv_cache_write(k, v, kc->slots, kc->slots_host, &kc->k_cache, &kc->v_cache));
-  const int32_t Bp = kc->num_prefill_rows;
-  const int64_t Tp = tok->cu_seqlens_host[Bp], T = tok->num_tokens;
+  const int32_t Bp = kc->num_prefill_rows, Bc = kc->num_chunk_rows;
+  const int64_t Tp = tok->cu_seqlens_host[Bp], Tc = tok->cu_seqlens_host[Bp + Bc], T = tok->num_tokens;
   if (Bp > 0) {
     const upf_attn_varlen prefill = {Bp, tok->cu_seqlens, tok->cu_seqlens_host, tok->cu_seqlens, tok->cu_seqlens_host};
     const upf_tensor qp = upf_rows(q, 0, Tp), kp = upf_rows(k, 0, Tp), vp = upf_rows(v, 0, Tp), op = upf_rows(o, 0, Tp);
     UPF_TRY(attend_prefill(m, sp, &prefill, &qp, &kp, &vp, p, &op));
   }
-  if (Bp < tok->num_reqs) {
-    const upf_tensor qd = upf_rows(q, Tp, T - Tp), od = upf_rows(o, Tp, T - Tp);
+  if (Bc > 0) {
+    const upf_tensor qc = upf_rows(q, Tp, Tc - Tp), oc = upf_rows(o, Tp, Tc - Tp);
+    if (sc) {
+      const upf_sparse_batch b = {NULL, &kc->chunks};
+      UPF_TRY(upf_layer_sparse_attend(m, sc, &b, &qc, &kc->k_cache, &kc->v_cache, &oc));
+    } else {
+      UPF_TRY(be->attn_paged(&kc->chunks, &qc, &kc->k_cache, &kc->v_cache, p, &oc, NULL));
+    }
+  }
+  if (Bp + Bc < tok->num_reqs) {
+    const upf_tensor qd = upf_rows(q, Tc, T - Tc), od = upf_rows(o, Tc, T - Tc);
     UPF_TRY(be->attn_paged(&kc->decode, &qd, &kc->k_cache, &kc->v_cache, p, &od, NULL));
   }
   return UPF_OK;
@@ -75,8 +90,9 @@ upf_status upf_layer_attention(const upf_model *m, int32_t layer, upf_tokens *to
   const upf_tensor o2 = upf_mat(s->mix, m->dtype, T, Hq * D);
   const upf_tensor o = upf_heads(&o2, 0, Hq, D, D);
   upf_layer_sparse *sp = kind == UPF_MIXER_FULL ? s->sparse : NULL;
+  upf_layer_sparse *sc = kind == UPF_MIXER_FULL ? s->sparse_chunks : NULL;
   if (s->cache)
-    UPF_TRY(attend_cached(m, tok, s->cache, sp, &q, &k, &v, &p, &o));
+    UPF_TRY(attend_cached(m, tok, s->cache, sp, sc, &q, &k, &v, &p, &o));
   else
     UPF_TRY(attend_prefill(m, sp, &batch, &q, &k, &v, &p, &o));
   if (c->attn_gate) {

@@ -25,20 +25,24 @@ typedef struct {
 } upf_tokens;
 
 /* What a session step (models/session.c) keeps beyond the step, set before each layer; a plain
- * prefill has none. The step's rows are prefill rows first, then decode rows of one token each. */
+ * prefill has none. The step's rows are whole-prompt prefill rows first, then prefill chunks (part of a
+ * prompt, chunked prefill), then decode rows of one token each. */
 typedef struct {
-  int32_t num_prefill_rows;        /* Bp: rows [0, Bp) are prefill rows, [Bp, B) decode rows */
-  /* attention layers: write K/V through the slot mapping, then prefill rows attend over the step's
-   * contiguous K/V and decode rows over the paged cache */
+  int32_t num_prefill_rows;        /* Bp: rows [0, Bp) are whole prompts */
+  int32_t num_chunk_rows;          /* Bc: rows [Bp, Bp + Bc) are chunks; [Bp + Bc, B) decode rows */
+  /* attention layers: write K/V through the slot mapping, then whole prompts attend over the step's
+   * contiguous K/V, chunks and decode rows over the paged cache (their cached context and themselves) */
   upf_tensor k_cache, v_cache;     /* (pages, P, Hkv, D) this layer's cache */
   const int32_t *slots;            /* (T) slot of each current token, backend memory */
   const int32_t *slots_host;       /* (T) host copy */
-  upf_attn_paged decode;           /* the decode rows over the cache (B - Bp rows) */
+  upf_attn_paged chunks;           /* the chunk rows over the cache (Bc rows, q_len >= 1 each) */
+  upf_attn_paged decode;           /* the decode rows over the cache (B - Bp - Bc rows) */
   /* Gated DeltaNet layers: per-request states in slots of a pool */
   void *conv_pool;                 /* (S, K-1, C) f32 this layer's conv states */
   void *rec_pool;                  /* (S, Hv, Dk, Dv) f32 this layer's recurrent states */
   int64_t pool_rows;               /* S */
-  const int32_t *gather;           /* (B) pool row each row's state is read from (a zero row for prefill) */
+  const int32_t *gather;           /* (B) pool row each row's state is read from (a zero row for a row
+                                    * that starts its prompt) */
   const int32_t *scatter;          /* (B) pool row each row's state is written to */
   const int32_t *scatter_host;     /* (B) host copy */
   void *conv_in, *conv_out;        /* (B, K-1, C) f32 step buffers */
@@ -46,11 +50,12 @@ typedef struct {
 } upf_layer_cache;
 
 /* FlashPrefill mode (models/prefill.c sets it for a step with prefill rows): the parameters, the plan
- * of the prefill rows' batch and the scratch it sizes, reused by every full-attention layer, which
- * fills `rec` (its layer excepted) when it runs sparse. */
+ * of one batch of prefill rows (the whole prompts over their own K/V, or the chunks over the paged
+ * cache) and the scratch it sizes, reused by every full-attention layer, which fills `rec` (its layer
+ * excepted) when it runs sparse. */
 typedef struct {
   upf_sparse_params params;  /* scale resolved: the model's attention scale unless given */
-  upf_sparse_plan plan;      /* of the prefill rows [0, Bp) over their own K/V */
+  upf_sparse_plan plan;      /* of the whole prompts [0, Bp), or of the chunks [Bp, Bp + Bc) */
   int64_t visible_blocks;    /* upf_sparse_visible_blocks of that batch */
   void *kbar;                /* (Bp, max_key_blocks, Hkv, D) model dtype */
   void *vbar;                /* (Bp, max_key_blocks, Hkv, D) model dtype; NULL without mean correction */
@@ -72,7 +77,8 @@ typedef struct {
   int32_t *new_cu;      /* (B+1) */
   int32_t *kept_count;  /* (B) */
   const upf_layer_cache *cache; /* NULL: nothing outlives the step (plain prefill) */
-  upf_layer_sparse *sparse;     /* NULL: full-attention layers run dense attention */
+  upf_layer_sparse *sparse;     /* NULL: full-attention layers run dense attention (whole prompts) */
+  upf_layer_sparse *sparse_chunks; /* the chunk rows' plan over the paged cache; NULL: they run dense */
 } upf_layer_scratch;
 
 /* Views of a drop layer's q and k (after q/k norm and RoPE): the drop step's input. */
@@ -98,11 +104,12 @@ upf_tensor upf_heads(const upf_tensor *mat, int64_t col0, int64_t heads, int64_t
  * step. */
 upf_status upf_layer_attention(const upf_model *m, int32_t layer, upf_tokens *tok, upf_layer_scratch *s,
                                upf_attn_qk *qk);
-/* FlashPrefill V2 over a varlen batch of contiguous K/V (layers/sparse.c): sp->kbar (and vbar) =
+/* FlashPrefill V2 over a batch of contiguous or paged K/V (layers/sparse.c): sp->kbar (and vbar) =
  * block means, the index, then o = block-sparse attention; sp->rec gets the kept and visible block
  * counts and the times of means + index and of the attention (each bracketed by a synchronize). q, o
- * (T, Hq, D), k, v (T, Hkv, D) views; the batch must be the one sp->plan was made for. */
-upf_status upf_layer_sparse_attend(const upf_model *m, upf_layer_sparse *sp, const upf_attn_varlen *batch,
+ * (T, Hq, D) views; k, v (T, Hkv, D) views or the (pages, P, Hkv, D) caches, in the batch's form; the
+ * batch must be the one sp->plan was made for. */
+upf_status upf_layer_sparse_attend(const upf_model *m, upf_layer_sparse *sp, const upf_sparse_batch *batch,
                                    const upf_tensor *q, const upf_tensor *k, const upf_tensor *v, const upf_tensor *o);
 /* Gated DeltaNet block: the same contract, with the linear-attention mixer in place of attention. */
 upf_status upf_layer_gdn(const upf_model *m, int32_t layer, upf_tokens *tok, upf_layer_scratch *s);

@@ -1,6 +1,7 @@
 /* FlashPrefill V2 in place of dense attention in a full-attention layer (SPEC section 8): block means,
- * the index of kept key blocks, block-sparse attention over it. The synchronizes around the two
- * phases let the step report the index's cost apart from the attention's. */
+ * the index of kept key blocks, block-sparse attention over it, over the step's own K/V (whole prompts)
+ * or the paged cache (prefill chunks over their cached context). The synchronizes around the two phases
+ * let the step report the index's cost apart from the attention's. */
 #include <time.h>
 
 #include "layers/layers.h"
@@ -11,11 +12,11 @@ static double now_seconds(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-upf_status upf_layer_sparse_attend(const upf_model *m, upf_layer_sparse *sp, const upf_attn_varlen *batch,
+upf_status upf_layer_sparse_attend(const upf_model *m, upf_layer_sparse *sp, const upf_sparse_batch *batch,
                                    const upf_tensor *q, const upf_tensor *k, const upf_tensor *v, const upf_tensor *o) {
   const upf_backend *be = m->be;
   const upf_model_config *c = m->cfg;
-  const upf_sparse_batch b = {batch, NULL};
+  const upf_sparse_batch b = *batch;
   const int64_t shape[4] = {sp->plan.num_reqs, sp->plan.max_key_blocks, c->kv_heads, c->head_dim};
   upf_tensor kbar, vbar;
   upf_tensor_init(&kbar, sp->kbar, m->dtype, 4, shape);

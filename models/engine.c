@@ -1,6 +1,7 @@
 /* The continuous-batching engine (engine.h): request traces (seeded or JSON lines) and the scheduling
- * loop over a model step: decode rows of the running requests plus FCFS prefill admissions within the
- * token and page budgets, greedy sampling, finishing and release, the simulated clock and the
+ * loop over a model step: decode rows of the running requests plus FCFS prefill admissions (whole
+ * prompts, or with chunked prefill the next chunks of the prompts in progress and of new ones) within
+ * the token and page budgets, greedy sampling, finishing and release, the simulated clock and the
  * statistics of the run. */
 #include "uniprefill/engine.h"
 
@@ -462,6 +463,7 @@ typedef struct {
   int64_t *free_pages; /* (groups) what admission may still take this step */
   int32_t *running; /* (num_reqs) indices of the running requests in admission order */
   int32_t num_running;
+  int32_t *prefilled; /* (num_reqs) prompt tokens prefilled so far (chunked prefill) */
   upf_engine_row *rows;
   float *logits;    /* (rows, vocab) */
   int32_t rows_cap;
@@ -489,9 +491,16 @@ static int64_t worst_pages(const upf_engine_ops *ops, const upf_engine_request *
   return ops->pages_for(ops->ctx, (int64_t)r->prompt_len + r->max_new - 1);
 }
 
+/* The prefill row of request i over prompt tokens [start, start + n). */
+static upf_engine_row prefill_row(const upf_trace *tr, int32_t i, int32_t start, int32_t n) {
+  const upf_engine_request *r = &tr->reqs[i];
+  return (upf_engine_row){i, 1, n, r->prompt + start, start, r->prompt_len};
+}
+
 static upf_status run_loop(const upf_engine_ops *ops, const upf_trace *tr, const upf_engine_options *opt,
                            engine_state *s, upf_engine_result *res) {
   const int32_t N = tr->num_reqs, V = ops->vocab, G = ops->num_groups;
+  const int64_t C = opt->chunk; /* 0: whole prompts */
   int32_t next_wait = 0; /* requests before it are admitted (FCFS: admission follows trace order) */
   int32_t done = 0;
   int64_t steps_cap = 0;
@@ -500,7 +509,8 @@ static upf_status run_loop(const upf_engine_ops *ops, const upf_trace *tr, const
   while (done < N) {
     if (s->num_running == 0 && next_wait < N && tr->reqs[next_wait].arrival > clock)
       clock = tr->reqs[next_wait].arrival;
-    /* decode rows: every running request's last token; the pages each may still append */
+    /* decode rows: every running request's last token; the pages each may still append (a request
+     * still prefilling: the rest of its prompt, then its tokens) */
     int32_t n = 0;
     int64_t tokens = 0;
     UPF_TRY(grow_rows(s, s->num_running + 1, V));
@@ -509,18 +519,41 @@ static upf_status run_loop(const upf_engine_ops *ops, const upf_trace *tr, const
     for (int32_t k = 0; k < s->num_running; k++) {
       const int32_t i = s->running[k];
       upf_engine_record *rec = &res->reqs[i];
-      s->rows[n++] = (upf_engine_row){i, 0, 1, &rec->tokens[rec->num_generated - 1]};
-      tokens++;
+      const int64_t left = (int64_t)tr->reqs[i].prompt_len - s->prefilled[i] + rec->max_new - 1 -
+                           (rec->num_generated > 0 ? rec->num_generated - 1 : 0);
       for (int32_t g = 0; g < G; g++)
-        s->free_pages[g] -= ops->pages_append(ops->ctx, i, g, (int64_t)rec->max_new - rec->num_generated);
+        s->free_pages[g] -= ops->pages_append(ops->ctx, i, g, left);
+      if (rec->num_generated == 0)
+        continue; /* still prefilling: its next chunk comes after the decode rows */
+      s->rows[n++] = (upf_engine_row){i, 0, 1, &rec->tokens[rec->num_generated - 1], 0, 0};
+      tokens++;
+    }
+    const int32_t decode_rows = n;
+    /* chunked prefill: the next chunk of each request still prefilling, in admission order, within the
+     * budget the decode rows left */
+    for (int32_t k = 0; C > 0 && k < s->num_running && tokens < opt->token_budget; k++) {
+      const int32_t i = s->running[k];
+      if (res->reqs[i].num_generated > 0)
+        continue;
+      int64_t len = tr->reqs[i].prompt_len - s->prefilled[i];
+      len = len < C ? len : C;
+      len = len < opt->token_budget - tokens ? len : opt->token_budget - tokens;
+      s->rows[n++] = prefill_row(tr, i, s->prefilled[i], (int32_t)len);
+      tokens += len;
     }
     /* admissions, first come first served */
-    const int32_t decode_rows = n;
     while (next_wait < N && tr->reqs[next_wait].arrival <= clock) {
       const upf_engine_request *r = &tr->reqs[next_wait];
-      const int alone = r->prompt_len > opt->token_budget;
-      if (alone ? n > 0 : tokens + r->prompt_len > opt->token_budget)
+      const int alone = !C && r->prompt_len > opt->token_budget;
+      int64_t len = r->prompt_len;
+      if (C) { /* a first chunk: what the budget and the chunk size allow */
+        len = len < C ? len : C;
+        len = len < opt->token_budget - tokens ? len : opt->token_budget - tokens;
+        if (len < 1)
+          break;
+      } else if (alone ? n > 0 : tokens + r->prompt_len > opt->token_budget) {
         break;
+      }
       if (ops->max_live > 0 && s->num_running >= ops->max_live)
         break;
       const int64_t need = worst_pages(ops, r);
@@ -530,8 +563,8 @@ static upf_status run_loop(const upf_engine_ops *ops, const upf_trace *tr, const
       if (!fits)
         break;
       UPF_TRY(grow_rows(s, n + 1, V));
-      s->rows[n++] = (upf_engine_row){next_wait, 1, r->prompt_len, r->prompt};
-      tokens += r->prompt_len;
+      s->rows[n++] = prefill_row(tr, next_wait, 0, (int32_t)len);
+      tokens += len;
       for (int32_t g = 0; g < G; g++)
         s->free_pages[g] -= need;
       s->running[s->num_running++] = next_wait;
@@ -554,16 +587,25 @@ static upf_status run_loop(const upf_engine_ops *ops, const upf_trace *tr, const
     const double start = clock;
     clock += seconds;
     res->busy_seconds += seconds;
-    /* sample, record */
+    /* sample, record: a prefill row gives the request's first token only when it ends the prompt */
+    int32_t chunk_rows = 0;
     for (int32_t k = 0; k < n; k++) {
-      const int32_t i = s->rows[k].req;
+      const upf_engine_row *w = &s->rows[k];
+      const int32_t i = w->req;
       upf_engine_record *rec = &res->reqs[i];
+      if (w->prefill) {
+        rec->num_chunks++;
+        chunk_rows += w->num_tokens < w->prompt_len;
+        s->prefilled[i] = w->start + w->num_tokens;
+        if (s->prefilled[i] < w->prompt_len)
+          continue;
+      }
       const int32_t tok = upf_engine_argmax(s->logits + (int64_t)k * V, V);
       if (tok < 0)
         return upf_fail(UPF_ERR_NONFINITE, "engine step %lld: request %lld's logits hold NaN",
                         (long long)res->num_steps, (long long)rec->id);
       rec->tokens[rec->num_generated++] = tok;
-      if (s->rows[k].prefill) {
+      if (w->prefill) {
         rec->first_token = clock;
         rec->pages_after_prefill = ops->pages_of(ops->ctx, i);
         rec->dense_pages_after_prefill = (int64_t)G * ops->pages_for(ops->ctx, rec->prompt_len);
@@ -587,7 +629,7 @@ static upf_status run_loop(const upf_engine_ops *ops, const upf_trace *tr, const
       }
       res->steps[res->num_steps] = (upf_engine_step_record){start, seconds, n - decode_rows, decode_rows,
                                                             tokens - decode_rows, s->num_running, mem.pages_in_use,
-                                                            mem.pages_dense};
+                                                            mem.pages_dense, chunk_rows};
     }
     sum_prefill_rows += n - decode_rows, sum_decode_rows += decode_rows;
     sum_prefill_tokens += (double)(tokens - decode_rows);
@@ -597,8 +639,9 @@ static upf_status run_loop(const upf_engine_ops *ops, const upf_trace *tr, const
     for (int32_t k = 0; k < s->num_running; k++) {
       const int32_t i = s->running[k];
       upf_engine_record *rec = &res->reqs[i];
-      const int finished = rec->num_generated == rec->max_new ||
-                           (opt->eos >= 0 && rec->tokens[rec->num_generated - 1] == opt->eos);
+      const int finished = rec->num_generated > 0 &&
+                           (rec->num_generated == rec->max_new ||
+                            (opt->eos >= 0 && rec->tokens[rec->num_generated - 1] == opt->eos));
       if (!finished) {
         s->running[kept++] = i;
         continue;
@@ -630,6 +673,8 @@ upf_status upf_engine_run(const upf_engine_ops *ops, const upf_trace *tr, const 
   memset(res, 0, sizeof *res);
   if (opt->token_budget < 1)
     return upf_fail(UPF_ERR_INVALID_ARG, "engine: token budget %lld: want >= 1", (long long)opt->token_budget);
+  if (opt->chunk < 0)
+    return upf_fail(UPF_ERR_INVALID_ARG, "engine: chunk %d: want 0 (whole prompts) or >= 1 tokens", opt->chunk);
   if (tr->num_reqs < 1)
     return upf_fail(UPF_ERR_INVALID_ARG, "engine: the trace holds no request");
   if (opt->eos >= ops->vocab)
@@ -657,7 +702,9 @@ upf_status upf_engine_run(const upf_engine_ops *ops, const upf_trace *tr, const 
   engine_state s = {0};
   s.free_pages = calloc((size_t)(ops->num_groups > 0 ? ops->num_groups : 1), sizeof *s.free_pages);
   s.running = calloc((size_t)tr->num_reqs, sizeof *s.running);
-  upf_status st = res->reqs && s.free_pages && s.running ? UPF_OK : upf_fail(UPF_ERR_NOMEM, "engine: request records");
+  s.prefilled = calloc((size_t)tr->num_reqs, sizeof *s.prefilled);
+  upf_status st = res->reqs && s.free_pages && s.running && s.prefilled ? UPF_OK
+                                                                        : upf_fail(UPF_ERR_NOMEM, "engine: request records");
   for (int32_t i = 0; st == UPF_OK && i < tr->num_reqs; i++) {
     upf_engine_record *rec = &res->reqs[i];
     const upf_engine_request *r = &tr->reqs[i];
@@ -671,7 +718,7 @@ upf_status upf_engine_run(const upf_engine_ops *ops, const upf_trace *tr, const 
   /* on failure the requests still holding state release it, so the session is reusable */
   for (int32_t k = 0; st != UPF_OK && k < s.num_running; k++)
     ops->release(ops->ctx, s.running[k]);
-  free(s.free_pages), free(s.running), free(s.rows), free(s.logits);
+  free(s.free_pages), free(s.running), free(s.prefilled), free(s.rows), free(s.logits);
   if (st != UPF_OK) {
     upf_engine_result_free(res);
     return st;
@@ -713,22 +760,26 @@ static upf_status session_step(void *ctx, const upf_engine_row *rows, int32_t n,
       return upf_fail(UPF_ERR_NOMEM, "engine: %d session rows", n);
     c->order = o, c->rows_cap = n;
   }
-  /* the session packs prefill rows before decode rows: order[j] is the engine row of session row j */
+  /* the session packs whole-prompt rows, then chunks, then decode rows: order[j] is the engine row of
+   * session row j; a row that starts its prompt registers the request with the whole prompt */
   int32_t j = 0;
-  for (int pass = 1; pass >= 0; pass--)
+  for (int pass = 0; pass < 3; pass++)
     for (int32_t k = 0; k < n; k++) {
       const upf_engine_row *w = &rows[k];
-      if (w->prefill != pass)
+      const int32_t prompt_len = w->prompt_len > 0 ? w->prompt_len : w->num_tokens;
+      const int whole = w->prefill && w->start == 0 && w->num_tokens == prompt_len;
+      if ((whole ? 0 : w->prefill ? 1 : 2) != pass)
         continue;
-      if (w->req < 0 || w->req >= c->num_reqs || (w->prefill != (c->sid[w->req] < 0)))
+      const int starts = w->prefill && w->start == 0;
+      if (w->req < 0 || w->req >= c->num_reqs || (starts != (c->sid[w->req] < 0)))
         return upf_fail(UPF_ERR_INVALID_ARG, "engine: row %d: request %d %s", k, w->req,
-                        w->prefill ? "is already registered" : "has no prefill");
-      if (w->prefill)
-        UPF_TRY(upf_session_add_request(c->s, w->ids, w->num_tokens, &c->sid[w->req]));
+                        starts ? "is already registered" : w->prefill ? "has no first chunk" : "has no prefill");
+      if (starts)
+        UPF_TRY(upf_session_add_request(c->s, w->ids, prompt_len, &c->sid[w->req]));
       c->order[j] = k;
-      c->rows[j].req = c->sid[w->req];
-      c->rows[j].kind = w->prefill ? UPF_ROW_PREFILL : UPF_ROW_DECODE;
-      c->rows[j++].token = w->prefill ? 0 : w->ids[0];
+      c->rows[j] = (upf_session_row){c->sid[w->req], w->prefill ? UPF_ROW_PREFILL : UPF_ROW_DECODE,
+                                     w->prefill ? 0 : w->ids[0], whole ? 0 : w->num_tokens};
+      j++;
     }
   upf_prefill_result res;
   const double t0 = wall_now();

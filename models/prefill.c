@@ -77,11 +77,9 @@ static void sparse_bytes(const upf_model *m, const upf_sparse_plan *plan, size_t
   *blocks = (size_t)plan->num_segments * (size_t)plan->max_key_blocks * sizeof(int32_t);
 }
 
-static upf_status sparse_setup(const upf_model *m, const int32_t *cu, int32_t Bp, const upf_prefill_options *opt,
-                               upf_layer_sparse *sp) {
+/* The scratch of a plan made (sp->params, sp->plan set). */
+static upf_status sparse_alloc(const upf_model *m, upf_layer_sparse *sp) {
   const upf_backend *be = m->be;
-  sp->params = sparse_params(m->cfg, opt);
-  UPF_TRY(sparse_plan(m, cu, Bp, &sp->params, &sp->plan, &sp->visible_blocks));
   size_t means, row_ptr, blocks;
   sparse_bytes(m, &sp->plan, &means, &row_ptr, &blocks);
   UPF_TRY(be->alloc(&sp->kbar, means ? means : 1));
@@ -89,6 +87,32 @@ static upf_status sparse_setup(const upf_model *m, const int32_t *cu, int32_t Bp
     UPF_TRY(be->alloc(&sp->vbar, means ? means : 1));
   UPF_TRY(be->alloc((void **)&sp->index.row_ptr, row_ptr));
   return be->alloc((void **)&sp->index.blocks, blocks ? blocks : 1);
+}
+
+static upf_status sparse_setup(const upf_model *m, const int32_t *cu, int32_t Bp, const upf_prefill_options *opt,
+                               upf_layer_sparse *sp) {
+  sp->params = sparse_params(m->cfg, opt);
+  UPF_TRY(sparse_plan(m, cu, Bp, &sp->params, &sp->plan, &sp->visible_blocks));
+  return sparse_alloc(m, sp);
+}
+
+/* The plan of a session step's prefill chunks (rows [Bp, Bp + Bc) of cu, host) over the paged cache:
+ * kv_lens (Bc) their cached context plus themselves. */
+static upf_status sparse_setup_chunks(const upf_model *m, const int32_t *cu, int32_t Bp, int32_t Bc,
+                                      const int32_t *kv_lens, const upf_prefill_options *opt, upf_layer_sparse *sp) {
+  int32_t *cu_c = malloc((size_t)(Bc + 1) * sizeof *cu_c);
+  if (!cu_c)
+    return upf_fail(UPF_ERR_NOMEM, "prefill: chunk plan");
+  for (int32_t r = 0; r <= Bc; r++)
+    cu_c[r] = cu[Bp + r] - cu[Bp];
+  const upf_attn_paged pg = {Bc, NULL, cu_c, NULL, kv_lens, NULL, NULL, 0, 0};
+  const upf_sparse_batch b = {NULL, &pg};
+  sp->params = sparse_params(m->cfg, opt);
+  upf_status st = upf_sparse_plan_make(&b, m->cfg->q_heads, m->cfg->kv_heads, &sp->params, &sp->plan);
+  if (st == UPF_OK)
+    sp->visible_blocks = upf_sparse_visible_blocks(&b, &sp->plan, &sp->params);
+  free(cu_c);
+  return st == UPF_OK ? sparse_alloc(m, sp) : st;
 }
 
 static void sparse_free(const upf_backend *be, upf_layer_sparse *sp) {
@@ -345,9 +369,16 @@ static upf_status run_layers(const upf_model *m, const upf_prefill_options *opt,
       UPF_TRY(upf_layer_attention(m, l, tok, &b->s, &qk));
     UPF_TRY(be->synchronize());
     res->mixer_seconds[l] = now_seconds() - t0;
-    if (b->s.sparse && upf_model_mixer(c, l) == UPF_MIXER_FULL) {
+    if ((b->s.sparse || b->s.sparse_chunks) && upf_model_mixer(c, l) == UPF_MIXER_FULL) {
+      /* one record per layer: the whole prompts' and the chunks' calls together */
       upf_sparse_record *rec = &res->sparse[res->num_sparse++];
-      *rec = b->s.sparse->rec;
+      memset(rec, 0, sizeof *rec);
+      const upf_layer_sparse *parts[2] = {b->s.sparse, b->s.sparse_chunks};
+      for (int i = 0; i < 2; i++)
+        if (parts[i]) {
+          rec->kept_blocks += parts[i]->rec.kept_blocks, rec->visible_blocks += parts[i]->rec.visible_blocks;
+          rec->index_seconds += parts[i]->rec.index_seconds, rec->attn_seconds += parts[i]->rec.attn_seconds;
+        }
       rec->layer = l;
     }
     while (drop_index < c->num_drop_layers && c->drop_layers[drop_index] < l)
@@ -400,13 +431,18 @@ upf_status upf_model_run_step(const upf_model *m, const int32_t *ids, const int3
     return upf_fail(UPF_ERR_NOMEM, "prefill: logits (%d x %d)", num_reqs, m->cfg->vocab);
   run_buffers b;
   memset(&b, 0, sizeof b);
-  upf_layer_sparse sparse;
+  upf_layer_sparse sparse, sparse_chunks;
   memset(&sparse, 0, sizeof sparse);
+  memset(&sparse_chunks, 0, sizeof sparse_chunks);
   upf_status st = alloc_buffers(m, cu_seqlens[num_reqs], num_reqs, &b);
-  const int32_t Bp = hooks ? hooks->num_prefill_rows : num_reqs;
+  const int32_t Bp = hooks ? hooks->num_prefill_rows : num_reqs, Bc = hooks ? hooks->num_chunk_rows : 0;
   if (st == UPF_OK && opt->mode == UPF_PREFILL_FLASHPREFILL && Bp > 0) {
     st = sparse_setup(m, cu_seqlens, Bp, opt, &sparse);
     b.s.sparse = &sparse;
+  }
+  if (st == UPF_OK && opt->mode == UPF_PREFILL_FLASHPREFILL && Bc > 0) {
+    st = sparse_setup_chunks(m, cu_seqlens, Bp, Bc, hooks->chunk_kv_lens, opt, &sparse_chunks);
+    b.s.sparse_chunks = &sparse_chunks;
   }
   if (st == UPF_OK)
     st = upload_batch(m->be, ids, cu_seqlens, positions, num_reqs, &b);
@@ -423,6 +459,7 @@ upf_status upf_model_run_step(const upf_model *m, const int32_t *ids, const int3
   res->total_seconds = now_seconds() - t0;
   free_buffers(m->be, &b);
   sparse_free(m->be, &sparse);
+  sparse_free(m->be, &sparse_chunks);
   if (st != UPF_OK)
     upf_prefill_result_free(res);
   return st;

@@ -1,10 +1,10 @@
 /* A session (uniprefill/session.h): per-request state (prompt, pages of each cache group, Gated
- * DeltaNet state slot, drop history, decoded count) in one structure, the page allocator (a free list
- * per cache group), the caches and state pools on the model's backend, and the step: it packs prefill
- * rows then decode rows, runs the layer walk of models/prefill.c, and before each layer points the
- * layers at the cache: at the first attention layer of each group it allocates the pages the rows'
- * lengths there need (known after the drop before the group) and computes the slot mapping of the
- * whole batch with one kv.slot_mapping call. */
+ * DeltaNet state slot, drop history, decoded count, chunked-prefill progress) in one structure, the page
+ * allocator (a free list per cache group), the caches and state pools on the model's backend, and the
+ * step: it packs whole-prompt rows, then prefill chunks, then decode rows, runs the layer walk of
+ * models/prefill.c, and before each layer points the layers at the cache: at the first attention layer
+ * of each group it allocates the pages the rows' lengths there need (known after the drop before the
+ * group) and computes the slot mapping of the whole batch with one kv.slot_mapping call. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -21,6 +21,8 @@ typedef struct {
   int32_t *prompt;     /* (prompt_len) */
   int32_t prompt_len;
   int32_t decoded, prefilled;
+  int32_t done;        /* prompt tokens in the cache: the chunks so far, the prompt once prefilled */
+  int32_t chunks;      /* prefill rows taken (1: one whole-prompt row) */
   int32_t state_slot;  /* Gated DeltaNet pool row */
   int32_t group_len[UPF_SESSION_MAX_GROUPS]; /* prompt tokens each group holds (kept after the drop before it) */
   page_list pages[UPF_SESSION_MAX_GROUPS];
@@ -255,13 +257,15 @@ typedef struct {
   upf_session *s;
   const upf_session_row *rows;
   session_req **req; /* (B) */
-  int32_t B, Bp;
+  int32_t *len;      /* (B) tokens of each row */
+  int32_t B, Bp, Bc; /* rows; whole prompts [0, Bp), chunks [Bp, Bp + Bc), decode rows after */
   int32_t group;     /* the group whose slots are current, -1 before the first */
   upf_layer_cache cache;
   /* per group: the rows' starts, block tables and slots (host), their device copies */
   int32_t *start, *table, *slots, *dec_cu, *dec_len; /* host: (B), (B, max_blocks), (T), (Bd+1), (Bd) */
+  int32_t *chunk_cu, *chunk_len; /* host (Bc+1), (Bc): the chunks' query rows and cached context + chunk */
   int32_t max_blocks;
-  void *d_start, *d_table, *d_slots, *d_dec_cu, *d_dec_len, *d_gather, *d_scatter;
+  void *d_start, *d_table, *d_slots, *d_dec_cu, *d_dec_len, *d_gather, *d_scatter, *d_chunk_cu, *d_chunk_len;
   int32_t *scatter_host;
   int32_t *pages_before; /* (B, groups) each row's pages before the step, for a rollback */
 } step_ctx;
@@ -269,7 +273,7 @@ typedef struct {
 static upf_status prepare_group(step_ctx *x, int32_t g, const upf_tokens *tok) {
   upf_session *s = x->s;
   const upf_backend *be = s->m->be;
-  const int32_t B = x->B, Bd = B - x->Bp, P = s->cfg.page_size;
+  const int32_t B = x->B, Bpc = x->Bp + x->Bc, Bd = B - Bpc, P = s->cfg.page_size;
   const int32_t *cu = tok->cu_seqlens_host;
   int32_t max_blocks = 1;
   for (int32_t r = 0; r < B; r++) {
@@ -277,6 +281,8 @@ static upf_status prepare_group(step_ctx *x, int32_t g, const upf_tokens *tok) {
     if (r < x->Bp) {
       q->group_len[g] = cu[r + 1] - cu[r];
       x->start[r] = 0;
+    } else if (r < Bpc) { /* a chunk never drops: every group holds the prompt's first `done` tokens */
+      x->start[r] = q->done;
     } else {
       x->start[r] = q->group_len[g] + q->decoded;
     }
@@ -302,16 +308,20 @@ static upf_status prepare_group(step_ctx *x, int32_t g, const upf_tokens *tok) {
   UPF_TRY(be->kv_slot_mapping(&sb, x->d_slots));
   UPF_TRY(be->download(x->slots, x->d_slots, (size_t)tok->num_tokens * 4));
   for (int32_t d = 0; d < Bd; d++)
-    x->dec_cu[d + 1] = d + 1, x->dec_len[d] = x->start[x->Bp + d] + 1;
+    x->dec_cu[d + 1] = d + 1, x->dec_len[d] = x->start[Bpc + d] + 1;
   if (Bd) {
     UPF_TRY(be->upload(x->d_dec_cu, x->dec_cu, (size_t)(Bd + 1) * 4));
     UPF_TRY(be->upload(x->d_dec_len, x->dec_len, (size_t)Bd * 4));
   }
   upf_layer_cache *kc = &x->cache;
   kc->slots = x->d_slots, kc->slots_host = x->slots;
+  const upf_attn_paged chunks = {x->Bc, x->d_chunk_cu, x->chunk_cu, x->d_chunk_len, x->chunk_len,
+                                 (const int32_t *)x->d_table + (size_t)x->Bp * max_blocks,
+                                 x->table + (size_t)x->Bp * max_blocks, max_blocks, P};
   const upf_attn_paged dec = {Bd, x->d_dec_cu, x->dec_cu, x->d_dec_len, x->dec_len,
-                              (const int32_t *)x->d_table + (size_t)x->Bp * max_blocks,
-                              x->table + (size_t)x->Bp * max_blocks, max_blocks, P};
+                              (const int32_t *)x->d_table + (size_t)Bpc * max_blocks,
+                              x->table + (size_t)Bpc * max_blocks, max_blocks, P};
+  kc->chunks = chunks;
   kc->decode = dec;
   x->group = g;
   return UPF_OK;
@@ -333,12 +343,14 @@ static upf_status before_layer(void *user, int32_t layer, const upf_tokens *tok,
   return UPF_OK;
 }
 
-/* Rows, requests and pages checked before any work; fills x->req. */
+/* Rows, requests and pages checked before any work; fills x->req, x->len, x->Bp and x->Bc. */
 static upf_status check_rows(upf_session *s, const upf_session_row *rows, int32_t B, step_ctx *x) {
   if (B < 1)
     return upf_fail(UPF_ERR_INVALID_ARG, "session step: needs at least one row");
+  static const char *const class_name[3] = {"a whole-prompt prefill row", "a prefill chunk", "a decode row"};
   int64_t need[UPF_SESSION_MAX_GROUPS] = {0}, T = 0;
-  x->Bp = 0;
+  int last = 0; /* the class of the previous row: 0 whole prompt, 1 chunk, 2 decode */
+  x->Bp = x->Bc = 0;
   for (int32_t i = 0; i < B; i++) {
     session_req *r = NULL;
     UPF_TRY(find(s, rows[i].req, &r));
@@ -346,17 +358,21 @@ static upf_status check_rows(upf_session *s, const upf_session_row *rows, int32_
       if (x->req[j] == r)
         return upf_fail(UPF_ERR_INVALID_ARG, "session step: request %d appears in rows %d and %d", r->id, j, i);
     x->req[i] = r;
+    int cls = 2;
     if (rows[i].kind == UPF_ROW_PREFILL) {
-      if (x->Bp != i)
-        return upf_fail(UPF_ERR_INVALID_ARG, "session step: row %d (request %d) is a prefill row after a decode row; "
-                        "prefill rows come first", i, r->id);
       if (r->prefilled)
         return upf_fail(UPF_ERR_INVALID_ARG, "session step: row %d prefills request %d, which is already prefilled",
                         i, r->id);
-      x->Bp++;
-      T += r->prompt_len;
+      const int32_t left = r->prompt_len - r->done, n = rows[i].num_tokens ? rows[i].num_tokens : left;
+      if (n < 1 || n > left)
+        return upf_fail(UPF_ERR_INVALID_ARG, "session step: row %d prefills %d tokens of request %d, which has %d of "
+                        "its %d prompt tokens left (want 1..%d, or 0 for all of them)", i, rows[i].num_tokens, r->id,
+                        left, r->prompt_len, left);
+      cls = n == r->prompt_len ? 0 : 1;
+      x->len[i] = n;
+      T += n;
       for (int32_t g = 0; g < s->num_groups; g++)
-        need[g] += upf_session_pages_for(s, r->prompt_len);
+        need[g] += upf_session_pages_for(s, (int64_t)r->done + n) - r->pages[g].num;
     } else if (rows[i].kind == UPF_ROW_DECODE) {
       if (!r->prefilled)
         return upf_fail(UPF_ERR_INVALID_ARG, "session step: row %d decodes request %d, which is not prefilled yet", i,
@@ -364,12 +380,19 @@ static upf_status check_rows(upf_session *s, const upf_session_row *rows, int32_
       if (rows[i].token < 0 || rows[i].token >= s->m->cfg->vocab)
         return upf_fail(UPF_ERR_INVALID_ARG, "session step: row %d feeds token %d to request %d, outside [0, %d)", i,
                         rows[i].token, r->id, s->m->cfg->vocab);
+      x->len[i] = 1;
       T++;
       for (int32_t g = 0; g < s->num_groups; g++)
         need[g] += (r->group_len[g] + r->decoded) % s->cfg.page_size == 0;
     } else {
       return upf_fail(UPF_ERR_INVALID_ARG, "session step: row %d has kind %d", i, (int)rows[i].kind);
     }
+    if (cls < last)
+      return upf_fail(UPF_ERR_INVALID_ARG, "session step: row %d (request %d) is %s after %s; the rows go whole-prompt "
+                      "prefill rows first, then prefill chunks, then decode rows", i, r->id, class_name[cls],
+                      class_name[last]);
+    last = cls;
+    x->Bp += cls == 0, x->Bc += cls == 1;
   }
   if (T > INT32_MAX)
     return upf_fail(UPF_ERR_INVALID_ARG, "session step: %lld tokens exceed the int32 cu_seqlens", (long long)T);
@@ -382,12 +405,13 @@ static upf_status check_rows(upf_session *s, const upf_session_row *rows, int32_
 
 static void step_free(const upf_backend *be, step_ctx *x) {
   void *dev[] = {x->d_start, x->d_table, x->d_slots, x->d_dec_cu, x->d_dec_len, x->d_gather, x->d_scatter,
+                 x->d_chunk_cu, x->d_chunk_len,
                  (void *)x->cache.conv_in, (void *)x->cache.conv_out, (void *)x->cache.rec};
   for (size_t i = 0; i < sizeof dev / sizeof *dev; i++)
     if (dev[i])
       be->release(dev[i]);
-  free(x->req), free(x->start), free(x->table), free(x->slots), free(x->dec_cu), free(x->dec_len);
-  free(x->scatter_host), free(x->pages_before);
+  free(x->req), free(x->len), free(x->start), free(x->table), free(x->slots), free(x->dec_cu), free(x->dec_len);
+  free(x->chunk_cu), free(x->chunk_len), free(x->scatter_host), free(x->pages_before);
 }
 
 /* The step's host arrays, device arrays and state buffers; ids, cu and positions of the packed batch. */
@@ -398,24 +422,32 @@ static upf_status step_setup(step_ctx *x, int32_t *ids, int32_t *cu, int32_t *po
   const int32_t B = x->B;
   x->start = malloc((size_t)B * 4), x->slots = malloc((size_t)T * 4);
   x->dec_cu = calloc((size_t)B + 1, 4), x->dec_len = malloc((size_t)B * 4);
+  x->chunk_cu = calloc((size_t)x->Bc + 1, 4), x->chunk_len = malloc((size_t)(x->Bc ? x->Bc : 1) * 4);
   x->scatter_host = malloc((size_t)B * 4);
   int32_t *gather = malloc((size_t)B * 4);
-  upf_status st = x->start && x->slots && x->dec_cu && x->dec_len && x->scatter_host && gather
+  upf_status st = x->start && x->slots && x->dec_cu && x->dec_len && x->chunk_cu && x->chunk_len && x->scatter_host &&
+                          gather
                       ? UPF_OK
                       : upf_fail(UPF_ERR_NOMEM, "session step: host arrays");
   cu[0] = 0;
   for (int32_t r = 0; st == UPF_OK && r < B; r++) {
     session_req *q = x->req[r];
-    if (r < x->Bp) {
-      memcpy(ids + cu[r], q->prompt, (size_t)q->prompt_len * 4);
-      for (int32_t i = 0; i < q->prompt_len; i++)
-        pos[cu[r] + i] = i;
-      cu[r + 1] = cu[r] + q->prompt_len;
+    /* a prefill row's tokens continue the prompt where the cache ends (0 for a whole prompt), at their
+     * positions in it; RoPE and the cache index agree because a chunk never drops */
+    if (r < x->Bp + x->Bc) {
+      memcpy(ids + cu[r], q->prompt + q->done, (size_t)x->len[r] * 4);
+      for (int32_t i = 0; i < x->len[r]; i++)
+        pos[cu[r] + i] = q->done + i;
     } else {
       ids[cu[r]] = x->rows[r].token, pos[cu[r]] = q->prompt_len + q->decoded;
-      cu[r + 1] = cu[r] + 1;
     }
-    gather[r] = r < x->Bp ? (int32_t)(s->pool_rows - 1) : q->state_slot;
+    cu[r + 1] = cu[r] + x->len[r];
+    if (r >= x->Bp && r < x->Bp + x->Bc) {
+      const int32_t c = r - x->Bp;
+      x->chunk_cu[c + 1] = x->chunk_cu[c] + x->len[r], x->chunk_len[c] = q->done + x->len[r];
+    }
+    /* the Gated DeltaNet states: zeros where the prompt starts, else the request's own */
+    gather[r] = r < x->Bp + x->Bc && q->done == 0 ? (int32_t)(s->pool_rows - 1) : q->state_slot;
     x->scatter_host[r] = q->state_slot;
   }
   const int64_t C = c->other_mixer == UPF_MIXER_GDN ? upf_model_gdn_conv_dim(c) : 0;
@@ -427,6 +459,7 @@ static upf_status step_setup(step_ctx *x, int32_t *ids, int32_t *cu, int32_t *po
   } dev[] = {{&x->d_start, (size_t)B * 4},       {&x->d_slots, (size_t)T * 4},
              {&x->d_dec_cu, (size_t)(B + 1) * 4}, {&x->d_dec_len, (size_t)B * 4},
              {&x->d_gather, (size_t)B * 4},      {&x->d_scatter, (size_t)B * 4},
+             {&x->d_chunk_cu, (size_t)(x->Bc + 1) * 4}, {&x->d_chunk_len, (size_t)(x->Bc ? x->Bc : 1) * 4},
              {&x->cache.conv_in, conv_bytes},    {&x->cache.conv_out, conv_bytes},
              {&x->cache.rec, rec_bytes}};
   for (size_t i = 0; st == UPF_OK && i < sizeof dev / sizeof *dev; i++)
@@ -435,8 +468,13 @@ static upf_status step_setup(step_ctx *x, int32_t *ids, int32_t *cu, int32_t *po
     st = be->upload(x->d_gather, gather, (size_t)B * 4);
   if (st == UPF_OK)
     st = be->upload(x->d_scatter, x->scatter_host, (size_t)B * 4);
+  if (st == UPF_OK && x->Bc) {
+    st = be->upload(x->d_chunk_cu, x->chunk_cu, (size_t)(x->Bc + 1) * 4);
+    if (st == UPF_OK)
+      st = be->upload(x->d_chunk_len, x->chunk_len, (size_t)x->Bc * 4);
+  }
   free(gather);
-  x->cache.num_prefill_rows = x->Bp;
+  x->cache.num_prefill_rows = x->Bp, x->cache.num_chunk_rows = x->Bc;
   x->cache.pool_rows = s->pool_rows;
   x->cache.gather = x->d_gather, x->cache.scatter = x->d_scatter, x->cache.scatter_host = x->scatter_host;
   return st;
@@ -448,11 +486,19 @@ static void step_commit(step_ctx *x, const upf_prefill_result *res) {
   const upf_model_config *c = s->m->cfg;
   for (int32_t r = 0; r < x->B; r++) {
     session_req *q = x->req[r];
-    if (r >= x->Bp) {
+    if (r >= x->Bp + x->Bc) {
       q->decoded++;
       continue;
     }
-    q->prefilled = 1;
+    q->chunks++;
+    if (r >= x->Bp) { /* a chunk: dense, every group holds the prompt so far */
+      q->done += x->len[r];
+      for (int32_t g = 0; g < s->num_groups; g++)
+        q->group_len[g] = q->done;
+      q->prefilled = q->done == q->prompt_len;
+      continue;
+    }
+    q->prefilled = 1, q->done = q->prompt_len;
     int32_t len = q->prompt_len;
     q->group_len[0] = len;
     for (int32_t g = 1; g < s->num_groups; g++) {
@@ -474,16 +520,19 @@ upf_status upf_session_step(upf_session *s, const upf_session_row *rows, int32_t
   memset(&x, 0, sizeof x);
   x.s = s, x.rows = rows, x.B = num_rows, x.group = -1;
   x.req = calloc((size_t)(num_rows > 0 ? num_rows : 1), sizeof *x.req);
-  if (!x.req)
+  x.len = calloc((size_t)(num_rows > 0 ? num_rows : 1), sizeof *x.len);
+  if (!x.req || !x.len) {
+    free(x.req), free(x.len);
     return upf_fail(UPF_ERR_NOMEM, "session step: rows");
+  }
   upf_status st = check_rows(s, rows, num_rows, &x);
   if (st != UPF_OK) {
-    free(x.req);
+    free(x.req), free(x.len);
     return st;
   }
   int64_t T = 0;
   for (int32_t r = 0; r < num_rows; r++)
-    T += r < x.Bp ? x.req[r]->prompt_len : 1;
+    T += x.len[r];
   int32_t *ids = malloc((size_t)T * 4), *pos = malloc((size_t)T * 4), *cu = malloc((size_t)(num_rows + 1) * 4);
   x.pages_before = malloc((size_t)num_rows * (size_t)s->num_groups * 4);
   st = ids && pos && cu && x.pages_before ? UPF_OK : upf_fail(UPF_ERR_NOMEM, "session step: batch");
@@ -498,7 +547,7 @@ upf_status upf_session_step(upf_session *s, const upf_session_row *rows, int32_t
   if (opt)
     po.replay_masks = opt->replay_masks, po.replay_mask_len = opt->replay_mask_len, po.on_layer = opt->on_layer,
     po.user = opt->user;
-  const upf_step_hooks hooks = {x.Bp, before_layer, &x};
+  const upf_step_hooks hooks = {x.Bp, x.Bc, x.chunk_len, before_layer, &x};
   if (st == UPF_OK)
     st = upf_model_run_step(s->m, ids, cu, pos, num_rows, &po, &hooks, res);
   if (st == UPF_OK) {
@@ -551,8 +600,7 @@ void upf_session_memory_usage(const upf_session *s, upf_session_memory *mem) {
       if (!r)
         continue;
       used += r->pages[g].num;
-      if (r->prefilled)
-        dense += upf_session_pages_for(s, (int64_t)r->prompt_len + r->decoded);
+      dense += upf_session_pages_for(s, r->prefilled ? (int64_t)r->prompt_len + r->decoded : r->done);
     }
     mem->pages_in_use += used, mem->pages_dense += dense;
     mem->bytes_in_use += page_bytes * (double)used, mem->bytes_dense += page_bytes * (double)dense;
@@ -566,6 +614,7 @@ upf_status upf_session_request(const upf_session *s, int32_t req, upf_session_re
   UPF_TRY(find(s, req, &r));
   info->prompt_len = r->prompt_len, info->decoded = r->decoded, info->prefilled = r->prefilled;
   info->num_drops = r->num_drops, info->drops = r->drops;
+  info->prefill_done = r->done, info->chunks = r->chunks;
   return UPF_OK;
 }
 
@@ -575,6 +624,6 @@ upf_status upf_session_kv_len(const upf_session *s, int32_t req, int32_t layer, 
   const int32_t g = upf_session_group_of_layer(s, layer);
   if (g < 0)
     return upf_fail(UPF_ERR_INVALID_ARG, "session: layer %d is not an attention layer of the model's range", layer);
-  *len = r->prefilled ? (int64_t)r->group_len[g] + r->decoded : 0;
+  *len = r->prefilled ? (int64_t)r->group_len[g] + r->decoded : r->done;
   return UPF_OK;
 }

@@ -7,7 +7,9 @@
 #include "layers/layers.h"
 
 typedef struct {
-  int32_t num_prefill_rows; /* rows [0, Bp) prefill rows; the rest decode rows of one token */
+  int32_t num_prefill_rows; /* rows [0, Bp) whole prompts (the rows that may drop) */
+  int32_t num_chunk_rows;   /* rows [Bp, Bp + Bc) prefill chunks over the paged cache; the rest decode rows */
+  const int32_t *chunk_kv_lens; /* (Bc) host: each chunk's cached context plus itself (FlashPrefill's plan) */
   /* Called before each layer's mixer with the tokens entering it (after the drops so far). */
   upf_status (*before_layer)(void *user, int32_t layer, const upf_tokens *tok, upf_layer_scratch *s);
   void *user;

@@ -31,6 +31,7 @@ void upf_register_cli_serve_tests(void);
 void upf_register_cli_tokenize_tests(void);
 void upf_register_decode_tests(void);
 void upf_register_engine_tests(void);
+void upf_register_chunked_tests(void);
 void upf_register_eval_tests(void);
 void upf_register_gguf_model_tests(void);
 void upf_register_logits_tests(void);
@@ -63,6 +64,7 @@ static void (*const suites[])(void) = {
     upf_register_cli_tokenize_tests,
     upf_register_decode_tests,
     upf_register_engine_tests,
+    upf_register_chunked_tests,
     upf_register_eval_tests,
     upf_register_gguf_model_tests,
     upf_register_logits_tests,

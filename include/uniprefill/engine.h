@@ -1,7 +1,8 @@
 /* The continuous-batching engine (issue 17): a request trace run step by step over a model step
  * (upf_engine_ops; the per-request model state with paged KV of session.h, or a fake in the
  * scheduler's tests). Each step holds one decode row per running request and the prefill rows of the
- * requests admitted at that step, within a token budget and the KV page budget; greedy sampling picks
+ * requests admitted at that step (or, with chunked prefill, the next chunks of the prompts in
+ * progress and of new ones), within a token budget and the KV page budget; greedy sampling picks
  * each row's next token; a simulated clock advances by each step's measured duration, and the result
  * holds TTFT and TPOT percentiles, throughput, batch composition, KV memory and per-request records. */
 #ifndef UNIPREFILL_ENGINE_H
@@ -59,13 +60,16 @@ void upf_trace_free(upf_trace *t);
 
 /* ---- The model step the engine drives ---- */
 
-/* One row of a step: the whole prompt of a request admitted at this step (prefill), or the last token
- * a running request generated (decode, one token). */
+/* One row of a step: the whole prompt of a request admitted at this step or a chunk of it (prefill),
+ * or the last token a running request generated (decode, one token). */
 typedef struct {
   int32_t req;        /* the request's index in the trace */
   int32_t prefill;    /* 1: prefill row; 0: decode row */
-  int32_t num_tokens; /* prefill: the prompt length; decode: 1 */
-  const int32_t *ids; /* (num_tokens) host */
+  int32_t num_tokens; /* prefill: the prompt length, or the chunk's; decode: 1 */
+  const int32_t *ids; /* (num_tokens) host: prefill, prompt tokens [start, start + num_tokens) */
+  int32_t start;      /* prefill: prompt tokens prefilled before this row (0: the row starts the prompt) */
+  int32_t prompt_len; /* prefill: the whole prompt's length (ids - start holds it); a row with
+                       * num_tokens < prompt_len is a chunk */
 } upf_engine_row;
 
 /* KV memory of the live requests: the pages they hold, the pages the same requests would hold
@@ -83,16 +87,17 @@ typedef struct {
   int32_t vocab;
   int32_t num_groups;
   int32_t max_live; /* requests holding state at once; 0: no limit */
-  /* Runs the rows (a request's prefill row first; the model registers it then); fills logits
-   * (n, vocab) host f32 with each row's last-position logits and *seconds with the step's duration. */
+  /* Runs the rows (a request's prefill row first, or its first chunk; the model registers it then);
+   * fills logits (n, vocab) host f32 with each row's last-position logits (a chunk that does not end
+   * its prompt: not sampled) and *seconds with the step's duration. */
   upf_status (*step)(void *ctx, const upf_engine_row *rows, int32_t n, float *logits, double *seconds);
   /* Frees a request's state and pages (a finished one, or one left running when a step failed). */
   upf_status (*release)(void *ctx, int32_t req);
   int64_t (*pages_free)(void *ctx, int32_t group);
   /* Pages `tokens` KV entries take in one group (dense: the most a request of that length holds). */
   int64_t (*pages_for)(void *ctx, int64_t tokens);
-  /* The pages a prefilled request still needs in `group` to append `tokens` decode tokens there (from
-   * its lengths after its drops). */
+  /* The pages a request still needs in `group` to append `tokens` tokens there (from its lengths after
+   * its drops; during a chunked prefill, from the prompt tokens its chunks wrote). */
   int64_t (*pages_append)(void *ctx, int32_t req, int32_t group, int64_t tokens);
   /* Pages request req holds now, every group together. */
   int64_t (*pages_of)(void *ctx, int32_t req);
@@ -120,6 +125,8 @@ typedef struct {
   int64_t token_budget; /* per step: prefill tokens + decode rows (>= 1) */
   int32_t eos;          /* a token that ends a request, or -1 */
   int32_t keep_steps;   /* 1: the result keeps one record per step (result.steps) */
+  int32_t chunk;        /* 0: a prompt prefills in one row; C >= 1: chunked prefill, chunks of at most C
+                         * tokens (and what the token budget leaves) */
 } upf_engine_options;
 
 typedef struct {
@@ -132,6 +139,7 @@ typedef struct {
   double tpot;          /* (finished - first_token) / (num_generated - 1); 0 with one token */
   int64_t admit_step, finish_step;
   int64_t pages_after_prefill, dense_pages_after_prefill;
+  int32_t num_chunks;   /* prefill rows the request took (1 without chunking) */
 } upf_engine_record;
 
 typedef struct {
@@ -140,6 +148,7 @@ typedef struct {
   int64_t prefill_tokens;
   int32_t running;                 /* requests holding state during the step */
   int64_t pages_used, pages_dense; /* after the step, before finished requests release theirs */
+  int32_t prefill_chunks;          /* prefill rows that hold part of their prompt (chunked prefill) */
 } upf_engine_step_record;
 
 typedef struct {
@@ -164,13 +173,19 @@ typedef struct {
 } upf_engine_result;
 
 /* Runs the trace to the end. Scheduling, per step, in this order:
- *  - every running request contributes one decode row (its last token);
+ *  - every running request that has its first token contributes one decode row (its last token);
+ *  - chunked prefill (chunk C >= 1, the vLLM / SGLang policy: decodes first, then prefill chunks up to
+ *    the budget): every running request still prefilling, in admission order, contributes its next
+ *    chunk of min(C, prompt tokens left, budget left) tokens while budget is left;
  *  - waiting requests that have arrived are admitted first come first served (arrival, then trace
- *    order), each as one prefill row of its whole prompt, while the step's tokens (prefill tokens plus
- *    decode rows) stay within token_budget, the live requests within max_live, and the request's
- *    worst-case pages fit in every cache group: its dense pages for prompt + max_new - 1 tokens,
- *    beside the pages held and those every running request may still append. The first request that does not fit stops admission (strict FCFS: none overtakes it).
- *    A prompt longer than the budget runs alone, in a step with no other row, once nothing runs.
+ *    order), each as one prefill row of its whole prompt (with chunking: of its first chunk, as above),
+ *    while the step's tokens (prefill tokens plus decode rows) stay within token_budget, the live
+ *    requests within max_live, and the request's worst-case pages fit in every cache group: its dense
+ *    pages for prompt + max_new - 1 tokens, beside the pages held and those every running request may
+ *    still append. The first request that does not fit stops admission (strict FCFS: none overtakes it).
+ *    Without chunking a prompt longer than the budget runs alone, in a step with no other row, once
+ *    nothing runs; with chunking no step exceeds the budget but for decode rows beyond it.
+ *  - a chunk that does not end its prompt is not sampled; the last one gives the first token.
  *  - when pages run short, requests wait; nothing is preempted: the reservation guarantees every
  *    admitted request can decode to max_new.
  * Each row's token is the argmax of its logits (ties to the lowest id); a request finishes at max_new

@@ -18,6 +18,16 @@
  * row writes its token at logical index kv_len(r, l) of each attention layer and attends over
  * kv_len(r, l) + 1 entries, at RoPE position prompt length + decoded(r).
  *
+ * Chunked prefill (SPEC section 9): a prefill row may carry the next num_tokens tokens of the prompt
+ * instead of all of it; such a chunk writes its K/V at logical indices done .. done + n - 1 (done: the
+ * prompt tokens its earlier chunks left in the cache, the same in every group) and attends over the
+ * cache, its cached context and itself (bottom-right causal; a sliding window reaches across the
+ * chunk boundary), at RoPE positions done .. done + n - 1; Gated DeltaNet layers carry the conv and
+ * recurrent states from one chunk to the next. A chunk never drops (SPEC section 4: every chunk of a
+ * prompt split in more than one chunk runs dense, the first too), so UniPrefill drops only from
+ * whole-prompt rows, and FlashPrefill runs a chunk block-sparse over its cached context too. The
+ * request is prefilled once its last chunk ran; that chunk's logits are its prefill logits.
+ *
  * Every call returns a upf_status with a message naming the input at fault (unknown request, a decode
  * row for a request not yet prefilled, out of pages, ...); a call refused by its checks changes
  * nothing (a backend failure half way through a step leaves that step's requests to be released). */
@@ -61,33 +71,39 @@ upf_status upf_session_add_request(upf_session *s, const int32_t *ids, int32_t l
 upf_status upf_session_release(upf_session *s, int32_t req);
 
 typedef enum {
-  UPF_ROW_PREFILL = 0, /* the request's whole prompt; the request must not be prefilled yet */
+  UPF_ROW_PREFILL = 0, /* the request's prompt, or its next chunk; the request must not be prefilled yet */
   UPF_ROW_DECODE,      /* one token appended to a prefilled request */
 } upf_row_kind;
 
 typedef struct {
   int32_t req;
   upf_row_kind kind;
-  int32_t token; /* UPF_ROW_DECODE: the token fed (the one sampled from the request's last logits) */
+  int32_t token;      /* UPF_ROW_DECODE: the token fed (the one sampled from the request's last logits) */
+  int32_t num_tokens; /* UPF_ROW_PREFILL: 0, the rest of the prompt; n >= 1, its next n tokens (a chunk).
+                       * A row that holds the whole prompt at once is a whole-prompt row, any other a chunk. */
 } upf_session_row;
 
 typedef struct {
   /* Replay, as in upf_prefill_options: per drop layer, a host token mask over the step's tokens
-   * entering that layer (rows in step order, decode rows 1); NULL entries select. */
+   * entering that layer (rows in step order; prefill chunks and decode rows all 1: they never drop);
+   * NULL entries select. */
   const uint8_t *const *replay_masks;
   const int64_t *replay_mask_len;
   void (*on_layer)(void *user, int32_t layer, double seconds, int64_t tokens);
   void *user;
 } upf_session_step_options;
 
-/* Runs one step over rows (each request at most once; the prefill rows first, then the decode rows:
- * the step packs the batch in that order, and a prefill row after a decode row is refused).
+/* Runs one step over rows (each request at most once; whole-prompt prefill rows first, then prefill
+ * chunks, then decode rows: the step packs the batch in that order, and a row out of it is refused).
  * Before any work the step checks that every group has the pages the rows could need at their dense
  * length (prefill rows: ceil(prompt / P); decode rows: one more page where the length sits on a page
- * boundary), so a step never runs out of pages half way; it fails with UPF_ERR_NOMEM naming the group
- * otherwise. res is filled as upf_model_prefill fills it with one entry per row: logits (num_rows, V)
- * host f32 of each row's last token, the drops that ran (kept_per_req per row, masks over the step's
- * tokens in row order), the times. opt may be NULL. Free res with upf_prefill_result_free. */
+ * boundary; chunks: the pages up to the chunk's end), so a step never runs out of pages half way; it
+ * fails with UPF_ERR_NOMEM naming the group otherwise. res is filled as upf_model_prefill fills it
+ * with one entry per row: logits (num_rows, V) host f32 of each row's last token (a chunk's: the
+ * request's prefill logits only when the chunk ends the prompt), the drops that ran (kept_per_req per
+ * row, chunks and decode rows whole, masks over the step's tokens in row order), the times; in
+ * FlashPrefill mode one sparse record per full-attention layer, the whole prompts' and the chunks'
+ * blocks together. opt may be NULL. Free res with upf_prefill_result_free. */
 upf_status upf_session_step(upf_session *s, const upf_session_row *rows, int32_t num_rows,
                             const upf_session_step_options *opt, upf_prefill_result *res);
 
@@ -104,7 +120,8 @@ int64_t upf_session_pages_free(const upf_session *s, int32_t group);
 int64_t upf_session_pages_for(const upf_session *s, int64_t tokens);
 
 /* KV memory over the live requests. in_use: the pages they hold; dense: the pages the same requests
- * would hold in dense mode (ceil((prompt + decoded) / P) in every group); bytes weigh each group's
+ * would hold in dense mode (ceil((prompt + decoded) / P) in every group; ceil(done / P) during a
+ * chunked prefill); bytes weigh each group's
  * pages by its attention layers (2 * P * Hkv * D * dtype size per layer and page). */
 typedef struct {
   int64_t pages_in_use, pages_dense;
@@ -121,12 +138,15 @@ typedef struct {
 typedef struct {
   int32_t prompt_len;
   int32_t decoded;      /* decode rows run so far */
-  int32_t prefilled;    /* 1 once its prefill row ran */
+  int32_t prefilled;    /* 1 once its prefill row (or its last chunk) ran */
   int32_t num_drops;
   const upf_kv_drop *drops; /* (num_drops) the session's copy, valid until the request is released */
+  int32_t prefill_done; /* prompt tokens prefilled: the chunks so far, the prompt once prefilled */
+  int32_t chunks;       /* prefill rows run: 1 for a whole-prompt row, the chunks of a chunked prefill */
 } upf_session_request_info;
 upf_status upf_session_request(const upf_session *s, int32_t req, upf_session_request_info *info);
-/* kv_len(r, l): the entries attention layer l holds for the request (0 before its prefill). */
+/* kv_len(r, l): the entries attention layer l holds for the request (0 before its prefill; the prompt
+ * tokens its chunks wrote so far during a chunked prefill). */
 upf_status upf_session_kv_len(const upf_session *s, int32_t req, int32_t layer, int64_t *len);
 
 #ifdef __cplusplus
