@@ -130,6 +130,23 @@ upf_status upf_sparse_batch_check(const char *op, const upf_sparse_batch *b, con
   return UPF_OK;
 }
 
+upf_status upf_sparse_kv_check(const char *op, const upf_sparse_batch *b, const upf_tensor *k, const upf_tensor *v) {
+  if (!k)
+    return upf_fail(UPF_ERR_INVALID_ARG, "%s: NULL k", op);
+  if (!b || (!b->contiguous) == (!b->paged))
+    return upf_sparse_batch_check(op, b, k, k, v);
+  UPF_TRY(upf_dense_check(k, op, "k", b->contiguous ? 3 : 4, NULL));
+  const int32_t B = upf_sparse_num_reqs(b);
+  const int32_t *cu = upf_sparse_cu_q_host(b);
+  if (B < 1 || !cu)
+    return upf_fail(UPF_ERR_CU_SEQLENS, "%s: a batch needs >= 1 request and host cu_seqlens_q (B=%d)", op, B);
+  /* a contiguous (cu_q[B], Hkv, D) view over k stands in for q */
+  upf_tensor q;
+  const int64_t shape[3] = {cu[B] > 0 ? cu[B] : 0, k->shape[k->ndim - 2], k->shape[k->ndim - 1]};
+  UPF_TRY(upf_tensor_init(&q, k->data, k->dtype, 3, shape));
+  return upf_sparse_batch_check(op, b, &q, k, v);
+}
+
 upf_status upf_sparse_means_check(const char *op, const upf_sparse_plan *plan, const upf_tensor *k,
                                   const upf_tensor *kbar, const upf_tensor *vbar) {
   if (!kbar)

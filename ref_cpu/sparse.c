@@ -56,31 +56,13 @@ static int64_t max_kv_len(const upf_sparse_batch *b, int32_t num_reqs) {
 
 /* ---- sparse.block_means ---- */
 
-/* The batch check of an op that reads no queries: a contiguous (cu_q[B], Hkv, D) view over k stands in
- * for q, so the lengths and K/V forms are checked by the same code as the other two ops. */
-static upf_status means_batch_check(const char *op, const upf_sparse_batch *b, const upf_tensor *k,
-                                    const upf_tensor *v) {
-  if (!k)
-    return upf_fail(UPF_ERR_INVALID_ARG, "%s: NULL k", op);
-  if (!b || (!b->contiguous) == (!b->paged))
-    return upf_sparse_batch_check(op, b, k, k, v);
-  UPF_TRY(upf_dense_check(k, op, "k", b->contiguous ? 3 : 4, NULL));
-  const int32_t B = upf_sparse_num_reqs(b);
-  const int32_t *cu = upf_sparse_cu_q_host(b);
-  if (B < 1 || !cu)
-    return upf_fail(UPF_ERR_CU_SEQLENS, "%s: a batch needs >= 1 request and host cu_seqlens_q (B=%d)", op, B);
-  upf_tensor q;
-  const int64_t shape[3] = {cu[B] > 0 ? cu[B] : 0, k->shape[k->ndim - 2], k->shape[k->ndim - 1]};
-  UPF_TRY(upf_tensor_init(&q, k->data, k->dtype, 3, shape));
-  return upf_sparse_batch_check(op, b, &q, k, v);
-}
 
 upf_status cpu_sparse_block_means(const upf_sparse_batch *b, const upf_tensor *k, const upf_tensor *v,
                                   const upf_sparse_params *p, const upf_tensor *kbar, const upf_tensor *vbar) {
   const char *op = "sparse.block_means";
   if (vbar && !v)
     return upf_fail(UPF_ERR_INVALID_ARG, "%s: vbar given but v is NULL", op);
-  UPF_TRY(means_batch_check(op, b, k, vbar ? v : NULL));
+  UPF_TRY(upf_sparse_kv_check(op, b, k, vbar ? v : NULL));
   const int64_t hkv = k->shape[k->ndim - 2], d = k->shape[k->ndim - 1];
   upf_sparse_plan plan;
   UPF_TRY(upf_sparse_plan_make(b, (int32_t)hkv, (int32_t)hkv, p, &plan));

@@ -135,6 +135,9 @@ typedef struct {
  * contiguous; v may be NULL where the op does not read it. */
 upf_status upf_sparse_batch_check(const char *op, const upf_sparse_batch *b, const upf_tensor *q,
                                   const upf_tensor *k, const upf_tensor *v);
+/* The same for an op that reads no queries (sparse.block_means): the lengths and K/V forms, k (and v,
+ * when not NULL) in the batch's form. */
+upf_status upf_sparse_kv_check(const char *op, const upf_sparse_batch *b, const upf_tensor *k, const upf_tensor *v);
 /* kbar (and vbar, when not NULL) (B, max_key_blocks, Hkv, D), contiguous, in k's dtype. */
 upf_status upf_sparse_means_check(const char *op, const upf_sparse_plan *plan, const upf_tensor *k,
                                   const upf_tensor *kbar, const upf_tensor *vbar);
