@@ -11,6 +11,7 @@
 
 #include "cuda/attn.cuh"
 #include "cuda/compact.cuh"
+#include "cuda/compact_attn.cuh"
 #include "cuda/cuda_backend.cuh"
 #include "cuda/cuda_check.cuh"
 #include "cuda/embed.cuh"

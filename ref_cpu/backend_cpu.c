@@ -7,6 +7,7 @@
 
 #include "ref_cpu/attn.h"
 #include "ref_cpu/compact.h"
+#include "ref_cpu/compact_attn.h"
 #include "ref_cpu/embed.h"
 #include "ref_cpu/ffn.h"
 #include "ref_cpu/gated_out.h"

@@ -37,6 +37,7 @@ void upf_register_gguf_model_tests(void);
 void upf_register_logits_tests(void);
 void upf_register_tp_tests(void);
 void upf_register_sparse_tests(void);
+void upf_register_compact_attn_tests(void);
 void upf_register_cli_sparse_tests(void);
 void upf_register_model_sparse_tests(void);
 void upf_register_cuda_tests(void);
@@ -53,6 +54,7 @@ static void (*const suites[])(void) = {
     upf_register_gdn_tests,
     upf_register_attn_tests,
     upf_register_sparse_tests,
+    upf_register_compact_attn_tests,
     upf_register_verify_tests,
     upf_register_cli_tests,
     upf_register_model_tests,

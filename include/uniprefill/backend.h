@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "uniprefill/attn.h"
+#include "uniprefill/compact_attn.h"
 #include "uniprefill/dense.h"
 #include "uniprefill/gdn.h"
 #include "uniprefill/kv.h"
