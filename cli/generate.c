@@ -21,7 +21,8 @@
 const char upf_cli_generate_usage[] =
     "usage: upf generate (--model NAME | --gguf FILE) (--token-ids IDS.npy [--cu-seqlens CU.npy] | --text STR |\n"
     "                    --file F) --max-new N\n"
-    "                    [--mode dense|uniprefill|flashprefill] [--p P | --keep R] [--page-size P] [--seed S]\n"
+    "                    [--mode dense|uniprefill|flashprefill|compact] [--recent R] [--p P | --keep R]\n"
+    "                    [--page-size P] [--seed S]\n"
     "                    [--alpha A] [--block-n 64|128] [--mean-correction on|off] [--sink S] [--window W]\n"
     "                    [--last-n N] [--chunk C]\n"
     "                    [--dtype f32|bf16] [--backend cpu|cuda] [--layers A:B] [--out-tokens OUT.npy]\n"
@@ -43,7 +44,8 @@ const char upf_cli_generate_usage[] =
     "  chunk, and decoding starts once every request has it. Dense and FlashPrefill give what they give\n"
     "  unchunked (FlashPrefill: a chunk block-sparse over its cached context); UniPrefill runs every chunk\n"
     "  of a prompt split in more than one chunk dense (chunks with cached context run dense, SPEC section\n"
-    "  4), prompts of at most C tokens drop as usual.\n"
+    "  4), prompts of at most C tokens drop as usual. --mode compact (needs --chunk): CompactAttention, a\n"
+    "  chunk with cached context attends over the union of its kept key blocks (upf prefill --help).\n"
     "  The JSON: per request the prompt length, the drops (layer, kept), the KV pages held against\n"
     "  dense, TTFT and the time of every token, and the tokens; the session's KV memory in total; with\n"
     "  --chunk the chunk size, each request's chunks and the prefill steps' times.\n";
@@ -255,9 +257,14 @@ static void print_json(FILE *f, const generate_args *a, const upf_model *m, cons
           upf_dtype_name(m->dtype), m->be->name, m->be->describe());
   fprintf(f, "  \"select\": {\"block\": %d, \"sink\": %d, \"last_q\": %d, \"p\": %g, \"keep_ratio\": %g},\n",
           sc->select.block, sc->select.sink, sc->select.last_q, (double)sc->select.p, (double)sc->select.keep_ratio);
-  if (sc->mode == UPF_PREFILL_FLASHPREFILL) {
-    fprintf(f, "  \"flashprefill\": ");
+  if (sc->mode == UPF_PREFILL_FLASHPREFILL || sc->mode == UPF_PREFILL_COMPACT) {
+    if (sc->mode == UPF_PREFILL_COMPACT)
+      fprintf(f, "  \"compact\": {\"recent\": %d, \"selector\": ", sc->compact.recent);
+    else
+      fprintf(f, "  \"flashprefill\": ");
     upf_sparse_args_json(f, &sc->sparse);
+    if (sc->mode == UPF_PREFILL_COMPACT)
+      fprintf(f, "}");
     fprintf(f, ",\n  \"kept_share\": %.6f,\n  \"sparse_layers\": [", kept_share(rec));
     for (int32_t i = 0; i < rec->num_sparse; i++) {
       const upf_sparse_record *r = &rec->sparse[i];
@@ -408,6 +415,11 @@ int upf_cli_generate(int argc, char **argv) {
   const int rc_mode = upf_mode_args_resolve("generate", &p, &a.sa, &a.fa);
   if (rc_mode)
     return rc_mode;
+  if (a.sa.prefill_mode == UPF_PREFILL_COMPACT && !a.chunk) {
+    fprintf(stderr, "upf generate: --mode compact needs --chunk C (CompactAttention runs the chunks of a chunked "
+                    "prefill over their cached context)\n");
+    return 2;
+  }
   const upf_arg_path paths[] = {{"--token-ids", a.ids_path, 0}, {"--cu-seqlens", a.cu_path, 0},
                                 {"--file", a.text_file, 0},       {"--out-tokens", a.out_tokens, 1},
                                 {"--json", a.json, 1}};
@@ -425,6 +437,7 @@ int upf_cli_generate(int argc, char **argv) {
   }
   upf_session_config sc = upf_session_config_default(&m);
   sc.mode = a.sa.prefill_mode, sc.page_size = a.page_size, sc.max_requests = B, sc.sparse = a.fa.params;
+  sc.compact = a.fa.compact;
   upf_select_args_apply(&a.sa, &sc.select);
   /* every group holds each request at its dense length at most: prompt + N - 1 fed tokens */
   sc.pages_per_group = 0;
@@ -468,6 +481,12 @@ int upf_cli_generate(int argc, char **argv) {
       upf_sparse_args_describe(&sc.sparse, params, sizeof params);
       printf("  flashprefill (%s): the prefill kept share %.4f of the visible key blocks over %d full-attention "
              "layers\n", params, kept_share(&rec), rec.num_sparse);
+    }
+    if (sc.mode == UPF_PREFILL_COMPACT) {
+      char params[256];
+      upf_sparse_args_describe(&sc.sparse, params, sizeof params);
+      printf("  compact (%s, recent %d): the chunks with cached context kept share %.4f of their visible key "
+             "blocks over %d full-attention layers\n", params, sc.compact.recent, kept_share(&rec), rec.num_sparse);
     }
     printf("  KV pages %lld of %lld dense (%.1f%% of the dense bytes)\n", (long long)rec.mem.pages_in_use,
            (long long)rec.mem.pages_dense,

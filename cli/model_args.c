@@ -213,10 +213,30 @@ int upf_sparse_args_resolve(const char *command, const upf_arg_parser *p, int fl
   static const char *const flags[] = {"--alpha", "--block-n", "--mean-correction", "--sink", "--window", "--last-n"};
   for (size_t i = 0; !flashprefill && i < sizeof flags / sizeof *flags; i++)
     if (seen(p, flags[i])) {
-      fprintf(stderr, "upf %s: %s needs --mode flashprefill\n", command, flags[i]);
+      fprintf(stderr, "upf %s: %s needs --mode flashprefill or compact\n", command, flags[i]);
       return 2;
     }
+  const int compact = flashprefill == 2;
+  if (compact && seen(p, "--last-n")) {
+    fprintf(stderr, "upf %s: --last-n needs --mode flashprefill (compact's selector runs last_n 0: dense last tiles "
+                    "would make the union dense)\n", command);
+    return 2;
+  }
+  if (!compact && seen(p, "--recent")) {
+    fprintf(stderr, "upf %s: --recent needs --mode compact\n", command);
+    return 2;
+  }
+  fa->compact = upf_compact_params_default();
+  if (seen(p, "--recent")) {
+    if (fa->recent < 0) {
+      fprintf(stderr, "upf %s: --recent %d: want >= 0 (key blocks before the chunk always kept)\n", command, fa->recent);
+      return 2;
+    }
+    fa->compact.recent = fa->recent;
+  }
   upf_sparse_params sp = upf_prefill_sparse_default();
+  if (compact)
+    sp.last_n = 0;
   const upf_arg *alpha = upf_args_find(p, "--alpha");
   if (alpha && alpha->seen && alpha->kind == UPF_ARG_FLOAT) {
     if (!(fa->alpha >= 0.0f && fa->alpha <= 1.0f)) {
@@ -265,14 +285,16 @@ int upf_sparse_args_resolve(const char *command, const upf_arg_parser *p, int fl
 
 int upf_mode_args_resolve(const char *command, const upf_arg_parser *p, upf_select_args *sa, upf_sparse_args *fa) {
   const char *mode = sa->mode;
-  const int flash = !strcmp(mode, "flashprefill");
+  const int compact = !strcmp(mode, "compact");
+  const int flash = !strcmp(mode, "flashprefill") || compact;
   if (!flash && strcmp(mode, "dense") && strcmp(mode, "uniprefill")) {
-    fprintf(stderr, "upf %s: --mode '%s': want dense, uniprefill or flashprefill\n", command, mode);
+    fprintf(stderr, "upf %s: --mode '%s': want dense, uniprefill or flashprefill (or compact, with --chunk)\n", command,
+            mode);
     return 2;
   }
   if (flash && (seen(p, "--p") || seen(p, "--keep"))) {
-    fprintf(stderr, "upf %s: --p and --keep need --mode uniprefill (flashprefill drops no token: --alpha sets its "
-                    "sparsity)\n", command);
+    fprintf(stderr, "upf %s: --p and --keep need --mode uniprefill (%s drops no token: --alpha sets its "
+                    "sparsity)\n", command, mode);
     return 2;
   }
   /* the selection's own rules; flashprefill, which takes none of its flags, passes them as dense */
@@ -282,8 +304,8 @@ int upf_mode_args_resolve(const char *command, const upf_arg_parser *p, upf_sele
   if (rc)
     return rc;
   if (flash)
-    sa->prefill_mode = UPF_PREFILL_FLASHPREFILL;
-  return upf_sparse_args_resolve(command, p, flash, fa);
+    sa->prefill_mode = compact ? UPF_PREFILL_COMPACT : UPF_PREFILL_FLASHPREFILL;
+  return upf_sparse_args_resolve(command, p, compact ? 2 : flash, fa);
 }
 
 void upf_sparse_args_describe(const upf_sparse_params *p, char *buf, size_t size) {

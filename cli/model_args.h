@@ -78,8 +78,10 @@ typedef struct {
   float alpha;
   int32_t block_n, sink, window, last_n;
   const char *mean_correction;
+  int32_t recent; /* --recent (--mode compact) */
   /* set by upf_sparse_args_resolve */
   upf_sparse_params params;
+  upf_compact_params compact; /* --mode compact: the union's recent blocks (default 2) */
 } upf_sparse_args;
 
 #define UPF_SPARSE_ARGS_DEFAULT {.alpha = -1.0f}
@@ -88,16 +90,17 @@ typedef struct {
 #define UPF_SPARSE_SHAPE_ARG_FLAGS(fa)                                                                         \
   {"--block-n", UPF_ARG_INT, &(fa).block_n}, {"--mean-correction", UPF_ARG_STRING, &(fa).mean_correction},   \
       {"--sink", UPF_ARG_INT, &(fa).sink}, {"--window", UPF_ARG_INT, &(fa).window},                          \
-      {"--last-n", UPF_ARG_INT, &(fa).last_n}
+      {"--last-n", UPF_ARG_INT, &(fa).last_n}, {"--recent", UPF_ARG_INT, &(fa).recent}
 #define UPF_SPARSE_ARG_FLAGS(fa) UPF_SPARSE_SHAPE_ARG_FLAGS(fa), {"--alpha", UPF_ARG_FLOAT, &(fa).alpha}
 
 /* Checks the FlashPrefill flags p parsed for `command`: given only with flashprefill (1: the mode is
- * flashprefill), each in range, and fills fa->params. --alpha is read when it is a float flag (a
+ * flashprefill; 2: compact, which takes them too but not --last-n (its selector runs last_n 0), and
+ * --recent R >= 0 only there), each in range, and fills fa->params (and fa->compact). --alpha is read when it is a float flag (a
  * command with a list of its own checks that itself). 0 when all is well, else 2 after one line on
  * stderr naming the flag at fault. */
 int upf_sparse_args_resolve(const char *command, const upf_arg_parser *p, int flashprefill, upf_sparse_args *fa);
 
-/* --mode dense|uniprefill|flashprefill with the selection flags (cli/select_args.h, whose rules apply
+/* --mode dense|uniprefill|flashprefill|compact with the selection flags (cli/select_args.h, whose rules apply
  * to dense and uniprefill; flashprefill takes neither --p nor --keep) and the FlashPrefill flags:
  * sa->prefill_mode and fa->params set. 0, else 2 after one line on stderr naming the flag at fault. */
 int upf_mode_args_resolve(const char *command, const upf_arg_parser *p, upf_select_args *sa, upf_sparse_args *fa);

@@ -3,6 +3,7 @@
  * --chunk in chunks through a session's paged KV cache), and writes the last-position logits, the drop
  * masks and a JSON record. Every input is checked before any work, and outputs are written only once
  * the whole run succeeded. */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,9 +54,9 @@ int upf_cli_models(int argc, char **argv) {
 const char upf_cli_prefill_usage[] =
     "usage: upf prefill (--model NAME | --gguf FILE)\n"
     "                   (--lengths N1,N2,... | --token-ids IDS.npy [--cu-seqlens CU.npy] | --text STR | --file F)\n"
-    "                   [--seed S] [--mode dense|uniprefill|flashprefill] [--select topp|topk] [--p P] [--keep R]\n"
-    "                   [--alpha A] [--block-n 64|128] [--mean-correction on|off] [--sink S] [--window W]\n"
-    "                   [--last-n N]\n"
+    "                   [--seed S] [--mode dense|uniprefill|flashprefill|compact] [--select topp|topk] [--p P]\n"
+    "                   [--keep R] [--alpha A] [--block-n 64|128] [--mean-correction on|off] [--sink S]\n"
+    "                   [--window W] [--last-n N] [--recent R] [--dump-tables DIR]\n"
     "                   [--dtype f32|bf16] [--backend cpu|cuda] [--layers A:B] [--out-logits L.npy]\n"
     "                   [--tp R] [--comm auto|single|mpi|nccl]\n"
     "                   [--dump-masks DIR] [--replay-masks DIR] [--json R.json] [--warmup N] [--iters N]\n"
@@ -96,7 +97,15 @@ const char upf_cli_prefill_usage[] =
     "  Dense chunked equals dense; FlashPrefill runs a chunk block-sparse over its cached context;\n"
     "  UniPrefill runs every chunk of a prompt split in more than one chunk dense (chunks with cached\n"
     "  context run dense, SPEC section 4), prompts of at most C tokens drop as usual. Not with --tp,\n"
-    "  --dump-masks, --replay-masks, --ideal, --out-argmax or --out-nll.\n";
+    "  --dump-masks, --replay-masks, --ideal, --out-argmax or --out-nll.\n"
+    "  --mode compact (needs --chunk): CompactAttention (SPEC section 9): in every full-attention layer a\n"
+    "  chunk with cached context attends through the paged cache over the union of the key blocks the\n"
+    "  block-sparse selector keeps over its query tiles and the heads of each GQA group, plus its own\n"
+    "  blocks and the --recent R (default 2) blocks before them; --alpha, --block-n, --sink, --window as\n"
+    "  flashprefill's (last_n 0); whole prompts, first chunks and decode rows run dense. Reports per\n"
+    "  full-attention layer the kept share of the chunks' key blocks (kept / visible). --dump-tables DIR\n"
+    "  writes DIR/layer<l>/chunk<c>.npy (|u1 (B, Hkv, key_blocks): the union table of step c's chunks; steps\n"
+    "  without a chunk with cached context, such as step 0, write none).\n";
 
 typedef struct {
   upf_model_args sel; /* --model, --seed, --dtype, --backend, --layers */
@@ -104,7 +113,7 @@ typedef struct {
   upf_sparse_args fa; /* --alpha, --block-n, --mean-correction, --sink, --window, --last-n */
   const char *lengths, *ids_path, *cu_path, *text, *text_file, *select;
   const char *out_logits, *dump_dir, *replay_dir, *json, *comm;
-  const char *out_argmax, *out_nll;
+  const char *out_argmax, *out_nll, *dump_tables;
   int32_t warmup, iters, ideal, tp, chunk;
 } prefill_args;
 
@@ -138,16 +147,48 @@ static void add_step(upf_prefill_result *sum, const upf_prefill_result *step, co
         sum->drops[j].select_seconds += step->drops[k].select_seconds;
 }
 
+/* --dump-tables: DIR/layer<l>/chunk<c>.npy for the step c running; the first failure is kept. */
+typedef struct {
+  const char *dir;
+  int32_t step;
+  upf_status st;
+} table_dump;
+
+static void dump_table(void *user, int32_t layer, const uint8_t *table, int32_t num_chunks, int32_t kv_heads,
+                       int32_t key_blocks) {
+  table_dump *d = user;
+  if (d->st != UPF_OK)
+    return;
+  char path[4096];
+  snprintf(path, sizeof path, "%s/layer%d", d->dir, layer);
+  if (mkdir(path, 0755) != 0 && errno != EEXIST) {
+    d->st = upf_fail(UPF_ERR_IO, "prefill: --dump-tables: cannot create %s", path);
+    return;
+  }
+  snprintf(path, sizeof path, "%s/layer%d/chunk%d.npy", d->dir, layer, d->step);
+  const int64_t shape[3] = {num_chunks, kv_heads, key_blocks};
+  upf_tensor t;
+  d->st = upf_tensor_init(&t, (void *)table, UPF_DTYPE_U8, 3, shape);
+  if (d->st == UPF_OK)
+    d->st = upf_npy_write(path, &t);
+}
+
 /* --chunk: the batch prefilled in chunks through a session; res as upf_model_prefill fills it: each
  * request's last chunk's logits, the layer times and tokens and the sparse records summed over the
  * steps, and per drop layer each request's tokens kept (its prompt, for a request that did not drop). */
 static upf_status chunked_run(const upf_model *m, const int32_t *ids, const int32_t *cu, int32_t B,
-                              const upf_prefill_options *opt, int32_t C, upf_prefill_result *res, chunk_record *cr) {
+                              const upf_prefill_options *opt, int32_t C, const char *dump_tables,
+                              upf_prefill_result *res, chunk_record *cr) {
   const upf_model_config *c = m->cfg;
   const int32_t V = c->vocab;
   memset(res, 0, sizeof *res);
   upf_session_config sc = upf_session_config_default(m);
   sc.mode = opt->mode, sc.select = opt->select, sc.sparse = opt->sparse, sc.max_requests = B;
+  sc.compact = opt->compact;
+  table_dump dump = {dump_tables, 0, UPF_OK};
+  upf_session_step_options so;
+  memset(&so, 0, sizeof so);
+  so.on_compact_table = dump_tables ? dump_table : NULL, so.compact_user = &dump;
   sc.pages_per_group = 0;
   for (int32_t r = 0; r < B; r++)
     sc.pages_per_group += ((int64_t)cu[r + 1] - cu[r] + sc.page_size - 1) / sc.page_size;
@@ -177,7 +218,12 @@ static upf_status chunked_run(const upf_model *m, const int32_t *ids, const int3
           who[n] = r, rows[n++] = (upf_session_row){req[r], UPF_ROW_PREFILL, 0, k};
       }
     upf_prefill_result step;
-    st = upf_session_step(s, rows, n, NULL, &step);
+    dump.step = cr->steps;
+    st = upf_session_step(s, rows, n, &so, &step);
+    if (st == UPF_OK && dump.st != UPF_OK) {
+      upf_prefill_result_free(&step);
+      st = dump.st;
+    }
     if (st != UPF_OK)
       break;
     double *grown = realloc(cr->step_seconds, (size_t)(cr->steps + 1) * sizeof *grown);
@@ -418,6 +464,24 @@ static upf_status write_json(const char *path, const prefill_args *a, const upf_
     }
     fprintf(f, "\n  ],\n");
   }
+  if (a->sa.prefill_mode == UPF_PREFILL_COMPACT) {
+    fprintf(f, "  \"compact\": {\"recent\": %d, \"selector\": ", a->fa.compact.recent);
+    upf_sparse_args_json(f, &a->fa.params);
+    double attn_s = 0;
+    for (int i = 0; i < res->num_sparse; i++)
+      attn_s += res->sparse[i].attn_seconds;
+    fprintf(f, "},\n  \"kept_share\": %.6f,\n  \"compact_attn_ms\": %.4f,\n", upf_prefill_kept_share(res),
+            attn_s * 1e3);
+    fprintf(f, "  \"compact_layers\": [");
+    for (int i = 0; i < res->num_sparse; i++) {
+      const upf_sparse_record *r = &res->sparse[i];
+      fprintf(f, "%s\n    {\"layer\": %d, \"kept_blocks\": %lld, \"visible_blocks\": %lld, \"kept_share\": %.6f, "
+                 "\"attn_ms\": %.4f}",
+              i ? "," : "", r->layer, (long long)r->kept_blocks, (long long)r->visible_blocks,
+              r->visible_blocks ? (double)r->kept_blocks / (double)r->visible_blocks : 1.0, r->attn_seconds * 1e3);
+    }
+    fprintf(f, "\n  ],\n");
+  }
   fprintf(f, "  \"chunk\": %d,\n", a->chunk);
   if (a->chunk) {
     fprintf(f, "  \"chunked_prefill\": {\"steps\": %d, \"step_ms\": [", cr->steps);
@@ -507,6 +571,7 @@ int upf_cli_prefill(int argc, char **argv) {
       {"--tp", UPF_ARG_INT, &a.tp, 0, 1, 1 << 16},     {"--comm", UPF_ARG_STRING, &a.comm},
       {"--out-argmax", UPF_ARG_STRING, &a.out_argmax}, {"--out-nll", UPF_ARG_STRING, &a.out_nll},
       {"--chunk", UPF_ARG_INT, &a.chunk, 0, 1, INT32_MAX},
+      {"--dump-tables", UPF_ARG_STRING, &a.dump_tables},
   };
   upf_arg_parser p = {"upf prefill", upf_cli_prefill_usage, args, (int)(sizeof args / sizeof *args), NULL, 0, 0};
   const upf_args_result pr = upf_args_parse(&p, argc, argv);
@@ -529,7 +594,21 @@ int upf_cli_prefill(int argc, char **argv) {
   const int rc_mode = upf_mode_args_resolve("prefill", &p, &a.sa, &a.fa);
   if (rc_mode)
     return rc_mode;
-  upf_prefill_options opt = {.mode = a.sa.prefill_mode, .select = cfg->select, .sparse = a.fa.params};
+  upf_prefill_options opt = {.mode = a.sa.prefill_mode, .select = cfg->select, .sparse = a.fa.params,
+                             .compact = a.fa.compact};
+  if (opt.mode == UPF_PREFILL_COMPACT && !a.chunk) {
+    fprintf(stderr, "upf prefill: --mode compact needs --chunk C (CompactAttention runs the chunks of a chunked "
+                    "prefill over their cached context)\n");
+    return 2;
+  }
+  if (a.dump_tables && opt.mode != UPF_PREFILL_COMPACT) {
+    fprintf(stderr, "upf prefill: --dump-tables needs --mode compact\n");
+    return 2;
+  }
+  if (a.dump_tables && !is_dir(a.dump_tables)) {
+    fprintf(stderr, "upf prefill: --dump-tables %s: not a directory\n", a.dump_tables);
+    return 2;
+  }
   const int topk = !strcmp(a.select, "topk");
   if (!topk && strcmp(a.select, "topp")) {
     fprintf(stderr, "upf prefill: --select '%s': want topp or topk\n", a.select);
@@ -638,6 +717,11 @@ int upf_cli_prefill(int argc, char **argv) {
     upf_sparse_args_describe(&a.fa.params, params, sizeof params);
     fprintf(stderr, "flashprefill: %s\n", params);
   }
+  if (rank0 && opt.mode == UPF_PREFILL_COMPACT) {
+    char params[256];
+    upf_sparse_args_describe(&a.fa.params, params, sizeof params);
+    fprintf(stderr, "compact: %s, recent %d\n", params, opt.compact.recent);
+  }
 
   upf_tensor masks[UPF_MODEL_MAX_LAYERS];
   const uint8_t *mask_ptrs[UPF_MODEL_MAX_LAYERS] = {0};
@@ -657,7 +741,7 @@ int upf_cli_prefill(int argc, char **argv) {
   chunk_record cr = {0, NULL, calloc((size_t)B, sizeof(int32_t))};
   for (int it = 0; rc == 0 && it < a.warmup + a.iters; it++) {
     upf_prefill_result_free(&res);
-    st = a.chunk ? chunked_run(&m, ids, cu, B, &opt, a.chunk, &res, &cr) : upf_model_prefill(&m, ids, cu, B, &opt, &res);
+    st = a.chunk ? chunked_run(&m, ids, cu, B, &opt, a.chunk, a.dump_tables, &res, &cr) : upf_model_prefill(&m, ids, cu, B, &opt, &res);
     if (st != UPF_OK)
       rc = upf_cli_error(st, a.replay_dir ? "prefill: --replay-masks" : "prefill");
     else if (it >= a.warmup)
@@ -710,6 +794,22 @@ int upf_cli_prefill(int argc, char **argv) {
                "%.3f ms\n", r->layer, (long long)r->kept_blocks, (long long)r->visible_blocks,
                r->visible_blocks ? (double)r->kept_blocks / (double)r->visible_blocks : 1.0, r->index_seconds * 1e3,
                r->attn_seconds * 1e3);
+      }
+    }
+    if (opt.mode == UPF_PREFILL_COMPACT) {
+      char params[256];
+      upf_sparse_args_describe(&a.fa.params, params, sizeof params);
+      double attn_s = 0;
+      for (int i = 0; i < res.num_sparse; i++)
+        attn_s += res.sparse[i].attn_seconds;
+      printf("  compact (%s, recent %d): kept share %.4f of the chunks' visible key blocks over %d full-attention "
+             "layers (chunks with cached context; the others ran dense); compact attention %.3f ms (last run)\n",
+             params, opt.compact.recent, upf_prefill_kept_share(&res), res.num_sparse, attn_s * 1e3);
+      for (int i = 0; i < res.num_sparse; i++) {
+        const upf_sparse_record *r = &res.sparse[i];
+        printf("  full layer %2d: kept %lld of %lld key blocks, kept share %.4f; compact attention %.3f ms\n",
+               r->layer, (long long)r->kept_blocks, (long long)r->visible_blocks,
+               r->visible_blocks ? (double)r->kept_blocks / (double)r->visible_blocks : 1.0, r->attn_seconds * 1e3);
       }
     }
     if (a.ideal && !comm) { /* the dense runs are collective under TP: every rank measures below */

@@ -22,7 +22,8 @@
 
 const char upf_cli_serve_usage[] =
     "usage: upf serve-sim (--model NAME | --gguf FILE) [--backend cpu|cuda] [--dtype f32|bf16]\n"
-    "                     [--mode dense|uniprefill|flashprefill] [--p P | --keep R] [--alpha A] [--block-n 64|128]\n"
+    "                     [--mode dense|uniprefill|flashprefill|compact] [--recent R] [--p P | --keep R] [--alpha A]\n"
+    "                     [--block-n 64|128]\n"
     "                     [--mean-correction on|off] [--sink S] [--window W] [--last-n N]\n"
     "                     [--requests N[,N...]] [--prompt-len A..B] [--decode-len N]\n"
     "                     [--rate R | --trace FILE.jsonl] [--seed S] [--token-budget N] [--chunk C] [--page-size P]\n"
@@ -40,7 +41,9 @@ const char upf_cli_serve_usage[] =
     "  into the paged cache and attends to its earlier chunks' KV; the last chunk gives the first token.\n"
     "  With --mode uniprefill a prompt split in more than one chunk runs dense in every chunk (chunks with\n"
     "  cached context run dense, SPEC section 4); prompts of at most C tokens drop as usual. With --mode\n"
-    "  flashprefill a chunk runs block-sparse over its cached context and itself.\n"
+    "  flashprefill a chunk runs block-sparse over its cached context and itself. --mode compact (needs\n"
+    "  --chunk): CompactAttention, a chunk with cached context attends over the union of its kept key\n"
+    "  blocks (upf prefill --help); --recent R blocks before the chunk always kept (default 2).\n"
     "  The clock is simulated: it advances by each step's measured time (the backend finished), arrivals\n"
     "  come by the trace; TTFT = first token - arrival, TPOT = mean gap between a request's later tokens.\n"
     "  Trace: --requests N (default 8; a list runs one seeded trace per count, on one model and session),\n"
@@ -199,7 +202,7 @@ static void json_point(FILE *f, const serve_point *pt, const serve_args *a) {
     fprintf(f, "      \"chunked_prefill\": {\"chunk_rows\": %lld, \"chunked_requests\": %lld},\n", (long long)chunk_rows,
             (long long)chunked);
   }
-  if (a->sa.prefill_mode == UPF_PREFILL_FLASHPREFILL)
+  if (a->sa.prefill_mode == UPF_PREFILL_FLASHPREFILL || a->sa.prefill_mode == UPF_PREFILL_COMPACT)
     fprintf(f, "      \"sparse\": {\"kept_blocks\": %lld, \"visible_blocks\": %lld, \"kept_share\": %.6f},\n",
             (long long)pt->sparse_kept, (long long)pt->sparse_visible,
             pt->sparse_visible ? (double)pt->sparse_kept / (double)pt->sparse_visible : 1.0);
@@ -254,6 +257,11 @@ static upf_status write_json(const char *path, const serve_args *a, const upf_mo
     fprintf(f, "  \"flashprefill\": ");
     upf_sparse_args_json(f, &sc->sparse);
     fprintf(f, ",\n");
+  }
+  if (sc->mode == UPF_PREFILL_COMPACT) { /* each point's "sparse": the chunks' kept / visible key blocks */
+    fprintf(f, "  \"compact\": {\"recent\": %d, \"selector\": ", sc->compact.recent);
+    upf_sparse_args_json(f, &sc->sparse);
+    fprintf(f, "},\n");
   }
   fprintf(f, "  \"trace\": {\"source\": ");
   upf_json_string(f, a->trace ? a->trace : "seeded");
@@ -325,9 +333,9 @@ static void print_point(const upf_model *m, const char *mode, const serve_point 
                                          "than one chunk)" : "");
   }
   if (pt->sparse_visible)
-    printf("  flashprefill: kept share %.4f of the visible key blocks (%lld of %lld over every prefill step's "
-           "full-attention layers)\n", (double)pt->sparse_kept / (double)pt->sparse_visible, (long long)pt->sparse_kept,
-           (long long)pt->sparse_visible);
+    printf("  %s: kept share %.4f of the visible key blocks (%lld of %lld over every prefill step's "
+           "full-attention layers)\n", mode, (double)pt->sparse_kept / (double)pt->sparse_visible,
+           (long long)pt->sparse_kept, (long long)pt->sparse_visible);
   printf("  KV peak %.4f GiB (%lld pages) against %.4f GiB dense-equivalent: %.4f GiB saved (%.1f%%), of %.4f GiB\n",
          r->kv_bytes_peak * gib, (long long)r->pages_peak, r->kv_dense_bytes_peak * gib, r->kv_saved_bytes * gib,
          100 * r->kv_saved_share, r->kv_bytes_capacity * gib);
@@ -388,6 +396,11 @@ int upf_cli_serve(int argc, char **argv) {
   const int rc_mode = upf_mode_args_resolve("serve-sim", &p, &a.sa, &a.fa);
   if (rc_mode)
     return rc_mode;
+  if (a.sa.prefill_mode == UPF_PREFILL_COMPACT && !a.chunk) {
+    fprintf(stderr, "upf serve-sim: --mode compact needs --chunk C (CompactAttention runs the chunks of a chunked "
+                    "prefill over their cached context)\n");
+    return 2;
+  }
   if (a.trace && (SEEN("--rate") || SEEN("--requests") || SEEN("--prompt-len"))) {
     fprintf(stderr, "upf serve-sim: --trace gives the requests: --rate, --requests and --prompt-len go without it\n");
     return 2;
@@ -477,7 +490,7 @@ int upf_cli_serve(int argc, char **argv) {
   }
   if (rc == 0) {
     sc = upf_session_config_default(&m);
-    sc.mode = a.sa.prefill_mode, sc.sparse = a.fa.params;
+    sc.mode = a.sa.prefill_mode, sc.sparse = a.fa.params, sc.compact = a.fa.compact;
     upf_select_args_apply(&a.sa, &sc.select);
     sc.page_size = a.page, sc.max_requests = max_live;
     sc.pages_per_group = a.kv_pages ? a.kv_pages : worst_all;
@@ -510,6 +523,11 @@ int upf_cli_serve(int argc, char **argv) {
       char params[256];
       upf_sparse_args_describe(&sc.sparse, params, sizeof params);
       fprintf(stderr, "serve-sim: flashprefill: %s\n", params);
+    }
+    if (sc.mode == UPF_PREFILL_COMPACT) {
+      char params[256];
+      upf_sparse_args_describe(&sc.sparse, params, sizeof params);
+      fprintf(stderr, "serve-sim: compact: %s, recent %d (chunks with cached context)\n", params, sc.compact.recent);
     }
   }
   const upf_engine_options eo = {.token_budget = a.budget, .eos = a.eos, .keep_steps = 1, .chunk = a.chunk};

@@ -5,11 +5,16 @@
  *   o (T, Hq, D)        = causal attention (sliding window on local layers, counted in compacted indices;
  *                         FlashPrefill mode: block-sparse on full layers over the prefill rows); in a
  *                         session step whole prompts attend over their own K/V, prefill chunks and
- *                         decode rows over the paged cache (bottom-right causal)
+ *                         decode rows over the paged cache (bottom-right causal); COMPACT mode: chunks
+ *                         over the kept blocks of their block union (layers/compact_attn.c)
  *   o                  <- o * sigmoid(gate) [Qwen3-Next]
  *   out (T, H)          = o . attn_output (Hq D, H), post-attention norm [Gemma-3]
  *   residual += out;  hidden = ffn_norm(residual) */
+#include <string.h>
+#include <time.h>
+
 #include "layers/layers.h"
+#include "uniprefill/compact_attn.h"
 
 upf_status upf_layer_add_norm(const upf_model *m, upf_tokens *tok, upf_layer_scratch *s, const upf_tensor *norm_w) {
   const int64_t T = tok->num_tokens, H = m->cfg->hidden;
@@ -30,13 +35,42 @@ static upf_status attend_prefill(const upf_model *m, upf_layer_sparse *sp, const
   return m->be->attn_prefill(batch, q, k, v, p, o, NULL);
 }
 
+/* CompactAttention over the chunk rows; the table's columns past a chunk's own blocks are zeroed (the op
+ * leaves them unspecified) so that the counts and the dumped tables read only real blocks. */
+static upf_status attend_compact(const upf_model *m, const upf_layer_cache *kc, upf_layer_compact *cc,
+                                 const upf_tensor *q, const upf_attn_params *p, const upf_tensor *o) {
+  const upf_backend *be = m->be;
+  const upf_attn_paged *ch = &kc->chunks;
+  const int64_t hkv = m->cfg->kv_heads, nb = cc->key_blocks, bn = cc->params.block_n;
+  UPF_TRY(be->synchronize()); /* the projections before are not the attention's time */
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  UPF_TRY(upf_compact_attend(be, ch, q, &kc->k_cache, &kc->v_cache, &cc->params, &cc->cp, p, 0, o, cc->table, NULL));
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  cc->seconds = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+  cc->kept_blocks = 0, cc->visible_blocks = 0;
+  for (int32_t r = 0; r < ch->num_reqs; r++) {
+    const int64_t kv = ch->kv_lens_host[r], ql = ch->cu_seqlens_q_host[r + 1] - ch->cu_seqlens_q_host[r];
+    const int64_t own = (kv + bn - 1) / bn;
+    for (int64_t h = 0; h < hkv; h++) {
+      uint8_t *row = cc->table + ((int64_t)r * hkv + h) * nb;
+      memset(row + own, 0, (size_t)(nb - own));
+      for (int64_t b = 0; kv > ql && b < own; b++)
+        cc->kept_blocks += row[b] != 0;
+    }
+    if (kv > ql)
+      cc->visible_blocks += hkv * own;
+  }
+  return UPF_OK;
+}
+
 /* A session step: K/V into the cache, then whole prompts over the step's own K/V, prefill chunks over
  * the cache (their cached context and themselves, block-sparse when sc is set), decode rows over the
  * cache (their kv_len + 1 entries, this step's included). Chunks and decode rows run as two calls: a
  * batch of one-token rows keeps the decode path it has without chunks. */
 static upf_status attend_cached(const upf_model *m, const upf_tokens *tok, const upf_layer_cache *kc,
-                                upf_layer_sparse *sp, upf_layer_sparse *sc, const upf_tensor *q, const upf_tensor *k,
-                                const upf_tensor *v, const upf_attn_params *p, const upf_tensor *o) {
+                                upf_layer_sparse *sp, upf_layer_sparse *sc, upf_layer_compact *cc, const upf_tensor *q,
+                                const upf_tensor *k, const upf_tensor *v, const upf_attn_params *p, const upf_tensor *o) {
   const upf_backend *be = m->be;
   UPF_TRY(be->kv_cache_write(k, v, kc->slots, kc->slots_host, &kc->k_cache, &kc->v_cache));
   const int32_t Bp = kc->num_prefill_rows, Bc = kc->num_chunk_rows;
@@ -51,6 +85,8 @@ static upf_status attend_cached(const upf_model *m, const upf_tokens *tok, const
     if (sc) {
       const upf_sparse_batch b = {NULL, &kc->chunks};
       UPF_TRY(upf_layer_sparse_attend(m, sc, &b, &qc, &kc->k_cache, &kc->v_cache, &oc));
+    } else if (cc) {
+      UPF_TRY(attend_compact(m, kc, cc, &qc, p, &oc));
     } else {
       UPF_TRY(be->attn_paged(&kc->chunks, &qc, &kc->k_cache, &kc->v_cache, p, &oc, NULL));
     }
@@ -91,8 +127,9 @@ upf_status upf_layer_attention(const upf_model *m, int32_t layer, upf_tokens *to
   const upf_tensor o = upf_heads(&o2, 0, Hq, D, D);
   upf_layer_sparse *sp = kind == UPF_MIXER_FULL ? s->sparse : NULL;
   upf_layer_sparse *sc = kind == UPF_MIXER_FULL ? s->sparse_chunks : NULL;
+  upf_layer_compact *cc = kind == UPF_MIXER_FULL ? s->compact : NULL;
   if (s->cache)
-    UPF_TRY(attend_cached(m, tok, s->cache, sp, sc, &q, &k, &v, &p, &o));
+    UPF_TRY(attend_cached(m, tok, s->cache, sp, sc, cc, &q, &k, &v, &p, &o));
   else
     UPF_TRY(attend_prefill(m, sp, &batch, &q, &k, &v, &p, &o));
   if (c->attn_gate) {

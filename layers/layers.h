@@ -63,6 +63,18 @@ typedef struct {
   upf_sparse_record rec;     /* the last sparse layer's counts and times */
 } upf_layer_sparse;
 
+/* COMPACT mode (models/prefill.c sets it for a step with a chunk with cached context): the chunks of
+ * every full-attention layer run upf_compact_attend, which fills table (and the layer's counts here). */
+typedef struct {
+  upf_sparse_params params;   /* the selector's: scale resolved, last_n 0 */
+  upf_compact_params cp;
+  int32_t key_blocks;         /* ceil(max chunk kv_len / block_n): the table's dim 2 */
+  uint8_t *table;             /* (Bc, Hkv, key_blocks) host: the last layer's union, 0 past a chunk's blocks */
+  int64_t kept_blocks;        /* the last layer's: table entries set over the chunks with cached context */
+  int64_t visible_blocks;     /* Hkv ceil(kv_len / block_n) summed over those chunks */
+  double seconds;             /* the last layer's upf_compact_attend, bracketed by synchronizes */
+} upf_layer_compact;
+
 /* Buffers a layer writes and a later one overwrites, sized by the step's tokens (Tmax rows). */
 typedef struct {
   void *out;            /* (Tmax, H) a sub-layer's output, before the residual add */
@@ -79,6 +91,7 @@ typedef struct {
   const upf_layer_cache *cache; /* NULL: nothing outlives the step (plain prefill) */
   upf_layer_sparse *sparse;     /* NULL: full-attention layers run dense attention (whole prompts) */
   upf_layer_sparse *sparse_chunks; /* the chunk rows' plan over the paged cache; NULL: they run dense */
+  upf_layer_compact *compact;   /* COMPACT mode: the chunk rows' union; NULL: they run dense */
 } upf_layer_scratch;
 
 /* Views of a drop layer's q and k (after q/k norm and RoPE): the drop step's input. */

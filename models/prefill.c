@@ -34,7 +34,10 @@ static scratch_cols scratch_widths(const upf_model_config *c) {
 }
 
 const char *upf_prefill_mode_name(upf_prefill_mode mode) {
-  return mode == UPF_PREFILL_UNIPREFILL ? "uniprefill" : mode == UPF_PREFILL_FLASHPREFILL ? "flashprefill" : "dense";
+  return mode == UPF_PREFILL_UNIPREFILL      ? "uniprefill"
+         : mode == UPF_PREFILL_FLASHPREFILL ? "flashprefill"
+         : mode == UPF_PREFILL_COMPACT      ? "compact"
+                                            : "dense";
 }
 
 upf_sparse_params upf_prefill_sparse_default(void) {
@@ -134,6 +137,42 @@ static upf_status sparse_check(const upf_model *m, const upf_prefill_options *op
   return UPF_OK;
 }
 
+/* COMPACT: the selector's parameters (last_n 0: the default 2 would make the chunk's last tiles, and so
+ * the union, dense) and the union's; the same refusals as FlashPrefill's selector. */
+static upf_sparse_params compact_sparse_params(const upf_model_config *c, const upf_prefill_options *opt) {
+  upf_sparse_params p = sparse_params(c, opt);
+  p.last_n = 0;
+  return p;
+}
+
+static upf_status compact_check(const upf_model *m, const upf_prefill_options *opt) {
+  const upf_sparse_params p = compact_sparse_params(m->cfg, opt);
+  UPF_TRY(upf_sparse_params_check(&p));
+  UPF_TRY(upf_compact_params_check(&opt->compact));
+  if (m->cfg->attn.softcap > 0.0f)
+    return upf_fail(UPF_ERR_UNSUPPORTED, "prefill: compact: %s soft-caps its attention logits (%g), which the "
+                    "block-sparse selector does not", m->cfg->name, (double)m->cfg->attn.softcap);
+  return UPF_OK;
+}
+
+/* The compact state of a step's chunks (rows [Bp, Bp + Bc)); *use 0 when none has cached context (the
+ * chunks then run dense). kv_lens (Bc) host. */
+static upf_status compact_setup(const upf_model *m, const int32_t *cu, int32_t Bp, int32_t Bc, const int32_t *kv_lens,
+                                const upf_prefill_options *opt, upf_layer_compact *cc, int *use) {
+  *use = 0;
+  int32_t max_kv = 1;
+  for (int32_t r = 0; r < Bc; r++) {
+    *use |= kv_lens[r] > cu[Bp + r + 1] - cu[Bp + r];
+    max_kv = kv_lens[r] > max_kv ? kv_lens[r] : max_kv;
+  }
+  if (!*use)
+    return UPF_OK;
+  cc->params = compact_sparse_params(m->cfg, opt), cc->cp = opt->compact;
+  cc->key_blocks = (max_kv + cc->params.block_n - 1) / cc->params.block_n;
+  cc->table = calloc((size_t)Bc * (size_t)m->cfg->kv_heads * (size_t)cc->key_blocks, 1);
+  return cc->table ? UPF_OK : upf_fail(UPF_ERR_NOMEM, "prefill: compact union tables");
+}
+
 upf_status upf_model_memory_plan_batch(const upf_model *m, const int32_t *cu, int32_t B, const upf_prefill_options *opt,
                                        upf_memory_plan *plan) {
   *plan = upf_model_memory_plan(m, cu[B], B);
@@ -188,6 +227,8 @@ static upf_status check_batch(const upf_model *m, const int32_t *ids, const int3
     UPF_TRY(upf_select_params_check(&opt->select));
   if (opt->mode == UPF_PREFILL_FLASHPREFILL)
     UPF_TRY(sparse_check(m, opt));
+  else if (opt->mode == UPF_PREFILL_COMPACT)
+    UPF_TRY(compact_check(m, opt));
   else if (opt->mode != UPF_PREFILL_DENSE && opt->mode != UPF_PREFILL_UNIPREFILL)
     return upf_fail(UPF_ERR_INVALID_ARG, "prefill: mode %d is not a prefill mode", (int)opt->mode);
   for (int64_t t = 0; opt->targets && t < cu[B]; t++)
@@ -381,6 +422,15 @@ static upf_status run_layers(const upf_model *m, const upf_prefill_options *opt,
         }
       rec->layer = l;
     }
+    if (b->s.compact && upf_model_mixer(c, l) == UPF_MIXER_FULL) {
+      const upf_layer_compact *cc = b->s.compact;
+      upf_sparse_record *rec = &res->sparse[res->num_sparse++];
+      memset(rec, 0, sizeof *rec);
+      rec->layer = l, rec->kept_blocks = cc->kept_blocks, rec->visible_blocks = cc->visible_blocks;
+      rec->attn_seconds = cc->seconds;
+      if (opt->on_compact_table)
+        opt->on_compact_table(opt->compact_user, l, cc->table, hooks->num_chunk_rows, c->kv_heads, cc->key_blocks);
+    }
     while (drop_index < c->num_drop_layers && c->drop_layers[drop_index] < l)
       drop_index++;
     if (dropping && drop_index < c->num_drop_layers && c->drop_layers[drop_index] == l) {
@@ -432,6 +482,8 @@ upf_status upf_model_run_step(const upf_model *m, const int32_t *ids, const int3
   run_buffers b;
   memset(&b, 0, sizeof b);
   upf_layer_sparse sparse, sparse_chunks;
+  upf_layer_compact compact;
+  memset(&compact, 0, sizeof compact);
   memset(&sparse, 0, sizeof sparse);
   memset(&sparse_chunks, 0, sizeof sparse_chunks);
   upf_status st = alloc_buffers(m, cu_seqlens[num_reqs], num_reqs, &b);
@@ -443,6 +495,11 @@ upf_status upf_model_run_step(const upf_model *m, const int32_t *ids, const int3
   if (st == UPF_OK && opt->mode == UPF_PREFILL_FLASHPREFILL && Bc > 0) {
     st = sparse_setup_chunks(m, cu_seqlens, Bp, Bc, hooks->chunk_kv_lens, opt, &sparse_chunks);
     b.s.sparse_chunks = &sparse_chunks;
+  }
+  if (st == UPF_OK && opt->mode == UPF_PREFILL_COMPACT && Bc > 0) {
+    int use = 0;
+    st = compact_setup(m, cu_seqlens, Bp, Bc, hooks->chunk_kv_lens, opt, &compact, &use);
+    b.s.compact = use ? &compact : NULL;
   }
   if (st == UPF_OK)
     st = upload_batch(m->be, ids, cu_seqlens, positions, num_reqs, &b);
@@ -460,6 +517,7 @@ upf_status upf_model_run_step(const upf_model *m, const int32_t *ids, const int3
   free_buffers(m->be, &b);
   sparse_free(m->be, &sparse);
   sparse_free(m->be, &sparse_chunks);
+  free(compact.table);
   if (st != UPF_OK)
     upf_prefill_result_free(res);
   return st;

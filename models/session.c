@@ -65,6 +65,7 @@ upf_session_config upf_session_config_default(const upf_model *m) {
   c.mode = UPF_PREFILL_DENSE;
   c.select = m->cfg->select;
   c.sparse = upf_prefill_sparse_default();
+  c.compact = upf_compact_params_default();
   c.page_size = 16, c.max_requests = 64, c.pages_per_group = 1024;
   return c;
 }
@@ -149,8 +150,10 @@ upf_status upf_session_create(const upf_model *m, const upf_session_config *cfg,
                     cfg->page_size, cfg->max_requests, (long long)cfg->pages_per_group);
   if (cfg->mode == UPF_PREFILL_UNIPREFILL)
     UPF_TRY(upf_select_params_check(&cfg->select));
-  if (cfg->mode == UPF_PREFILL_FLASHPREFILL)
+  if (cfg->mode == UPF_PREFILL_FLASHPREFILL || cfg->mode == UPF_PREFILL_COMPACT)
     UPF_TRY(upf_sparse_params_check(&cfg->sparse));
+  if (cfg->mode == UPF_PREFILL_COMPACT)
+    UPF_TRY(upf_compact_params_check(&cfg->compact));
   upf_session *s = calloc(1, sizeof *s);
   if (!s)
     return upf_fail(UPF_ERR_NOMEM, "session");
@@ -543,10 +546,10 @@ upf_status upf_session_step(upf_session *s, const upf_session_row *rows, int32_t
     st = step_setup(&x, ids, cu, pos, T);
   upf_prefill_options po;
   memset(&po, 0, sizeof po);
-  po.mode = s->cfg.mode, po.select = s->cfg.select, po.sparse = s->cfg.sparse;
+  po.mode = s->cfg.mode, po.select = s->cfg.select, po.sparse = s->cfg.sparse, po.compact = s->cfg.compact;
   if (opt)
     po.replay_masks = opt->replay_masks, po.replay_mask_len = opt->replay_mask_len, po.on_layer = opt->on_layer,
-    po.user = opt->user;
+    po.user = opt->user, po.on_compact_table = opt->on_compact_table, po.compact_user = opt->compact_user;
   const upf_step_hooks hooks = {x.Bp, x.Bc, x.chunk_len, before_layer, &x};
   if (st == UPF_OK)
     st = upf_model_run_step(s->m, ids, cu, pos, num_rows, &po, &hooks, res);

@@ -32,6 +32,7 @@ void upf_register_cli_tokenize_tests(void);
 void upf_register_decode_tests(void);
 void upf_register_engine_tests(void);
 void upf_register_chunked_tests(void);
+void upf_register_model_compact_tests(void);
 void upf_register_eval_tests(void);
 void upf_register_gguf_model_tests(void);
 void upf_register_logits_tests(void);
@@ -67,6 +68,7 @@ static void (*const suites[])(void) = {
     upf_register_decode_tests,
     upf_register_engine_tests,
     upf_register_chunked_tests,
+    upf_register_model_compact_tests,
     upf_register_eval_tests,
     upf_register_gguf_model_tests,
     upf_register_logits_tests,

@@ -9,6 +9,7 @@
 
 #include "uniprefill/backend.h"
 #include "uniprefill/comm.h"
+#include "uniprefill/compact_attn.h"
 #include "uniprefill/dense.h"
 #include "uniprefill/gguf.h"
 #include "uniprefill/moe.h"
@@ -207,10 +208,21 @@ upf_status upf_model_save_gguf(const upf_model *m, const char *path, upf_dtype d
 /* FLASHPREFILL: every full-attention layer runs FlashPrefill V2's block-sparse attention (SPEC section
  * 8: block means, the index, attention over the kept blocks) over the step's prefill rows in place of
  * dense attention; sliding-window, Gated DeltaNet, FFN and MoE layers, decode rows and every token
- * are as in dense mode. */
-typedef enum { UPF_PREFILL_DENSE = 0, UPF_PREFILL_UNIPREFILL, UPF_PREFILL_FLASHPREFILL } upf_prefill_mode;
+ * are as in dense mode.
+ * COMPACT: CompactAttention (SPEC section 9): in a session step, every full-attention layer runs the
+ * prefill chunks through upf_compact_attend (the block-sparse selector over the chunk with `sparse`,
+ * last_n forced to 0, the block union with `compact`, zero-copy attn.paged over the kept blocks) in
+ * place of the dense attn.paged, when a chunk of the step has cached context; whole prompts, decode
+ * rows and every other layer are as in dense mode. A first chunk batched with ones that have context
+ * keeps all its blocks (they are all the chunk's own: forced), so it attends densely. */
+typedef enum {
+  UPF_PREFILL_DENSE = 0,
+  UPF_PREFILL_UNIPREFILL,
+  UPF_PREFILL_FLASHPREFILL,
+  UPF_PREFILL_COMPACT,
+} upf_prefill_mode;
 
-/* "dense", "uniprefill", "flashprefill". */
+/* "dense", "uniprefill", "flashprefill", "compact". */
 const char *upf_prefill_mode_name(upf_prefill_mode mode);
 
 /* FlashPrefill V2's parameters in a model: the published defaults (upf_sparse_params_default) except
@@ -237,8 +249,15 @@ typedef struct {
   const int32_t *targets;
   int32_t tail_logits;
   /* FLASHPREFILL: the parameters (upf_prefill_sparse_default); scale 0 takes the model's attention
-   * scale (cfg->attn), a nonzero scale is used as given */
+   * scale (cfg->attn), a nonzero scale is used as given; COMPACT: the selector's (last_n taken as 0) */
   upf_sparse_params sparse;
+  /* COMPACT: the union's forced recent blocks (upf_compact_params_default) and, when set, a hook given
+   * each full-attention layer's union table of the step's chunks: table |u1 (num_chunks, kv_heads,
+   * key_blocks) host (1: kept; columns past a chunk's own blocks 0), valid during the call */
+  upf_compact_params compact;
+  void (*on_compact_table)(void *user, int32_t layer, const uint8_t *table, int32_t num_chunks, int32_t kv_heads,
+                           int32_t key_blocks);
+  void *compact_user;
 } upf_prefill_options;
 
 /* What one drop layer did. */
@@ -256,7 +275,9 @@ typedef struct {
   upf_select_tp_stats tp;    /* the TP selection's steps (their times split the selection) */
 } upf_drop_record;
 
-/* What one full-attention layer did in FlashPrefill mode (the step's prefill rows). */
+/* What one full-attention layer did in FlashPrefill mode (the step's prefill rows), or in COMPACT mode
+ * (the step's chunks with cached context: kept = blocks of the union tables, visible = Hkv
+ * ceil(kv_len / block_n) per such chunk; index_seconds 0, attn_seconds the whole upf_compact_attend). */
 typedef struct {
   int32_t layer;
   int64_t kept_blocks;    /* index kept_total: kept key blocks summed over (KV head, query tile) */
@@ -288,7 +309,8 @@ typedef struct {
   int32_t tail_n;             /* N */
   float *tail_logits;         /* (B, N, V) host: logits of the last N positions of each request */
   /* FLASHPREFILL: one record per full-attention layer of the range that ran sparse, in layer order
-   * (none in a step without prefill rows); the kept share of a layer is kept_blocks / visible_blocks */
+   * (none in a step without prefill rows); COMPACT: one per full-attention layer in a step with a chunk
+   * with cached context; the kept share of a layer is kept_blocks / visible_blocks */
   int32_t num_sparse;
   upf_sparse_record sparse[UPF_MODEL_MAX_LAYERS];
 } upf_prefill_result;

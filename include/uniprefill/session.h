@@ -53,7 +53,9 @@ typedef struct {
   int32_t max_requests;     /* live requests at once (the Gated DeltaNet state slots; default 64) */
   int64_t pages_per_group;  /* page budget of every cache group (default 1024) ... */
   int64_t group_pages[UPF_SESSION_MAX_GROUPS]; /* ... unless group_pages[g] > 0, group g's own budget */
-  upf_sparse_params sparse; /* FlashPrefill mode: the prefill rows' block-sparse full attention (model.h) */
+  upf_sparse_params sparse; /* FlashPrefill mode: the prefill rows' block-sparse full attention (model.h);
+                             * COMPACT mode: the chunks' selector (last_n taken as 0) */
+  upf_compact_params compact; /* COMPACT mode: the union's recent blocks (default upf_compact_params_default) */
 } upf_session_config;
 
 /* Dense mode, the model's selection, FlashPrefill's model defaults (upf_prefill_sparse_default), P = 16,
@@ -91,6 +93,10 @@ typedef struct {
   const int64_t *replay_mask_len;
   void (*on_layer)(void *user, int32_t layer, double seconds, int64_t tokens);
   void *user;
+  /* COMPACT mode: upf_prefill_options.on_compact_table for this step (rows of the table: the chunks) */
+  void (*on_compact_table)(void *user, int32_t layer, const uint8_t *table, int32_t num_chunks, int32_t kv_heads,
+                           int32_t key_blocks);
+  void *compact_user;
 } upf_session_step_options;
 
 /* Runs one step over rows (each request at most once; whole-prompt prefill rows first, then prefill
