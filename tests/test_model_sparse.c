@@ -443,8 +443,21 @@ static CU_TestInfo model_sparse_tests[] = {
     CU_TEST_INFO_NULL,
 };
 
+/* Under Valgrind (quick) the session and eval-answer tests stay native: the chunked suite runs the
+ * session's sparse path under Valgrind, and make test's Valgrind pass has a time budget. */
+static CU_TestInfo model_sparse_quick_tests[] = {
+    {"alpha 0 equals dense, every visible block kept", test_alpha0_equals_dense},
+    {"alpha 1 keeps fewer blocks, finite logits", test_alpha1_sparse},
+    {"memory plan and refused parameters", test_memory_plan_and_bad_params},
+    {"upf prefill --mode flashprefill", test_cli_prefill},
+    {"bad flags name themselves", test_cli_bad_flags},
+    {"upf eval --mode flashprefill", test_cli_eval},
+    {"upf generate and serve-sim --mode flashprefill", test_cli_generate_serve},
+    CU_TEST_INFO_NULL,
+};
+
 void upf_register_model_sparse_tests(void) {
   if (upf_test_quick())
     lengths = quick_lengths, sparse_lengths = quick_sparse_lengths;
-  upf_test_suite("model_sparse", cli_up, cli_down, model_sparse_tests);
+  upf_test_suite("model_sparse", cli_up, cli_down, upf_test_quick() ? model_sparse_quick_tests : model_sparse_tests);
 }
