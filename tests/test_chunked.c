@@ -952,17 +952,14 @@ void upf_register_chunked_tests(void) {
       {"upf serve-sim --chunk: unchunked tokens, printout, JSON", test_cli_serve},
       CU_TEST_INFO_NULL,
   };
-  /* Under Valgrind (quick) the window and decode-after-chunks tests stay native (make test's Valgrind
-   * pass has a time budget): the same session paths run under it in the other tests. */
+  /* Under Valgrind (quick) the single-request, window, UniPrefill, decode-after-chunks and engine tests
+   * stay native (make test's Valgrind pass has a time budget): the mixed step, the Qwen3-Next states and
+   * FlashPrefill's chunks run the same session paths under it, and the CLI tests the engine's. */
   static CU_TestInfo quick_tests[] = {
-      {"dense chunked prefill equals unchunked (mid-page, one-token and whole-prompt chunks)",
-       test_dense_chunked_equals_unchunked},
       {"qwen3-next: Gated DeltaNet states across chunks; twins that drop them fail", test_qwen_states},
       {"several requests: whole prompts, chunks and decode rows in one step; bad rows refused",
        test_several_requests},
-      {"uniprefill: whole prompts drop, chunks run dense", test_uniprefill_beside_chunks},
       {"flashprefill: a chunk block-sparse over its cached context", test_flashprefill_chunks},
-      {"engine: chunked prefill within the budget, decodes first, same tokens", test_engine_chunked},
       {"upf prefill --chunk: unchunked logits, printout, JSON, bad flags", test_cli_prefill},
       {"upf generate --chunk: unchunked tokens, JSON", test_cli_generate},
       {"upf serve-sim --chunk: unchunked tokens, printout, JSON", test_cli_serve},

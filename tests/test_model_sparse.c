@@ -443,10 +443,9 @@ static CU_TestInfo model_sparse_tests[] = {
     CU_TEST_INFO_NULL,
 };
 
-/* Under Valgrind (quick) the session and eval-answer tests stay native: the chunked suite runs the
- * session's sparse path under Valgrind, and make test's Valgrind pass has a time budget. */
+/* Under Valgrind (quick) the alpha-0, session and eval-answer tests stay native (make test's Valgrind
+ * pass has a time budget): alpha 1 runs the same layer code, the chunked suite the session's sparse path. */
 static CU_TestInfo model_sparse_quick_tests[] = {
-    {"alpha 0 equals dense, every visible block kept", test_alpha0_equals_dense},
     {"alpha 1 keeps fewer blocks, finite logits", test_alpha1_sparse},
     {"memory plan and refused parameters", test_memory_plan_and_bad_params},
     {"upf prefill --mode flashprefill", test_cli_prefill},
