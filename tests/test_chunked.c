@@ -952,11 +952,10 @@ void upf_register_chunked_tests(void) {
       {"upf serve-sim --chunk: unchunked tokens, printout, JSON", test_cli_serve},
       CU_TEST_INFO_NULL,
   };
-  /* Under Valgrind (quick) the single-request, window, UniPrefill, decode-after-chunks and engine tests
-   * stay native (make test's Valgrind pass has a time budget): the mixed step, the Qwen3-Next states and
+  /* Under Valgrind (quick) the single-request, window, Qwen3-Next state, UniPrefill, decode-after-chunks
+   * and engine tests stay native (make test's Valgrind pass has a time budget): the mixed step and
    * FlashPrefill's chunks run the same session paths under it, and the CLI tests the engine's. */
   static CU_TestInfo quick_tests[] = {
-      {"qwen3-next: Gated DeltaNet states across chunks; twins that drop them fail", test_qwen_states},
       {"several requests: whole prompts, chunks and decode rows in one step; bad rows refused",
        test_several_requests},
       {"flashprefill: a chunk block-sparse over its cached context", test_flashprefill_chunks},
