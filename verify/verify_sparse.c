@@ -20,6 +20,7 @@
 #include "ref_cpu/sparse.h"
 #include "uniprefill/bf16.h"
 #include "uniprefill/rng.h"
+#include "verify/select_checks.h" /* upf_select_tau: the SPEC section 2 margin */
 #include "verify/harness.h"
 #include "verify/verify.h"
 
@@ -32,8 +33,6 @@ enum { SC_QUICK = 1 }; /* in the quick set (CI, the benchmarks' verify-before-ti
 static const upf_dtype both_dtypes[2] = {UPF_DTYPE_F32, UPF_DTYPE_BF16};
 
 /* tau of the marginal rule (SPEC section 2), by input dtype. */
-static double sparse_tau(upf_dtype dt) { return dt == UPF_DTYPE_BF16 ? 1e-3 : 1e-5; }
-
 typedef struct {
   const char *name;
   int nreq;
@@ -1133,7 +1132,7 @@ static void ref_means_checks(upf_verify_ctx *ctx, const sparse_run *sr, const sp
 static void ref_index_checks(upf_verify_ctx *ctx, const sparse_run *sr, const sparse_run *cont) {
   const char *op = "sparse.index";
   const int64_t S = run_segments(sr), nkb = run_nkb(sr);
-  const double tau = sparse_tau(sr->dt);
+  const double tau = upf_select_tau(sr->dt);
   upf_check check;
   run_check_init(sr, op, "invariants", &check);
   index_invariants(sr, sr->row_ptr, sr->blocks, sr->scores, sr->kept_total, tau, &check);
@@ -1604,10 +1603,10 @@ static void index_case(upf_verify_ctx *ctx, sparse_run *sr) {
     free(ref);
     upf_verify_record(ctx, &check);
     run_check_init(sr, op, "[decisions]", &check);
-    compare_decisions(sr, rp, bl, idx.kept_total, sparse_tau(sr->dt), &check);
+    compare_decisions(sr, rp, bl, idx.kept_total, upf_select_tau(sr->dt), &check);
     upf_verify_record(ctx, &check);
     run_check_init(sr, op, "[invariants]", &check);
-    index_invariants(sr, rp, bl, sc, idx.kept_total, sparse_tau(sr->dt), &check);
+    index_invariants(sr, rp, bl, sc, idx.kept_total, upf_select_tau(sr->dt), &check);
     upf_verify_record(ctx, &check);
     run_check_init(sr, op, "[deterministic]", &check);
     if (idx2.kept_total != idx.kept_total) {
