@@ -149,7 +149,7 @@ JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 
 run: deps
 	$(MAKE) -j$(JOBS) all
-	$(UPF) report --out $(BUILD)/report
+	$(UPF) report --root $(BUILD)/report
 
 # The CPU-only build of the suites under Valgrind memcheck first (the CUDA libraries' own load-time
 # code, libcublasLt's constructors, is not ours to check and trips Valgrind in ld.so), then every

@@ -108,8 +108,12 @@ upf_args_result upf_args_parse(upf_arg_parser *p, int argc, char **argv) {
      * (a value that starts with "--" can still be given as --q=--odd-name). */
     const int next_is_flag = i + 1 < argc && argv[i + 1][0] == '-' && argv[i + 1][1] == '-';
     const char *val = eq ? eq + 1 : i + 1 < argc && !next_is_flag ? argv[++i] : NULL;
-    if (!val || !*val) {
+    if (!val) {
       bad(p, "%s needs a value", a->name);
+      return UPF_ARGS_BAD;
+    }
+    if (!*val) { /* given, as '' or --flag=: say so rather than call it missing */
+      bad(p, "%s needs a value (the one given is empty)", a->name);
       return UPF_ARGS_BAD;
     }
     int ok = 1;
@@ -157,10 +161,19 @@ static char *canonical(const char *path) {
   return out;
 }
 
+/* 1 when canonical path `inner` lies under the folder `outer`. */
+static int inside(const char *inner, const char *outer) {
+  const size_t n = strlen(outer);
+  return !strncmp(inner, outer, n) && (inner[n] == '/' || (n == 1 && outer[0] == '/'));
+}
+
 int upf_args_check_paths(const char *command, const upf_arg_path *paths, int n) {
   char **canon = calloc((size_t)(n ? n : 1), sizeof *canon);
-  if (!canon) {
+  struct stat *id = calloc((size_t)(n ? n : 1), sizeof *id);
+  int *has_id = calloc((size_t)(n ? n : 1), sizeof *has_id);
+  if (!canon || !id || !has_id) {
     fprintf(stderr, "%s: out of memory checking the paths\n", command);
+    free(canon), free(id), free(has_id);
     return 0;
   }
   int ok = 1;
@@ -169,8 +182,9 @@ int upf_args_check_paths(const char *command, const upf_arg_path *paths, int n) 
     if (!a->path)
       continue;
     canon[i] = canonical(a->path);
-    /* What the writers accept (upf_npy_write): a new path, a regular file or a link to one, a FIFO
-     * or a character device. */
+    has_id[i] = stat(a->path, &id[i]) == 0;
+    /* What the writers accept (uniprefill/output.h): a new path, a regular file or a link to one, a
+     * FIFO or a character device. */
     struct stat ls, st;
     int exists = a->is_output && lstat(a->path, &ls) == 0, reaches = exists && stat(a->path, &st) == 0;
     if (a->is_output && !canon[i]) {
@@ -180,27 +194,56 @@ int upf_args_check_paths(const char *command, const upf_arg_path *paths, int n) 
     } else if (exists && !reaches) {
       fprintf(stderr, "%s: %s %s is a symbolic link that leads nowhere\n", command, a->flag, a->path);
       ok = 0;
-    } else if (reaches && !S_ISREG(st.st_mode) && !S_ISFIFO(st.st_mode) && !S_ISCHR(st.st_mode)) {
+    } else if (reaches && !a->is_dir && !S_ISREG(st.st_mode) && !S_ISFIFO(st.st_mode) && !S_ISCHR(st.st_mode)) {
       fprintf(stderr, "%s: %s %s is %s, not a file\n", command, a->flag, a->path,
               S_ISDIR(st.st_mode) ? "a directory" : S_ISBLK(st.st_mode) ? "a block device" : "a socket");
       ok = 0;
     }
     /* A missing input is not an error here: reading it says so, naming it. */
     for (int j = 0; j < i && ok; j++) {
-      if ((a->is_output || paths[j].is_output) && canon[i] && canon[j] && !strcmp(canon[i], canon[j])) {
-        fprintf(stderr, "%s: %s and %s name one file (%s)%s\n", command, paths[j].flag, a->flag, a->path,
-                a->is_output && paths[j].is_output ? "" : ": the output would overwrite the input");
+      const upf_arg_path *b = &paths[j];
+      if (!b->path || (!a->is_output && !b->is_output))
+        continue;
+      /* a device (/dev/null given twice) is no file to overwrite */
+      const int same_file = has_id[i] && has_id[j] && id[i].st_dev == id[j].st_dev && id[i].st_ino == id[j].st_ino &&
+                            !S_ISCHR(id[i].st_mode) && !S_ISFIFO(id[i].st_mode);
+      const int same_path = canon[i] && canon[j] && !strcmp(canon[i], canon[j]);
+      if (same_file || same_path) {
+        fprintf(stderr, "%s: %s %s and %s %s name one %s%s\n", command, b->flag, b->path, a->flag, a->path,
+                a->is_dir ? "folder" : "file",
+                a->is_output && b->is_output ? "" : ": the output would overwrite the input; refusing");
+        ok = 0;
+        continue;
+      }
+      if (!canon[i] || !canon[j])
+        continue;
+      const upf_arg_path *in = a->is_output ? b : a, *out = a->is_output ? a : b;
+      const char *cin = a->is_output ? canon[j] : canon[i], *cout = a->is_output ? canon[i] : canon[j];
+      if (a->is_output && b->is_output)
+        continue;
+      if (in->is_dir && inside(cout, cin)) {
+        fprintf(stderr, "%s: %s %s lies inside the %s folder %s: the output could overwrite an input; refusing\n",
+                command, out->flag, out->path, in->flag, in->path);
+        ok = 0;
+      } else if (out->is_dir && inside(cin, cout)) {
+        fprintf(stderr, "%s: %s %s lies inside the %s folder %s, which the run writes into; refusing\n", command,
+                in->flag, in->path, out->flag, out->path);
         ok = 0;
       }
     }
   }
   for (int i = 0; i < n; i++)
     free(canon[i]);
-  free(canon);
+  free(canon), free(id), free(has_id);
   return ok;
 }
 
 int upf_args_read_file(const char *command, const char *flag, const char *path, char **text, int64_t *len) {
+  struct stat sb;
+  if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) { /* fopen takes a directory; only its reads fail */
+    fprintf(stderr, "%s: %s %s: is a directory, not a file\n", command, flag, path);
+    return 0;
+  }
   FILE *f = fopen(path, "rb");
   if (!f) {
     fprintf(stderr, "%s: %s %s: cannot open it (%s)\n", command, flag, path, strerror(errno));

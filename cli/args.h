@@ -47,16 +47,20 @@ int upf_args_exit_code(upf_args_result r);
 /* The entry of p for `name`, or NULL. */
 const upf_arg *upf_args_find(const upf_arg_parser *p, const char *name);
 
-/* A path a command reads (is_output 0) or writes (is_output 1), and the flag that named it. */
+/* A path a command reads (is_output 0) or writes (is_output 1), and the flag that named it; is_dir:
+ * a folder of files (--replay-masks, --dump-masks) rather than a file. */
 typedef struct {
   const char *flag;
   const char *path; /* NULL when the flag was not given: skipped */
   int is_output;
+  int is_dir;
 } upf_arg_path;
 
 /* Checks, before any work, that each output's directory exists and the output is not a directory,
- * and that no output names the same file as another output or an input (through links and ./ too).
- * Prints a message naming the flags and returns 0 on the first problem, 1 when all is well. */
+ * and that no output names the same file as another output or an input: the same resolved path
+ * (through links and ./ too) or the same file (device and inode: a hard link); nor lies inside an
+ * input folder, nor is an output folder that holds an input. Prints a message naming both flags and
+ * returns 0 on the first problem, 1 when all is well. */
 int upf_args_check_paths(const char *command, const upf_arg_path *paths, int n);
 
 /* Writes s to f as a JSON string: quotes and backslashes escaped, control characters as \u00XX. */

@@ -6,7 +6,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cli/args.h"
@@ -274,25 +273,19 @@ int upf_cli_block_sparse(int argc, char **argv) {
     st = check_inputs(&a, &q, &k, &v, &cu, what, sizeof what);
   if (st == UPF_OK && (st = run_layer(&a, be, &q, &k, &v, &cu, &out, &blk)) != UPF_OK)
     snprintf(what, sizeof what, "block-sparse (--backend %s)", a.backend);
-  /* Each write is atomic, and a later failure removes the regular files written before it (a link, a
-   * FIFO or a device written through is left in place: removing it would remove the user's node). */
+  /* the outputs land together or none does (a failed one leaves an existing file as it was) */
   const char *out_flag[2] = {"--out", "--out-blocks"};
   const char *out_path[2] = {a.out, a.out_blocks};
   const upf_tensor *out_tensor[2] = {&out, &blk};
-  int nwritten = 0;
-  for (int i = 0; i < 2 && st == UPF_OK; i++) {
-    if (!out_path[i])
-      continue;
-    if ((st = upf_npy_write(out_path[i], out_tensor[i])) != UPF_OK)
+  upf_outputs *outs = NULL;
+  if (st == UPF_OK && (st = upf_outputs_create(&outs, 0)) != UPF_OK)
+    snprintf(what, sizeof what, "block-sparse");
+  for (int i = 0; i < 2 && st == UPF_OK; i++)
+    if (out_path[i] && (st = upf_npy_write_to(outs, out_path[i], out_flag[i], out_tensor[i])) != UPF_OK)
       snprintf(what, sizeof what, "block-sparse: %s", out_flag[i]);
-    else
-      nwritten = i + 1;
-  }
-  struct stat written;
-  if (st != UPF_OK)
-    for (int i = 0; i < nwritten; i++)
-      if (out_path[i] && lstat(out_path[i], &written) == 0 && S_ISREG(written.st_mode))
-        unlink(out_path[i]);
+  if (st == UPF_OK && (st = upf_outputs_commit(outs)) != UPF_OK)
+    snprintf(what, sizeof what, "block-sparse");
+  upf_outputs_free(outs);
   upf_tensor_free(&q), upf_tensor_free(&k), upf_tensor_free(&v), upf_tensor_free(&cu);
   upf_tensor_free(&out), upf_tensor_free(&blk);
   return st == UPF_OK ? 0 : upf_cli_error(st, what);

@@ -2,6 +2,7 @@
  * perplexity of a text; next-token: top-1 agreement and KL(dense || approximation) over the last
  * positions of windows of a text; needle: a pass key hidden at several depths of a filler text,
  * answered greedily by dense and by the approximation. Every input is checked before any model work; the JSON is written whole at the end. */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +14,7 @@
 #include "cli/cli.h"
 #include "cli/model_args.h"
 #include "uniprefill/eval.h"
+#include "uniprefill/output.h"
 #include "uniprefill/provenance.h"
 #include "uniprefill/rng.h"
 #include "uniprefill/tokenizer.h"
@@ -24,10 +26,11 @@ const char upf_cli_eval_usage[] =
     "                [--last-n N]\n"
     "                [--backend cpu|cuda] [--dtype f32|bf16] [--text-file F1,F2,...] [--windows K]\n"
     "                [--last N] [--depths D1,D2,...] [--trials N] [--needle-seed S] [--dtype-floor]\n"
-    "                [--json R.json]\n"
+    "                [--allow-over-context] [--json R.json]\n"
     "  ppl: exp of the mean next-token NLL over every position of K windows of N tokens of the text\n"
     "    (dense). next-token: K windows of N tokens; top-1 agreement and mean KL(dense || UniPrefill) over\n"
-    "    the last N positions of each (default 128; always kept: at most the model's last-q), and the\n"
+    "    the last N positions of each (default 128, or the model's last-q when smaller; always kept: at\n"
+    "    most the model's last-q), and the\n"
     "    kept share of the prompt after each drop layer. needle: a pass key (5-6 digits from the needle\n"
     "    seed) at each depth (default 0.1,0.3,0.5,0.7,0.9) of N tokens of filler text, then the question;\n"
     "    correct iff greedy decoding produces the key (checked by one prefill of prompt + answer; UniPrefill\n"
@@ -41,13 +44,15 @@ const char upf_cli_eval_usage[] =
     "  dense run in the other dtype (f32 for bf16, and back) against dense: what precision alone changes.\n"
     "  --text-file: plain-text files joined in order (default: the licence texts Debian ships in\n"
     "  /usr/share/common-licenses). --model NAME (seeded weights, no tokenizer): ppl and next-token on\n"
-    "  token ids from the seed.\n";
+    "  token ids from the seed. --tokens past the GGUF's context_length are refused unless\n"
+    "  --allow-over-context.\n";
 
 typedef struct {
   const char *gguf, *model, *task, *tokens, *mode, *p, *keep, *backend, *dtype, *text_files, *depths, *json;
   const char *alpha;  /* FlashPrefill: the list of alphas */
   upf_sparse_args fa; /* FlashPrefill: --block-n, --mean-correction, --sink, --window, --last-n */
   int32_t seed, windows, last, trials, needle_seed, floor;
+  int over_context; /* --allow-over-context */
 } eval_args;
 
 static const char default_text_files[] =
@@ -192,9 +197,12 @@ static upf_status read_text(const char *list, eval_source *s, char **text, size_
       return upf_fail(UPF_ERR_INVALID_ARG, "more than %d files", s->num_files);
     eval_file *f = &s->files[s->num_files];
     snprintf(f->path, sizeof f->path, "%.*s", (int)n, c);
+    struct stat sb;
+    if (stat(f->path, &sb) == 0 && S_ISDIR(sb.st_mode)) /* fopen takes a directory; its reads fail */
+      return upf_fail(UPF_ERR_IO, "%s: is a directory, not a text file", f->path);
     FILE *in = fopen(f->path, "rb");
     if (!in)
-      return upf_fail(UPF_ERR_IO, "%s: cannot open", f->path);
+      return upf_fail(UPF_ERR_IO, "%s: cannot open it (%s)", f->path, strerror(errno));
     char buf[1 << 16];
     size_t got;
     f->bytes = 0;
@@ -208,10 +216,10 @@ static upf_status read_text(const char *list, eval_source *s, char **text, size_
       memcpy(*text + *len, buf, got);
       *len += got, f->bytes += (int64_t)got;
     }
-    const int err = ferror(in);
+    const int err = ferror(in) ? errno : 0;
     fclose(in);
     if (err)
-      return upf_fail(UPF_ERR_IO, "%s: read error", f->path);
+      return upf_fail(UPF_ERR_IO, "%s: cannot read it (%s)", f->path, strerror(err));
     if (f->bytes == 0)
       return upf_fail(UPF_ERR_FORMAT, "%s: empty", f->path);
     s->num_files++;
@@ -240,6 +248,7 @@ static upf_status eval_source_open(const eval_source_spec *spec, eval_source *s)
   if (st == UPF_OK) {
     s->bos = s->tok.bos;
     s->bos_len = s->tok.add_bos ? 1 : 0;
+    s->stage = "eval: --text-file"; /* what fails now is the text's, not the model's */
     st = eval_tokenizer_encode(&s->tok, text, (int64_t)len, &s->text, &s->text_len);
   }
   /* the filler of needle prompts: paragraph by paragraph, so a fact can go in at a paragraph start */
@@ -375,15 +384,33 @@ typedef struct {
 static upf_status json_write_file(json_out *j, const char *path) {
   fclose(j->f);
   j->f = NULL;
-  char tmp[4200];
-  snprintf(tmp, sizeof tmp, "%s.tmp", path);
-  FILE *f = fopen(tmp, "w");
-  const int ok = f && fwrite(j->buf, 1, j->len, f) == j->len;
-  if (!f || fclose(f) != 0 || !ok || rename(tmp, path) != 0) {
-    remove(tmp);
-    return upf_fail(UPF_ERR_IO, "cannot write %s", path);
-  }
-  return UPF_OK;
+  upf_outputs *o;
+  UPF_TRY(upf_outputs_create(&o, 1));
+  FILE *f;
+  upf_status st = upf_outputs_open(o, path, "--json", &f);
+  if (st == UPF_OK)
+    st = upf_output_put(f, j->buf, j->len, path);
+  if (st == UPF_OK)
+    st = upf_outputs_commit(o);
+  upf_outputs_free(o);
+  return st;
+}
+
+/* Every file the run reads or writes, for upf_args_check_paths: --gguf, each file of the --text-file
+ * list (or of the default list) and --json. 0 after the message on a clash. */
+static int check_eval_paths(const eval_args *a) {
+  const char *list = a->text_files ? a->text_files : a->gguf ? default_text_files : "";
+  char *copy = strdup(list);
+  upf_arg_path paths[2 + 64];
+  int n = 0;
+  paths[n++] = (upf_arg_path){"--gguf", a->gguf, 0, 0};
+  for (char *save = NULL, *tok = copy ? strtok_r(copy, ",", &save) : NULL; tok && n < 1 + 64;
+       tok = strtok_r(NULL, ",", &save))
+    paths[n++] = (upf_arg_path){a->text_files ? "--text-file" : "--text-file (its default)", tok, 0, 0};
+  paths[n++] = (upf_arg_path){"--json", a->json, 1, 0};
+  const int ok = copy && upf_args_check_paths("upf eval", paths, n);
+  free(copy);
+  return ok;
 }
 
 static void json_header(FILE *f, const eval_args *a, const eval_source *src, const upf_backend *be, int argc,
@@ -728,6 +755,7 @@ int upf_cli_eval(int argc, char **argv) {
       {"--backend", UPF_ARG_STRING, &a.backend},     {"--dtype", UPF_ARG_STRING, &a.dtype},
       {"--text-file", UPF_ARG_STRING, &a.text_files}, {"--windows", UPF_ARG_INT, &a.windows, 0, 1, 100000},
       {"--last", UPF_ARG_INT, &a.last, 0, 1, 1 << 20}, {"--depths", UPF_ARG_STRING, &a.depths},
+      {"--allow-over-context", UPF_ARG_SWITCH, &a.over_context},
       {"--trials", UPF_ARG_INT, &a.trials, 0, 1, 100000}, {"--needle-seed", UPF_ARG_INT, &a.needle_seed, 0, 0, INT32_MAX},
       {"--json", UPF_ARG_STRING, &a.json},           {"--dtype-floor", UPF_ARG_SWITCH, &a.floor},
       {"--alpha", UPF_ARG_STRING, &a.alpha},         UPF_SPARSE_SHAPE_ARG_FLAGS(a.fa),
@@ -740,6 +768,11 @@ int upf_cli_eval(int argc, char **argv) {
   /* the command line alone */
   if (!a.gguf == !a.model) {
     fprintf(stderr, "upf eval: give exactly one of --gguf FILE and --model NAME\n");
+    return 2;
+  }
+  if (a.gguf && upf_args_find(&p, "--seed")->seen) {
+    fprintf(stderr, "upf eval: --seed %d means nothing with --gguf: the weights are the file's and the windows are "
+                    "its text (--needle-seed draws the needles); leave it out\n", a.seed);
     return 2;
   }
   const int task_ppl = !strcmp(a.task, "ppl"), task_next = !strcmp(a.task, "next-token"),
@@ -813,12 +846,15 @@ int upf_cli_eval(int argc, char **argv) {
     nlen = 0;
   int64_t *lengths = malloc((size_t)(nlen ? nlen : 1) * sizeof *lengths);
   for (int i = 0; i < nlen; i++) {
-    lengths[i] = (int64_t)lengths_d[i];
-    if ((double)lengths[i] != lengths_d[i] || lengths[i] < 2 || lengths[i] > INT32_MAX)
+    /* the range first: converting a double past int64 is undefined */
+    if (!(lengths_d[i] >= 2 && lengths_d[i] <= INT32_MAX) || (lengths[i] = (int64_t)lengths_d[i]) != lengths_d[i]) {
       nlen = 0;
+      break;
+    }
   }
   if (!nlen) {
-    fprintf(stderr, "upf eval: --tokens '%s': want token counts >= 2 separated by commas\n", len_text);
+    fprintf(stderr, "upf eval: --tokens '%s': want whole token counts in [2, 2147483647] separated by commas\n",
+            len_text);
     rc = 2;
   }
   const char *sweep = flash ? a.alpha : a.keep ? a.keep : a.p;
@@ -849,8 +885,7 @@ int upf_cli_eval(int argc, char **argv) {
     fprintf(stderr, "upf eval: --dtype '%s': want f32 or bf16\n", a.dtype);
     rc = 2;
   }
-  const upf_arg_path paths[] = {{"--gguf", a.gguf, 0}, {"--json", a.json, 1}};
-  if (rc == 0 && !upf_args_check_paths("upf eval", paths, 2))
+  if (rc == 0 && !check_eval_paths(&a))
     rc = 2;
   struct stat sb;
   if (rc == 0 && a.gguf && (stat(a.gguf, &sb) != 0 || !S_ISREG(sb.st_mode))) {
@@ -861,7 +896,7 @@ int upf_cli_eval(int argc, char **argv) {
   if (rc == 0) {
     be = a.backend ? upf_backend_by_name(a.backend) : upf_cli_default_backend();
     if (!be)
-      rc = upf_cli_error(UPF_ERR_INVALID_ARG, "eval: --backend");
+      rc = upf_cli_error(UPF_ERR_INVALID_ARG, "eval: --backend"), rc = 2;
     else if (be->probe() != UPF_OK)
       rc = upf_cli_error(UPF_ERR_NO_DEVICE, "eval: --backend");
   }
@@ -874,7 +909,8 @@ int upf_cli_eval(int argc, char **argv) {
   if (rc == 0) {
     upf_status st = eval_source_open(&spec, &src);
     if (st != UPF_OK)
-      rc = upf_cli_error(st, a.gguf ? (src.stage ? src.stage : "eval: --gguf") : "eval: --model");
+      rc = a.gguf ? upf_cli_error(st, src.stage ? src.stage : "eval: --gguf")
+                  : (upf_cli_error(st, "eval: --model"), 2); /* an unknown name, as a bad value: 2 */
   }
   eval_arm *arms = NULL;
   int narms = 0;
@@ -896,9 +932,27 @@ int upf_cli_eval(int argc, char **argv) {
         arms[i].sel.p = (float)arms[i].value;
     }
     /* FlashPrefill has logits at every position; UniPrefill only at those it keeps */
+    /* the default fits the model: a tiny one observes fewer than 128 positions */
+    if (!upf_args_find(&p, "--last")->seen && !flash && a.last > c->select.last_q)
+      a.last = c->select.last_q;
     if (task_next && !flash && a.last > c->select.last_q) {
       fprintf(stderr, "upf eval: --last %d: at most the model's last-q (%d): positions before the observation window "
                       "can be dropped, and dropped positions have no logits\n", a.last, c->select.last_q);
+      rc = 2;
+    }
+    const int64_t ctx = c->context_length;
+    for (int i = 0; rc == 0 && ctx > 0 && i < nlen; i++) {
+      if (lengths[i] <= ctx)
+        continue;
+      if (a.over_context) {
+        fprintf(stderr, "upf eval: --tokens %lld: past the context_length %lld of %s (--allow-over-context: the model "
+                        "is used beyond what it was trained for)\n", (long long)lengths[i], (long long)ctx,
+                a.gguf ? a.gguf : c->name);
+        break;
+      }
+      fprintf(stderr, "upf eval: --tokens %lld: past the context_length %lld that %s states; shorten it, or pass "
+                      "--allow-over-context to run it anyway\n", (long long)lengths[i], (long long)ctx,
+              a.gguf ? a.gguf : c->name);
       rc = 2;
     }
     for (int i = 0; rc == 0 && i < nlen; i++) {
@@ -938,7 +992,7 @@ int upf_cli_eval(int argc, char **argv) {
     if (st != UPF_OK)
       rc = upf_cli_error(st, "eval");
     else if (a.json && (st = json_write_file(&j, a.json)) != UPF_OK)
-      rc = upf_cli_error(st, "eval: --json");
+      rc = upf_cli_error(st, "eval");
     if (j.f)
       fclose(j.f);
     free(j.buf);

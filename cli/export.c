@@ -3,6 +3,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "cli/args.h"
 #include "cli/cli.h"
@@ -47,6 +48,9 @@ int upf_cli_export(int argc, char **argv) {
   upf_model_free(&m);
   if (st != UPF_OK)
     return upf_cli_error(st, "export: --out");
-  printf("%s (seed %d, %s) -> %s\n", cfg->name, seed, upf_dtype_name(dtype), out);
+  /* the summary stays out of a file written to stdout */
+  struct stat sb;
+  const int to_file = stat(out, &sb) == 0 && S_ISREG(sb.st_mode) && fstat(1, &sb) == 0 && !S_ISREG(sb.st_mode);
+  fprintf(!to_file ? stderr : stdout, "%s (seed %d, %s) -> %s\n", cfg->name, seed, upf_dtype_name(dtype), out);
   return 0;
 }

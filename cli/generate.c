@@ -251,8 +251,9 @@ static void print_json(FILE *f, const generate_args *a, const upf_model *m, cons
     pclose(g);
   }
   const int32_t N = rec->N;
-  fprintf(f, "{\n  \"model\": \"%s\",\n  \"layers\": [%d, %d],\n  \"partial_model\": %s,\n", c->name, m->layer_begin,
-          m->layer_end, upf_model_args_partial(&a->sel) ? "true" : "false");
+  fprintf(f, "{\n  \"model\": \"%s\",\n  \"layers\": [%d, %d],\n  \"partial_model\": %s,\n  \"shared_weights\": %s,\n",
+          c->name, m->layer_begin, m->layer_end, upf_model_args_partial(&a->sel) ? "true" : "false",
+          m->shared_weights ? "true" : "false");
   fprintf(f, "  \"mode\": \"%s\",\n  \"dtype\": \"%s\",\n  \"backend\": \"%s\",\n  \"device\": \"%s\",\n", a->sa.mode,
           upf_dtype_name(m->dtype), m->be->name, m->be->describe());
   fprintf(f, "  \"select\": {\"block\": %d, \"sink\": %d, \"last_q\": %d, \"p\": %g, \"keep_ratio\": %g},\n",
@@ -322,40 +323,27 @@ static void print_json(FILE *f, const generate_args *a, const upf_model *m, cons
   fprintf(f, "\n}\n");
 }
 
-/* The outputs, all or none: the JSON to a temporary file, the tokens (upf_npy_write replaces its
- * file atomically), then the JSON renamed into place; a failure removes what was written. */
+/* The outputs, all or none (uniprefill/output.h): both staged, then landed together. */
 static int write_outputs(const generate_args *a, const upf_model *m, const upf_session_config *sc,
                          const run_record *rec, int argc, char **argv) {
-  char tmp[4096] = "";
-  if (a->json) {
-    snprintf(tmp, sizeof tmp, "%s.tmp-%d", a->json, (int)getpid());
-    FILE *f = fopen(tmp, "w");
-    if (!f)
-      return upf_cli_error(upf_fail(UPF_ERR_IO, "cannot write %s", tmp), "generate: --json");
-    print_json(f, a, m, sc, rec, argc, argv);
-    if (ferror(f) | (fclose(f) != 0)) {
-      remove(tmp);
-      return upf_cli_error(upf_fail(UPF_ERR_IO, "cannot write %s", tmp), "generate: --json");
-    }
+  upf_outputs *o;
+  upf_status st = upf_outputs_create(&o, 0);
+  if (st == UPF_OK && a->json) {
+    FILE *f;
+    st = upf_outputs_open(o, a->json, "--json", &f);
+    if (st == UPF_OK)
+      print_json(f, a, m, sc, rec, argc, argv);
   }
-  if (a->out_tokens) {
+  if (st == UPF_OK && a->out_tokens) {
     upf_tensor t;
     const int64_t shape[2] = {rec->B, rec->N};
     upf_tensor_init(&t, rec->tokens, UPF_DTYPE_I32, 2, shape);
-    const upf_status st = upf_npy_write(a->out_tokens, &t);
-    if (st != UPF_OK) {
-      if (a->json)
-        remove(tmp);
-      return upf_cli_error(st, "generate: --out-tokens");
-    }
+    st = upf_npy_write_to(o, a->out_tokens, "--out-tokens", &t);
   }
-  if (a->json && rename(tmp, a->json) != 0) {
-    remove(tmp);
-    if (a->out_tokens)
-      remove(a->out_tokens);
-    return upf_cli_error(upf_fail(UPF_ERR_IO, "cannot write %s", a->json), "generate: --json");
-  }
-  return 0;
+  if (st == UPF_OK)
+    st = upf_outputs_commit(o);
+  upf_outputs_free(o);
+  return st == UPF_OK ? 0 : upf_cli_error(st, "generate");
 }
 
 /* With a GGUF model: each request's generated text, through the file's tokenizer (a failure to decode
@@ -412,6 +400,10 @@ int upf_cli_generate(int argc, char **argv) {
     fprintf(stderr, "upf generate: --cu-seqlens goes with --token-ids\n");
     return 2;
   }
+  if (!upf_model_args_check_seed("generate", &a.sel, upf_args_find(&p, "--seed")->seen,
+                                 a.sel.gguf ? "the weights are --gguf's, the prompt is given and decoding is greedy"
+                                            : NULL))
+    return 2;
   const int rc_mode = upf_mode_args_resolve("generate", &p, &a.sa, &a.fa);
   if (rc_mode)
     return rc_mode;
@@ -420,15 +412,20 @@ int upf_cli_generate(int argc, char **argv) {
                     "prefill over their cached context)\n");
     return 2;
   }
-  const upf_arg_path paths[] = {{"--token-ids", a.ids_path, 0}, {"--cu-seqlens", a.cu_path, 0},
-                                {"--file", a.text_file, 0},       {"--out-tokens", a.out_tokens, 1},
-                                {"--json", a.json, 1}};
+  const upf_arg_path paths[] = {{"--token-ids", a.ids_path, 0},   {"--cu-seqlens", a.cu_path, 0},
+                                {"--file", a.text_file, 0},       {"--gguf", a.sel.gguf, 0},
+                                {"--out-tokens", a.out_tokens, 1}, {"--json", a.json, 1}};
   if (!upf_args_check_paths("upf generate", paths, (int)(sizeof paths / sizeof *paths)))
     return 2;
 
   int32_t *ids = NULL, *cu = NULL, B = 0;
   if (!upf_model_args_batch("generate", &a.sel, a.ids_path, a.cu_path, a.text, a.text_file, &ids, &cu, &B))
     return 2;
+  if (!upf_model_args_check_context("generate", &a.sel, a.ids_path ? "--token-ids" : a.text ? "--text" : "--file", cu,
+                                    B, a.max_new - 1)) {
+    free(ids), free(cu);
+    return 2;
+  }
   upf_model m;
   upf_status st = upf_model_args_build("generate", &a.sel, &m);
   if (st != UPF_OK) {
@@ -460,7 +457,7 @@ int upf_cli_generate(int argc, char **argv) {
   int rc = st == UPF_OK ? 0 : upf_cli_error(st, "generate");
   if (rc == 0) {
     printf("%s%s, %s, %s on %s: %d requests, %d prompt tokens, %d new tokens each\n", cfg->name,
-           upf_model_args_partial(&a.sel) ? " (partial model)" : "", a.sa.mode, upf_dtype_name(m.dtype), m.be->name, B,
+           upf_model_args_label(&a.sel), a.sa.mode, upf_dtype_name(m.dtype), m.be->name, B,
            cu[B], N);
     double decode = 0;
     for (int32_t i = 1; i < N; i++)

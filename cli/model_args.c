@@ -42,7 +42,7 @@ int upf_model_args_resolve(const char *command, upf_model_args *ma) {
   } else {
     snprintf(what, sizeof what, "%s: --model", command);
     if (!(ma->cfg = upf_model_config_by_name(ma->model)))
-      return upf_cli_error(UPF_ERR_INVALID_ARG, what);
+      return upf_cli_error(UPF_ERR_INVALID_ARG, what), 2;
   }
   if (upf_dtype_parse(ma->dtype, &ma->dt) != UPF_OK || (ma->dt != UPF_DTYPE_F32 && ma->dt != UPF_DTYPE_BF16)) {
     fprintf(stderr, "upf %s: --dtype '%s': want f32 or bf16\n", command, ma->dtype);
@@ -54,16 +54,60 @@ int upf_model_args_resolve(const char *command, upf_model_args *ma) {
     fprintf(stderr, "upf %s: --layers '%s': want A:B with 0 <= A < B <= %d\n", command, ma->layers, n);
     return 2;
   }
+  if (ma->shared_weights && ma->gguf) {
+    fprintf(stderr, "upf %s: --shared-weights needs --model (a seeded model); --gguf %s has its own weights\n", command,
+            ma->gguf);
+    return 2;
+  }
   snprintf(what, sizeof what, "%s: --backend", command);
   ma->be = ma->backend ? upf_backend_by_name(ma->backend) : upf_cli_default_backend();
-  if (!ma->be)
-    return upf_cli_error(UPF_ERR_INVALID_ARG, what);
+  if (!ma->be) /* a malformed value, as a bad number is: 2; a backend that cannot run here is 1 */
+    return upf_cli_error(UPF_ERR_INVALID_ARG, what), 2;
   const upf_status st = ma->be->probe();
   return st == UPF_OK ? 0 : upf_cli_error(st, what);
 }
 
+int upf_model_args_check_seed(const char *command, const upf_model_args *ma, int seed_given, const char *why) {
+  if (!seed_given || !why)
+    return 1;
+  fprintf(stderr, "upf %s: --seed %d means nothing here: %s; leave it out\n", command, ma->seed, why);
+  return 0;
+}
+
+int upf_model_args_check_context(const char *command, const upf_model_args *ma, const char *flag, const int32_t *cu,
+                                 int32_t B, int64_t extra) {
+  const int64_t ctx = ma->cfg->context_length;
+  if (ctx <= 0)
+    return 1;
+  for (int32_t r = 0; r < B; r++) {
+    const int64_t need = (int64_t)cu[r + 1] - cu[r] + extra;
+    if (need <= ctx)
+      continue;
+    if (ma->allow_over_context) {
+      fprintf(stderr, "upf %s: request %d runs %lld positions, past the context_length %lld of %s "
+                      "(--allow-over-context: the model is used beyond what it was trained for)\n",
+              command, r, (long long)need, (long long)ctx, ma->gguf ? ma->gguf : ma->cfg->name);
+      return 1;
+    }
+    fprintf(stderr, "upf %s: %s: request %d runs %lld positions (%lld tokens%s), past the context_length %lld "
+                    "that %s states; shorten it, or pass --allow-over-context to run it anyway\n",
+            command, flag, r, (long long)need, (long long)(cu[r + 1] - cu[r]), extra ? " plus the new ones" : "",
+            (long long)ctx, ma->gguf ? ma->gguf : ma->cfg->name);
+    return 0;
+  }
+  return 1;
+}
+
 int upf_model_args_partial(const upf_model_args *ma) {
   return ma->layer_begin > 0 || ma->layer_end < ma->cfg->num_layers;
+}
+
+const char *upf_model_args_label(const upf_model_args *ma) {
+  const int partial = upf_model_args_partial(ma);
+  return partial && ma->shared_weights ? " (partial model, shared weights)"
+         : partial                     ? " (partial model)"
+         : ma->shared_weights          ? " (shared weights)"
+                                       : "";
 }
 
 upf_status upf_model_args_build(const char *command, const upf_model_args *ma, upf_model *m) {
@@ -75,6 +119,20 @@ upf_status upf_model_args_build_tp(const char *command, const upf_model_args *ma
   if (upf_model_args_partial(ma) && rank0)
     fprintf(stderr, "upf %s: layers %d:%d of %s's %d (a partial model)\n", command, ma->layer_begin, ma->layer_end,
             ma->cfg->name, ma->cfg->num_layers);
+  upf_weight_bytes distinct;
+  if (ma->shared_weights && rank0 &&
+      upf_model_config_weight_bytes(ma->cfg, ma->layer_begin, ma->layer_end, &distinct) == UPF_OK)
+    fprintf(stderr, "upf %s: every layer of one kind runs on the weights of the first layer of its kind (--shared-weights: "
+                    "real shapes, routing and KV sizes, not the model's values; a timing mode). The distinct weights "
+                    "of these layers would take %.2f GiB in bf16, %.2f GiB in FP8 (E4M3 projections with per-channel "
+                    "f32 scales; embedding, head, routers, conv and norms bf16)\n",
+            command, distinct.bf16 / (1 << 30), distinct.fp8_e4m3 / (1 << 30));
+  if (ma->shared_weights && comm)
+    return upf_fail(UPF_ERR_UNSUPPORTED, "%s: --shared-weights with tensor parallelism: the slices are not shared",
+                    command);
+  if (ma->shared_weights)
+    return upf_model_init_seeded_shared(m, ma->cfg, ma->be, ma->dt, (uint64_t)ma->seed, ma->layer_begin,
+                                        ma->layer_end);
   if (!ma->gguf)
     return comm ? upf_model_init_seeded_tp(m, ma->cfg, ma->be, ma->dt, (uint64_t)ma->seed, ma->layer_begin,
                                            ma->layer_end, comm)
@@ -133,7 +191,7 @@ int upf_model_args_encode(const char *command, const upf_model_args *ma, const c
 /* Reads the ids and the cu_seqlens files: 0 after the message on bad input. */
 static int read_ids(const char *command, const char *ids_path, const char *cu_path, int32_t **ids, int32_t **cu,
                     int32_t *B) {
-  char what[64];
+  char what[1100];
   upf_tensor t_ids = {0}, t_cu = {0};
   snprintf(what, sizeof what, "%s: --token-ids", command);
   upf_status st = upf_npy_read(ids_path, &t_ids);
@@ -163,7 +221,14 @@ static int read_ids(const char *command, const char *ids_path, const char *cu_pa
     return 0;
   }
   *B = (int32_t)(t_cu.shape[0] - 1);
+  /* said in the command's words: the library's check speaks of an op's q/k */
+  if ((*cu)[*B] != T) {
+    fprintf(stderr, "upf %s: --cu-seqlens %s: its last entry (cu[%d] = %d) must be the %lld tokens of --token-ids %s\n",
+            command, cu_path, *B, (*cu)[*B], (long long)T, ids_path);
+    return 0;
+  }
   st = upf_cu_seqlens_check(*cu, *B, T);
+  snprintf(what, sizeof what, "%s: --cu-seqlens %s", command, cu_path);
   if (st != UPF_OK)
     return upf_cli_error(st, what), 0;
   for (int32_t r = 0; r < *B; r++)

@@ -2,7 +2,8 @@
  * generate, ...): --model NAME (a built-in config, upf models) or --gguf FILE (the llama or gemma3
  * model of a GGUF file, its weights dequantised to --dtype), --seed S (seeded weights and, where a
  * command draws them, its ids), --dtype f32|bf16, --backend cpu|cuda (default: cuda when usable) and
- * --layers A:B (a partial model). A command puts UPF_MODEL_ARG_FLAGS in its flag table, resolves them before
+ * --layers A:B (a partial model) and --shared-weights (a seeded model whose layers of one mixer kind share
+ * one layer's weights: the full depth of a model too large for the device, for timing). A command puts UPF_MODEL_ARG_FLAGS in its flag table, resolves them before
  * any work and builds the model once its other inputs are checked. */
 #ifndef UNIPREFILL_CLI_MODEL_ARGS_H
 #define UNIPREFILL_CLI_MODEL_ARGS_H
@@ -19,6 +20,8 @@ typedef struct {
   /* the flags' values */
   const char *model, *gguf, *dtype, *backend, *layers;
   int32_t seed;
+  int allow_over_context; /* --allow-over-context: run requests past the model's context_length */
+  int shared_weights; /* --shared-weights: one layer's weights per mixer kind (upf_model_init_seeded_shared) */
   /* set by upf_model_args_resolve */
   const upf_model_config *cfg; /* the built-in config, or file_cfg.cfg */
   upf_gguf_model_config file_cfg; /* --gguf: the file's config (ma must not move after resolve) */
@@ -35,13 +38,19 @@ typedef struct {
   {"--model", UPF_ARG_STRING, &(ma).model}, {"--gguf", UPF_ARG_STRING, &(ma).gguf},                \
       {"--seed", UPF_ARG_INT, &(ma).seed, 0, 0, INT32_MAX}, \
       {"--dtype", UPF_ARG_STRING, &(ma).dtype}, {"--backend", UPF_ARG_STRING, &(ma).backend},        \
-      {"--layers", UPF_ARG_STRING, &(ma).layers}
+      {"--layers", UPF_ARG_STRING, &(ma).layers}, {"--allow-over-context", UPF_ARG_SWITCH, &(ma).allow_over_context}, {"--shared-weights", UPF_ARG_SWITCH, &(ma).shared_weights}
 
 /* Resolves the flags of `command` ("prefill"): exactly one of --model and --gguf (the file's config is
  * read and its tensor directory checked now), the config, the dtype, the layer range and the backend
  * (probed). Returns 0 when all is well, else the exit code after one line on stderr naming the flag
- * at fault (1 for an unknown model or an unusable backend, 2 for a malformed value). */
+ * at fault (1 for a backend that cannot run here or a file that cannot be read, 2 for a malformed value or
+ * an unknown name). */
 int upf_model_args_resolve(const char *command, upf_model_args *ma);
+
+/* --seed given (seed_given) where it would change nothing: why, when not NULL, says so ("the weights
+ * are --gguf's and the ids are given"). 0 after one line on stderr naming the command and the flag
+ * (exit 2), else 1. */
+int upf_model_args_check_seed(const char *command, const upf_model_args *ma, int seed_given, const char *why);
 
 /* Builds the resolved model (seeded weights, or the file's weights) on its backend; a partial model says so on stderr. */
 upf_status upf_model_args_build(const char *command, const upf_model_args *ma, upf_model *m);
@@ -66,8 +75,18 @@ int upf_model_args_encode(const char *command, const upf_model_args *ma, const c
 int upf_model_args_batch(const char *command, const upf_model_args *ma, const char *ids_path, const char *cu_path,
                          const char *text, const char *file, int32_t **ids, int32_t **cu, int32_t *B);
 
+/* Each request of the batch (cu, B requests), plus `extra` positions a command adds to it (generated
+ * tokens), against the model's context_length (the positions it was trained for; a GGUF states it):
+ * 1 when within, or when none is stated, or with --allow-over-context (then a note on stderr); else 0
+ * after one line on stderr naming the request, the source flag and the override. */
+int upf_model_args_check_context(const char *command, const upf_model_args *ma, const char *flag, const int32_t *cu,
+                                 int32_t B, int64_t extra);
+
 /* 1 when the layer range is not the whole model. */
 int upf_model_args_partial(const upf_model_args *ma);
+/* What every output says of such a model: "" for the whole model with its own weights, else
+ * " (partial model)", " (shared weights)" or both. */
+const char *upf_model_args_label(const upf_model_args *ma);
 
 /* ---- FlashPrefill's flags (--mode flashprefill), shared by prefill, eval, generate and serve-sim ----
  * --alpha A in [0, 1], --block-n 64|128, --mean-correction on|off, --sink S >= 0, --window W >= 1 and

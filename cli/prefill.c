@@ -83,7 +83,10 @@ const char upf_cli_prefill_usage[] =
     "  kept share of the visible key blocks and the times of means + index and of the attention.\n"
     "  --dump-masks writes DIR/layer<l>.npy (|u1, one entry per token entering drop layer l, compacted\n"
     "  order); --replay-masks uses such masks instead of selecting. --layers A:B runs layers [A, B) only\n"
-    "  (a partial model: every output says so). --warmup/--iters repeat the run; times are medians.\n"
+    "  (a partial model: every output says so). --shared-weights (seeded models): the layers of one mixer\n"
+    "  kind run on the weights of its first layer, so a model too large for the device runs at full depth\n"
+    "  with its real shapes, routing and KV sizes, for timing (every output says so). --warmup/--iters\n"
+    "  repeat the run; times are medians.\n"
     "  --ideal (uniprefill): also runs dense prefills (warm) at the token counts after each drop, reporting\n"
     "  the dense TTFT and the ideal: the sum of the dense per-layer times (attention block at the count\n"
     "  entering the layer, FFN block at the count leaving its drop) at the kept counts.\n"
@@ -147,12 +150,26 @@ static void add_step(upf_prefill_result *sum, const upf_prefill_result *step, co
         sum->drops[j].select_seconds += step->drops[k].select_seconds;
 }
 
-/* --dump-tables: DIR/layer<l>/chunk<c>.npy for the step c running; the first failure is kept. */
+/* --dump-tables: DIR/layer<l>/chunk<c>.npy for the step c running, staged in the run's output set so
+ * that they land with its other outputs or not at all; the first failure is kept. The layer folders
+ * this run made are listed, to be removed again when the run fails. */
 typedef struct {
   const char *dir;
+  upf_outputs *outs;
   int32_t step;
   upf_status st;
+  int32_t made[UPF_MODEL_MAX_LAYERS];
+  int num_made;
 } table_dump;
+
+/* Removes the layer folders d made (empty once the set's temporaries are gone). */
+static void table_dump_undo(const table_dump *d) {
+  for (int i = 0; i < d->num_made; i++) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/layer%d", d->dir, d->made[i]);
+    rmdir(path);
+  }
+}
 
 static void dump_table(void *user, int32_t layer, const uint8_t *table, int32_t num_chunks, int32_t kv_heads,
                        int32_t key_blocks) {
@@ -161,8 +178,11 @@ static void dump_table(void *user, int32_t layer, const uint8_t *table, int32_t 
     return;
   char path[4096];
   snprintf(path, sizeof path, "%s/layer%d", d->dir, layer);
-  if (mkdir(path, 0755) != 0 && errno != EEXIST) {
-    d->st = upf_fail(UPF_ERR_IO, "prefill: --dump-tables: cannot create %s", path);
+  if (mkdir(path, 0755) == 0) {
+    if (d->num_made < UPF_MODEL_MAX_LAYERS)
+      d->made[d->num_made++] = layer;
+  } else if (errno != EEXIST) {
+    d->st = upf_fail(UPF_ERR_IO, "--dump-tables: cannot create %s (%s)", path, strerror(errno));
     return;
   }
   snprintf(path, sizeof path, "%s/layer%d/chunk%d.npy", d->dir, layer, d->step);
@@ -170,14 +190,14 @@ static void dump_table(void *user, int32_t layer, const uint8_t *table, int32_t 
   upf_tensor t;
   d->st = upf_tensor_init(&t, (void *)table, UPF_DTYPE_U8, 3, shape);
   if (d->st == UPF_OK)
-    d->st = upf_npy_write(path, &t);
+    d->st = upf_npy_write_to(d->outs, path, "--dump-tables", &t);
 }
 
 /* --chunk: the batch prefilled in chunks through a session; res as upf_model_prefill fills it: each
  * request's last chunk's logits, the layer times and tokens and the sparse records summed over the
  * steps, and per drop layer each request's tokens kept (its prompt, for a request that did not drop). */
 static upf_status chunked_run(const upf_model *m, const int32_t *ids, const int32_t *cu, int32_t B,
-                              const upf_prefill_options *opt, int32_t C, const char *dump_tables,
+                              const upf_prefill_options *opt, int32_t C, table_dump *dump,
                               upf_prefill_result *res, chunk_record *cr) {
   const upf_model_config *c = m->cfg;
   const int32_t V = c->vocab;
@@ -185,10 +205,9 @@ static upf_status chunked_run(const upf_model *m, const int32_t *ids, const int3
   upf_session_config sc = upf_session_config_default(m);
   sc.mode = opt->mode, sc.select = opt->select, sc.sparse = opt->sparse, sc.max_requests = B;
   sc.compact = opt->compact;
-  table_dump dump = {dump_tables, 0, UPF_OK};
   upf_session_step_options so;
   memset(&so, 0, sizeof so);
-  so.on_compact_table = dump_tables ? dump_table : NULL, so.compact_user = &dump;
+  so.on_compact_table = dump ? dump_table : NULL, so.compact_user = dump;
   sc.pages_per_group = 0;
   for (int32_t r = 0; r < B; r++)
     sc.pages_per_group += ((int64_t)cu[r + 1] - cu[r] + sc.page_size - 1) / sc.page_size;
@@ -218,11 +237,12 @@ static upf_status chunked_run(const upf_model *m, const int32_t *ids, const int3
           who[n] = r, rows[n++] = (upf_session_row){req[r], UPF_ROW_PREFILL, 0, k};
       }
     upf_prefill_result step;
-    dump.step = cr->steps;
+    if (dump)
+      dump->step = cr->steps;
     st = upf_session_step(s, rows, n, &so, &step);
-    if (st == UPF_OK && dump.st != UPF_OK) {
+    if (st == UPF_OK && dump && dump->st != UPF_OK) {
       upf_prefill_result_free(&step);
-      st = dump.st;
+      st = dump->st;
     }
     if (st != UPF_OK)
       break;
@@ -320,23 +340,37 @@ static upf_status measure_ideal(const upf_model *m, const int32_t *cu, int32_t B
 }
 
 /* "8192,32768" into lengths; each in [1, 2^31). */
-static int parse_lengths(const char *s, int32_t **out, int32_t *n) {
+/* --lengths "A,B,...": each a decimal count in [1, 2^31-1], nothing else (no sign, space or empty
+ * entry), the total under 2^31. 1, or 0 with why in msg. */
+static int parse_lengths(const char *s, int32_t **out, int32_t *n, char *msg, size_t msg_size) {
   int32_t cap = 1;
   for (const char *c = s; *c; c++)
     cap += *c == ',';
-  *out = malloc((size_t)cap * sizeof **out);
   *n = 0;
+  if (!(*out = malloc((size_t)cap * sizeof **out)))
+    return snprintf(msg, msg_size, "out of memory"), 0;
   int64_t total = 0;
-  for (const char *c = s; *out && *c;) {
-    char *end;
-    long long v = strtoll(c, &end, 10);
-    if (end == c || v < 1 || v > INT32_MAX || (*end && *end != ','))
-      return 0;
-    total += v;
+  for (const char *c = s;; c++) {
+    const char *end = c;
+    while (*end >= '0' && *end <= '9')
+      end++;
+    if (end == c || (*end && *end != ',')) {
+      const int len = (int)strcspn(c, ",");
+      return snprintf(msg, msg_size, "entry %d ('%.*s') is not a token count (digits only)", *n + 1, len, c), 0;
+    }
+    long long v = 0;
+    for (const char *d = c; d < end && v <= INT32_MAX; d++)
+      v = v * 10 + (*d - '0');
+    if (v < 1)
+      return snprintf(msg, msg_size, "entry %d is 0: a length of 0 is not a request", *n + 1), 0;
+    if (v > INT32_MAX || (total += v) > INT32_MAX)
+      return snprintf(msg, msg_size, "entry %d ('%.*s') makes the batch longer than 2^31-1 tokens", *n + 1,
+                      (int)(end - c), c), 0;
     (*out)[(*n)++] = (int32_t)v;
-    c = *end ? end + 1 : end;
+    if (!*end)
+      return 1;
+    c = end;
   }
-  return *out && *n > 0 && total <= INT32_MAX;
 }
 
 static int is_dir(const char *path) {
@@ -370,15 +404,12 @@ static void print_plan(FILE *f, const upf_model *m, const upf_memory_plan *p, in
 
 /* The JSON record of a run (see the issue: per request and drop layer, tokens in and kept, per-layer
  * times, the memory plan, the commit and the command). */
-static upf_status write_json(const char *path, const prefill_args *a, const upf_model *m, const int32_t *cu, int32_t B,
+static upf_status write_json(upf_outputs *outs, const char *path, const prefill_args *a, const upf_model *m, const int32_t *cu, int32_t B,
                              const upf_prefill_result *res, const double *totals, int iters,
                              const upf_memory_plan *plan, const ideal_times *ideal, const chunk_record *cr, int argc,
                              char **argv) {
-  char tmp[4096];
-  snprintf(tmp, sizeof tmp, "%s.tmp-%d", path, (int)getpid());
-  FILE *f = fopen(tmp, "w");
-  if (!f)
-    return upf_fail(UPF_ERR_IO, "cannot write %s", tmp);
+  FILE *f;
+  UPF_TRY(upf_outputs_open(outs, path, "--json", &f));
   const upf_model_config *c = m->cfg;
   char commit[64] = "unknown";
   FILE *g = popen("git rev-parse --short HEAD 2>/dev/null", "r");
@@ -388,8 +419,9 @@ static upf_status write_json(const char *path, const prefill_args *a, const upf_
     commit[strcspn(commit, "\n")] = '\0';
     pclose(g);
   }
-  fprintf(f, "{\n  \"model\": \"%s\",\n  \"layers\": [%d, %d],\n  \"partial_model\": %s,\n", c->name, m->layer_begin,
-          m->layer_end, m->layer_begin > 0 || m->layer_end < c->num_layers ? "true" : "false");
+  fprintf(f, "{\n  \"model\": \"%s\",\n  \"layers\": [%d, %d],\n  \"partial_model\": %s,\n  \"shared_weights\": %s,\n",
+          c->name, m->layer_begin, m->layer_end, m->layer_begin > 0 || m->layer_end < c->num_layers ? "true" : "false",
+          m->shared_weights ? "true" : "false");
   fprintf(f, "  \"mode\": \"%s\",\n  \"dtype\": \"%s\",\n  \"backend\": \"%s\",\n  \"device\": \"%s\",\n", a->sa.mode,
           upf_dtype_name(m->dtype), m->be->name, m->be->describe());
   fprintf(f, "  \"select\": {\"block\": %d, \"sink\": %d, \"last_q\": %d, \"p\": %g, \"keep_ratio\": %g},\n",
@@ -503,17 +535,17 @@ static upf_status write_json(const char *path, const prefill_args *a, const upf_
   fprintf(f, "  \"commit\": \"%s\",\n  \"command\": ", commit);
   upf_json_command(f, "upf", argc, argv);
   fprintf(f, "\n}\n");
-  if (fclose(f) != 0 || rename(tmp, path) != 0) {
-    remove(tmp);
-    return upf_fail(UPF_ERR_IO, "cannot write %s", path);
-  }
-  return UPF_OK;
+  return UPF_OK; /* a write error shows when the set is committed */
 }
 
-/* Reads DIR/layer<l>.npy for every drop layer of the range: |u1, 1-D. */
-static int read_masks(const char *dir, const upf_model *m, upf_tensor *masks, const uint8_t **ptrs, int64_t *lens) {
+/* Reads DIR/layer<l>.npy for every drop layer of the range: |u1, 1-D, one entry per token the layer
+ * sees (all T at the first, then the ones the mask before kept), each file named with its layer when
+ * it does not fit. */
+static int read_masks(const char *dir, const upf_model *m, int64_t T, upf_tensor *masks, const uint8_t **ptrs,
+                      int64_t *lens) {
   const upf_model_config *c = m->cfg;
-  for (int k = 0; k < c->num_drop_layers; k++) {
+  int64_t tokens = T;
+  for (int k = 0, first = 1; k < c->num_drop_layers; k++) {
     const int32_t l = c->drop_layers[k];
     if (l < m->layer_begin || l >= m->layer_end)
       continue;
@@ -523,12 +555,16 @@ static int read_masks(const char *dir, const upf_model *m, upf_tensor *masks, co
     if (st == UPF_OK && (masks[k].ndim != 1 || (masks[k].dtype != UPF_DTYPE_U8 && masks[k].dtype != UPF_DTYPE_BOOL)))
       st = upf_fail(UPF_ERR_FORMAT, "%s: want |u1 (T,), got %s with %d dims", path, upf_dtype_name(masks[k].dtype),
                     masks[k].ndim);
-    if (st != UPF_OK) {
-      char what[64];
-      snprintf(what, sizeof what, "prefill: --replay-masks");
-      return upf_cli_error(st, what), 0;
-    }
+    if (st == UPF_OK && masks[k].shape[0] != tokens)
+      st = upf_fail(UPF_ERR_SHAPE, "%s (drop layer %d): replay mask: %lld entries, the layer has %lld tokens (%s)",
+                    path, l, (long long)masks[k].shape[0], (long long)tokens,
+                    first ? "the whole batch" : "those the mask before it kept");
+    if (st != UPF_OK)
+      return upf_cli_error(st, "prefill: --replay-masks"), 0;
     ptrs[k] = masks[k].data, lens[k] = masks[k].shape[0];
+    tokens = 0, first = 0;
+    for (int64_t j = 0; j < lens[k]; j++)
+      tokens += ptrs[k][j] != 0;
   }
   return 1;
 }
@@ -537,9 +573,10 @@ static int read_masks(const char *dir, const upf_model *m, upf_tensor *masks, co
 static int build_batch(const prefill_args *a, const upf_model_config *cfg, int32_t **ids, int32_t **cu, int32_t *B) {
   if (a->lengths) {
     int32_t *lens = NULL, n = 0;
-    if (!parse_lengths(a->lengths, &lens, &n)) {
-      fprintf(stderr, "upf prefill: --lengths '%s': want positive token counts separated by commas (a length of 0 "
-                      "is not a request)\n", a->lengths);
+    char why[256];
+    if (!parse_lengths(a->lengths, &lens, &n, why, sizeof why)) {
+      fprintf(stderr, "upf prefill: --lengths '%s': %s; want token counts of at least 1 separated by commas\n",
+              a->lengths, why);
       free(lens);
       return 0;
     }
@@ -549,11 +586,15 @@ static int build_batch(const prefill_args *a, const upf_model_config *cfg, int32
       (*cu)[r + 1] = (*cu)[r] + lens[r];
     free(lens);
     *B = n;
+    if (!upf_model_args_check_context("prefill", &a->sel, "--lengths", *cu, n, 0))
+      return 0;
     *ids = malloc((size_t)(*cu)[n] * sizeof **ids);
     upf_model_seeded_ids((uint64_t)a->sel.seed, cfg->vocab, (*cu)[n], *ids);
     return 1;
   }
-  return upf_model_args_batch("prefill", &a->sel, a->ids_path, a->cu_path, a->text, a->text_file, ids, cu, B);
+  return upf_model_args_batch("prefill", &a->sel, a->ids_path, a->cu_path, a->text, a->text_file, ids, cu, B) &&
+         upf_model_args_check_context("prefill", &a->sel, a->ids_path ? "--token-ids" : a->text ? "--text" : "--file",
+                                      *cu, *B, 0);
 }
 
 int upf_cli_prefill(int argc, char **argv) {
@@ -590,6 +631,10 @@ int upf_cli_prefill(int argc, char **argv) {
     fprintf(stderr, "upf prefill: --cu-seqlens goes with --token-ids\n");
     return 2;
   }
+  if (!upf_model_args_check_seed("prefill", &a.sel, upf_args_find(&p, "--seed")->seen,
+                                 a.sel.gguf && !a.lengths ? "the weights are --gguf's and the prompt is given (the seed "
+                                                            "draws ids only for --lengths)" : NULL))
+    return 2;
   /* the rules every prefill command shares, then prefill's own: --select topk goes with --keep */
   const int rc_mode = upf_mode_args_resolve("prefill", &p, &a.sa, &a.fa);
   if (rc_mode)
@@ -635,16 +680,18 @@ int upf_cli_prefill(int argc, char **argv) {
   upf_select_args_apply(&a.sa, &opt.select);
   a.sa.p = opt.select.p; /* the JSON's p: the model's when --p was not given */
   const upf_dtype dtype = a.sel.dt;
-  const int32_t lb = a.sel.layer_begin, le = a.sel.layer_end;
   const char *dirs[2] = {a.dump_dir, a.replay_dir};
   for (int i = 0; i < 2; i++)
     if (dirs[i] && !is_dir(dirs[i])) {
       fprintf(stderr, "upf prefill: %s %s: not a directory\n", i ? "--replay-masks" : "--dump-masks", dirs[i]);
       return 2;
     }
-  const upf_arg_path paths[] = {{"--token-ids", a.ids_path, 0}, {"--cu-seqlens", a.cu_path, 0}, {"--file", a.text_file, 0},
+  const upf_arg_path paths[] = {{"--token-ids", a.ids_path, 0},    {"--cu-seqlens", a.cu_path, 0},
+                                {"--file", a.text_file, 0},        {"--gguf", a.sel.gguf, 0},
+                                {"--replay-masks", a.replay_dir, 0, 1},
                                 {"--out-logits", a.out_logits, 1}, {"--json", a.json, 1},
-                                {"--out-argmax", a.out_argmax, 1}, {"--out-nll", a.out_nll, 1}};
+                                {"--out-argmax", a.out_argmax, 1}, {"--out-nll", a.out_nll, 1},
+                                {"--dump-masks", a.dump_dir, 1, 1}, {"--dump-tables", a.dump_tables, 1, 1}};
   if (!upf_args_check_paths("upf prefill", paths, (int)(sizeof paths / sizeof *paths)))
     return 2;
   const upf_backend *be = a.sel.be;
@@ -729,7 +776,7 @@ int upf_cli_prefill(int argc, char **argv) {
   memset(masks, 0, sizeof masks);
   int rc = 0;
   if (a.replay_dir) {
-    if (!read_masks(a.replay_dir, &m, masks, mask_ptrs, mask_lens))
+    if (!read_masks(a.replay_dir, &m, cu[B], masks, mask_ptrs, mask_lens))
       rc = 2;
     opt.replay_masks = mask_ptrs, opt.replay_mask_len = mask_lens;
   }
@@ -739,17 +786,26 @@ int upf_cli_prefill(int argc, char **argv) {
   ideal_times ideal = {0};
   double *totals = calloc((size_t)a.iters, sizeof *totals);
   chunk_record cr = {0, NULL, calloc((size_t)B, sizeof(int32_t))};
+  char replay_what[1100];
+  snprintf(replay_what, sizeof replay_what, "prefill: --replay-masks %s", a.replay_dir ? a.replay_dir : "");
+  /* every output of the run lands together or none does: the set is opened before the run, whose last
+   * iteration stages the --dump-tables files in it */
+  upf_outputs *outs = NULL;
+  if (rc == 0 && rank0 && (st = upf_outputs_create(&outs, 0)) != UPF_OK)
+    rc = upf_cli_error(st, "prefill");
+  table_dump dump = {a.dump_tables, outs, 0, UPF_OK, {0}, 0};
   for (int it = 0; rc == 0 && it < a.warmup + a.iters; it++) {
     upf_prefill_result_free(&res);
-    st = a.chunk ? chunked_run(&m, ids, cu, B, &opt, a.chunk, a.dump_tables, &res, &cr) : upf_model_prefill(&m, ids, cu, B, &opt, &res);
+    table_dump *dump_now = a.dump_tables && rank0 && it + 1 == a.warmup + a.iters ? &dump : NULL;
+    st = a.chunk ? chunked_run(&m, ids, cu, B, &opt, a.chunk, dump_now, &res, &cr)
+                 : upf_model_prefill(&m, ids, cu, B, &opt, &res);
     if (st != UPF_OK)
-      rc = upf_cli_error(st, a.replay_dir ? "prefill: --replay-masks" : "prefill");
+      rc = upf_cli_error(st, a.replay_dir ? replay_what : "prefill");
     else if (it >= a.warmup)
       totals[it - a.warmup] = res.total_seconds;
   }
   if (rc == 0 && rank0) {
-    printf("%s%s, %s, %s on %s: %d requests, %d tokens\n", cfg->name,
-           lb > 0 || le < cfg->num_layers ? " (partial model)" : "", a.sa.mode, upf_dtype_name(dtype), be->name, B,
+    printf("%s%s, %s, %s on %s: %d requests, %d tokens\n", cfg->name, upf_model_args_label(&a.sel), a.sa.mode, upf_dtype_name(dtype), be->name, B,
            cu[B]);
     if (comm)
       printf("  tensor parallel: %d ranks (%s), %lld all-reduces of %.3f MB per rank, %.3f ms\n", m.tp_size,
@@ -836,24 +892,24 @@ int upf_cli_prefill(int argc, char **argv) {
     upf_tensor t;
     const int64_t shape[2] = {B, cfg->vocab};
     upf_tensor_init(&t, res.logits, UPF_DTYPE_F32, 2, shape);
-    st = upf_npy_write(a.out_logits, &t);
+    st = upf_npy_write_to(outs, a.out_logits, "--out-logits", &t);
     if (st != UPF_OK)
-      rc = upf_cli_error(st, "prefill: --out-logits");
+      rc = upf_cli_error(st, "prefill");
   }
   const int64_t tshape[1] = {cu[B]};
   if (rc == 0 && rank0 && a.out_argmax) {
     upf_tensor t;
     upf_tensor_init(&t, res.argmax, UPF_DTYPE_I32, 1, tshape);
-    st = upf_npy_write(a.out_argmax, &t);
+    st = upf_npy_write_to(outs, a.out_argmax, "--out-argmax", &t);
     if (st != UPF_OK)
-      rc = upf_cli_error(st, "prefill: --out-argmax");
+      rc = upf_cli_error(st, "prefill");
   }
   if (rc == 0 && rank0 && a.out_nll) {
     upf_tensor t;
     upf_tensor_init(&t, res.nll, UPF_DTYPE_F64, 1, tshape);
-    st = upf_npy_write(a.out_nll, &t);
+    st = upf_npy_write_to(outs, a.out_nll, "--out-nll", &t);
     if (st != UPF_OK)
-      rc = upf_cli_error(st, "prefill: --out-nll");
+      rc = upf_cli_error(st, "prefill");
   }
   for (int k = 0; rc == 0 && rank0 && a.dump_dir && k < res.num_drops; k++) {
     char path[4096];
@@ -861,15 +917,20 @@ int upf_cli_prefill(int argc, char **argv) {
     upf_tensor t;
     const int64_t shape[1] = {res.drops[k].tokens_in};
     upf_tensor_init(&t, res.drops[k].mask, UPF_DTYPE_U8, 1, shape);
-    st = upf_npy_write(path, &t);
+    st = upf_npy_write_to(outs, path, "--dump-masks", &t);
     if (st != UPF_OK)
-      rc = upf_cli_error(st, "prefill: --dump-masks");
+      rc = upf_cli_error(st, "prefill");
   }
   if (rc == 0 && a.json && rank0) {
-    st = write_json(a.json, &a, &m, cu, B, &res, totals, a.iters, &plan, &ideal, &cr, argc, argv);
+    st = write_json(outs, a.json, &a, &m, cu, B, &res, totals, a.iters, &plan, &ideal, &cr, argc, argv);
     if (st != UPF_OK)
-      rc = upf_cli_error(st, "prefill: --json");
+      rc = upf_cli_error(st, "prefill");
   }
+  if (rc == 0 && outs && (st = upf_outputs_commit(outs)) != UPF_OK)
+    rc = upf_cli_error(st, "prefill");
+  upf_outputs_free(outs); /* after a failure: the staged files go, then the folders made for them */
+  if (rc != 0)
+    table_dump_undo(&dump);
   upf_prefill_result_free(&res);
   for (int k = 0; k < UPF_MODEL_MAX_LAYERS; k++)
     upf_tensor_free(&masks[k]);

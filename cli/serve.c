@@ -154,7 +154,7 @@ static int split_kv(const upf_model *m, const upf_select_params *sel, int unipre
   for (int32_t g = 0; g < G; g++)
     fixed += bpp[g] * transient, per_x += bpp[g] * share[g];
   if (bytes < fixed || per_x <= 0) {
-    fprintf(stderr, "upf serve-sim: --kv-gib %.3f: one step's prefill (--token-budget %lld tokens) needs %.3f GiB of "
+    fprintf(stderr, "upf serve-sim: --kv-gib %g: one step's prefill (--token-budget %lld tokens) needs %.4g GiB of "
                     "pages in the cache groups\n", bytes / (1 << 30), (long long)budget_tokens, fixed / (1 << 30));
     return 0;
   }
@@ -236,13 +236,10 @@ static void json_point(FILE *f, const serve_point *pt, const serve_args *a) {
   (void)a;
 }
 
-static upf_status write_json(const char *path, const serve_args *a, const upf_model *m, const upf_session_config *sc,
+static upf_status write_json(upf_outputs *o, const char *path, const serve_args *a, const upf_model *m, const upf_session_config *sc,
                              int32_t num_groups, const serve_point *pts, int n, int argc, char **argv) {
-  char tmp[4096];
-  snprintf(tmp, sizeof tmp, "%s.tmp-%d", path, (int)getpid());
-  FILE *f = fopen(tmp, "w");
-  if (!f)
-    return upf_fail(UPF_ERR_IO, "cannot write %s", tmp);
+  FILE *f;
+  UPF_TRY(upf_outputs_open(o, path, "--json", &f));
   char commit[80];
   if (!upf_source_commit(commit, sizeof commit))
     snprintf(commit, sizeof commit, "unknown");
@@ -276,7 +273,8 @@ static upf_status write_json(const char *path, const serve_args *a, const upf_mo
   fprintf(f, "  \"group_pages\": [");
   for (int32_t g = 0; g < num_groups; g++)
     fprintf(f, "%s%lld", g ? ", " : "", (long long)(sc->group_pages[g] > 0 ? sc->group_pages[g] : sc->pages_per_group));
-  fprintf(f, "],\n  \"weights_gib\": %.4f,\n  \"commit\": \"%s\",\n  \"command\": ", m->weight_bytes / (1 << 30), commit);
+  fprintf(f, "],\n  \"shared_weights\": %s,\n  \"weights_gib\": %.4f,\n  \"commit\": \"%s\",\n  \"command\": ",
+          m->shared_weights ? "true" : "false", m->weight_bytes / (1 << 30), commit);
   upf_json_command(f, "upf serve-sim", argc, argv);
   fprintf(f, ",\n  \"points\": [\n");
   for (int i = 0; i < n; i++) {
@@ -284,14 +282,10 @@ static upf_status write_json(const char *path, const serve_args *a, const upf_mo
     fprintf(f, "%s\n", i + 1 < n ? "," : "");
   }
   fprintf(f, "  ]\n}\n");
-  if (fclose(f) != 0 || rename(tmp, path) != 0) {
-    remove(tmp);
-    return upf_fail(UPF_ERR_IO, "cannot write %s", path);
-  }
-  return UPF_OK;
+  return UPF_OK; /* a write error shows when the set is committed */
 }
 
-static upf_status dump_tokens(const char *path, const upf_engine_result *r) {
+static upf_status dump_tokens(upf_outputs *o, const char *path, const upf_engine_result *r) {
   int32_t width = 1;
   for (int32_t i = 0; i < r->num_reqs; i++)
     width = r->reqs[i].max_new > width ? r->reqs[i].max_new : width;
@@ -305,7 +299,7 @@ static upf_status dump_tokens(const char *path, const upf_engine_result *r) {
   const int64_t shape[2] = {r->num_reqs, width};
   upf_status st = upf_tensor_init(&t, out, UPF_DTYPE_I32, 2, shape);
   if (st == UPF_OK)
-    st = upf_npy_write(path, &t);
+    st = upf_npy_write_to(o, path, "--dump-tokens", &t);
   free(out);
   return st;
 }
@@ -401,6 +395,10 @@ int upf_cli_serve(int argc, char **argv) {
                     "prefill over their cached context)\n");
     return 2;
   }
+  if (!upf_model_args_check_seed("serve-sim", &a.sel, SEEN("--seed"),
+                                 a.sel.gguf && a.trace ? "the weights are --gguf's and --trace gives the requests (a "
+                                                         "line's own \"seed\" draws its ids)" : NULL))
+    return 2;
   if (a.trace && (SEEN("--rate") || SEEN("--requests") || SEEN("--prompt-len"))) {
     fprintf(stderr, "upf serve-sim: --trace gives the requests: --rate, --requests and --prompt-len go without it\n");
     return 2;
@@ -422,7 +420,7 @@ int upf_cli_serve(int argc, char **argv) {
   }
   int32_t len_min = 0, len_max = 0;
   if (!parse_len_range(a.prompt_len, &len_min, &len_max)) {
-    fprintf(stderr, "upf serve-sim: --prompt-len '%s': want A..B (or A) with 1 <= A <= B\n", a.prompt_len);
+    fprintf(stderr, "upf serve-sim: --prompt-len '%s': want A..B (or A) with 1 <= A <= B <= 2147483647 (2^31-1)\n", a.prompt_len);
     return 2;
   }
   double rate = 0;
@@ -440,8 +438,9 @@ int upf_cli_serve(int argc, char **argv) {
     return 2;
   }
   const upf_dtype dtype = a.sel.dt;
-  const upf_arg_path paths[] = {{"--trace", a.trace, 0}, {"--json", a.json, 1}, {"--dump-tokens", a.dump, 1}};
-  if (!upf_args_check_paths("upf serve-sim", paths, 3))
+  const upf_arg_path paths[] = {{"--trace", a.trace, 0}, {"--gguf", a.sel.gguf, 0}, {"--json", a.json, 1},
+                                {"--dump-tokens", a.dump, 1}};
+  if (!upf_args_check_paths("upf serve-sim", paths, (int)(sizeof paths / sizeof *paths)))
     return 2;
   upf_status st = UPF_OK;
 
@@ -458,7 +457,20 @@ int upf_cli_serve(int argc, char **argv) {
       st = upf_trace_seeded(&pts[i].trace, &spec, cfg->vocab);
     }
     if (st != UPF_OK)
-      rc = upf_cli_error(st, a.trace ? "serve-sim: --trace" : "serve-sim: the trace");
+      rc = upf_cli_error(st, a.trace ? "serve-sim: --trace" : "serve-sim: the seeded trace (--requests, --rate, --prompt-len)");
+    /* every request, prompt and generated tokens, within the model's context */
+    const int64_t ctx = cfg->context_length;
+    for (int32_t r = 0; rc == 0 && ctx > 0 && r < pts[i].trace.num_reqs; r++) {
+      const upf_engine_request *q = &pts[i].trace.reqs[r];
+      const int64_t need = (int64_t)q->prompt_len + q->max_new - 1;
+      if (need > ctx && !a.sel.allow_over_context) {
+        fprintf(stderr, "upf serve-sim: %s: request id %lld runs %lld positions (prompt %d + %d new - 1), past the "
+                        "context_length %lld that %s states; shorten it, or pass --allow-over-context\n",
+                a.trace ? "--trace" : "--prompt-len", (long long)q->id, (long long)need, q->prompt_len, q->max_new,
+                (long long)ctx, a.sel.gguf ? a.sel.gguf : cfg->name);
+        rc = 2;
+      }
+    }
   }
   int32_t most = 0;
   int64_t worst_all = 0;
@@ -508,8 +520,8 @@ int upf_cli_serve(int argc, char **argv) {
   if (rc == 0) {
     upf_session_memory mem;
     upf_session_memory_usage(sess, &mem);
-    fprintf(stderr, "serve-sim: %s %s %s on %s: weights %.2f GiB, KV pages %.2f GiB in %d cache groups (pages:", cfg->name,
-            a.sa.mode, upf_dtype_name(dtype), be->name, m.weight_bytes / (1 << 30), mem.bytes_capacity / (1 << 30),
+    fprintf(stderr, "serve-sim: %s%s %s %s on %s: weights %.2f GiB, KV pages %.2f GiB in %d cache groups (pages:", cfg->name,
+            upf_model_args_label(&a.sel), a.sa.mode, upf_dtype_name(dtype), be->name, m.weight_bytes / (1 << 30), mem.bytes_capacity / (1 << 30),
             num_groups);
     for (int32_t g = 0; g < num_groups; g++)
       fprintf(stderr, " %lld", (long long)upf_session_pages_total(sess, g));
@@ -552,19 +564,17 @@ int upf_cli_serve(int argc, char **argv) {
     else
       print_point(&m, a.sa.mode, &pts[i], a.chunk);
   }
-  if (rc == 0 && a.dump) {
-    st = dump_tokens(a.dump, &pts[0].res);
-    if (st != UPF_OK)
-      rc = upf_cli_error(st, "serve-sim: --dump-tokens");
-  }
-  if (rc == 0 && a.json) {
-    st = write_json(a.json, &a, &m, &sc, num_groups, pts, num_points, argc, argv);
-    if (st != UPF_OK) {
-      rc = upf_cli_error(st, "serve-sim: --json");
-      if (a.dump)
-        remove(a.dump); /* no partial output */
-    }
-  }
+  /* the outputs land together or not at all */
+  upf_outputs *outs = NULL;
+  if (rc == 0 && (a.dump || a.json) && (st = upf_outputs_create(&outs, 0)) != UPF_OK)
+    rc = upf_cli_error(st, "serve-sim");
+  if (rc == 0 && a.dump && (st = dump_tokens(outs, a.dump, &pts[0].res)) != UPF_OK)
+    rc = upf_cli_error(st, "serve-sim");
+  if (rc == 0 && a.json && (st = write_json(outs, a.json, &a, &m, &sc, num_groups, pts, num_points, argc, argv)) != UPF_OK)
+    rc = upf_cli_error(st, "serve-sim");
+  if (rc == 0 && outs && (st = upf_outputs_commit(outs)) != UPF_OK)
+    rc = upf_cli_error(st, "serve-sim");
+  upf_outputs_free(outs);
   for (int i = 0; i < num_points; i++)
     upf_engine_result_free(&pts[i].res), upf_trace_free(&pts[i].trace);
   free(pts);

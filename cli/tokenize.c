@@ -39,9 +39,18 @@ static int decode_ids(const upf_tokenizer *tok, const char *path) {
     upf_tensor_free(&t);
     return upf_cli_error(upf_fail(UPF_ERR_NOMEM, "%lld ids", (long long)n), "tokenize: --decode");
   }
+  const int32_t vocab = upf_tokenizer_n_tokens(tok);
   for (int64_t i = 0; i < n; i++) {
-    int64_t v = t.dtype == UPF_DTYPE_I32 ? ((const int32_t *)t.data)[i] : ((const int64_t *)t.data)[i];
-    ids[i] = v < INT32_MIN ? INT32_MIN : v > INT32_MAX ? INT32_MAX : (int32_t)v;
+    const int64_t v = t.dtype == UPF_DTYPE_I32 ? ((const int32_t *)t.data)[i] : ((const int64_t *)t.data)[i];
+    /* the value as given: a wide id narrowed first would be reported as another number */
+    if (v < 0 || v >= vocab) {
+      fprintf(stderr, "upf tokenize: --decode %s: ids[%lld] = %lld is outside the vocabulary [0, %d)\n", path,
+              (long long)i, (long long)v, vocab);
+      free(ids);
+      upf_tensor_free(&t);
+      return 1;
+    }
+    ids[i] = (int32_t)v;
   }
   upf_tensor_free(&t);
   char *text = NULL;
@@ -56,6 +65,16 @@ static int decode_ids(const upf_tokenizer *tok, const char *path) {
   fwrite(text, 1, (size_t)len, stdout);
   free(text);
   return fflush(stdout) ? 1 : 0;
+}
+
+static upf_status write_ids(const char *path, const upf_tensor *t) {
+  upf_outputs *o;
+  UPF_TRY(upf_outputs_create(&o, 1));
+  upf_status st = upf_npy_write_to(o, path, "--out", t);
+  if (st == UPF_OK)
+    st = upf_outputs_commit(o);
+  upf_outputs_free(o);
+  return st;
 }
 
 int upf_cli_tokenize(int argc, char **argv) {
@@ -124,10 +143,10 @@ int upf_cli_tokenize(int argc, char **argv) {
     int32_t none = 0;
     st = upf_tensor_init(&t, n ? (void *)ids : (void *)&none, UPF_DTYPE_I32, 1, shape);
     if (st == UPF_OK)
-      st = upf_npy_write(out, &t);
+      st = write_ids(out, &t);
     if (st != UPF_OK) {
       free(ids);
-      return upf_cli_error(st, "tokenize: --out");
+      return upf_cli_error(st, "tokenize");
     }
   }
   printf("count: %lld\nids:", (long long)n);

@@ -239,27 +239,22 @@ static int cmd_select(int argc, char **argv) {
   }
   if (st == UPF_OK && (st = run_select(&a, be, &q, &k, &cu, &mask, &blocks, &kept)) != UPF_OK)
     select_blame(st, &a, what, sizeof what);
-  /* Outputs are written only after the whole selection succeeded; each write is atomic, and a
-   * later failure removes the regular files written before it, so no partial result is left behind
-   * (a link, a FIFO or a device written through is left in place: removing it would remove the
-   * user's node, not our file). */
+  /* Outputs are written only after the whole selection succeeded, and land together or not at all
+   * (uniprefill/output.h). */
   const char *out_flag[3] = {"--out-mask", "--out-blocks", "--out-kept"};
   const char *out_path[3] = {a.out_mask, a.out_blocks, a.out_kept};
   const upf_tensor *out_tensor[3] = {&mask, &blocks, &kept};
-  int nwritten = 0;
-  for (int i = 0; i < 3 && st == UPF_OK && rank0; i++) {
-    if (!out_path[i])
-      continue;
-    if ((st = upf_npy_write(out_path[i], out_tensor[i])) != UPF_OK)
-      snprintf(what, sizeof what, "select: %s", out_flag[i]);
-    else
-      nwritten = i + 1;
+  upf_outputs *outs = NULL;
+  if (st == UPF_OK && rank0) {
+    snprintf(what, sizeof what, "select");
+    st = upf_outputs_create(&outs, 0);
+    for (int i = 0; i < 3 && st == UPF_OK; i++)
+      if (out_path[i])
+        st = upf_npy_write_to(outs, out_path[i], out_flag[i], out_tensor[i]);
+    if (st == UPF_OK)
+      st = upf_outputs_commit(outs);
+    upf_outputs_free(outs);
   }
-  struct stat written;
-  if (st != UPF_OK)
-    for (int i = 0; i < nwritten; i++)
-      if (out_path[i] && lstat(out_path[i], &written) == 0 && S_ISREG(written.st_mode))
-        unlink(out_path[i]);
   upf_tensor_free(&q), upf_tensor_free(&k), upf_tensor_free(&cu);
   upf_tensor_free(&mask), upf_tensor_free(&blocks), upf_tensor_free(&kept);
   upf_comm_destroy(a.comm);
@@ -325,14 +320,25 @@ static int cmd_verify(int argc, char **argv) {
   st = be->probe();
   if (st != UPF_OK)
     return upf_cli_error(st, be == upf_backend_cuda() ? "verify (--backend cuda)" : "verify");
+  /* the log is an output like any other: it appears whole once the checks are done, a link is
+   * followed and a device written through (uniprefill/output.h) */
   FILE *log = stdout;
-  if (log_path && !(log = fopen(log_path, "w"))) {
-    fprintf(stderr, "upf verify: --log %s: cannot open: %s\n", log_path, strerror(errno));
-    return 1;
+  upf_outputs *outs = NULL;
+  if (log_path) {
+    st = upf_outputs_create(&outs, 1);
+    if (st == UPF_OK)
+      st = upf_outputs_open(outs, log_path, "--log", &log);
+    if (st != UPF_OK) {
+      upf_outputs_free(outs);
+      return upf_cli_error(st, "verify");
+    }
   }
   int failed = upf_cli_verify(be, filter, quick, log);
-  if (log != stdout) {
-    fclose(log);
+  if (outs) {
+    st = upf_outputs_commit(outs);
+    upf_outputs_free(outs);
+    if (st != UPF_OK)
+      return upf_cli_error(st, "verify");
     printf("upf verify: %s (%s)\n", failed ? "FAILED" : "passed", log_path);
   }
   return failed ? 1 : 0;

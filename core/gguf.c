@@ -586,7 +586,7 @@ upf_status upf_gguf_open(const char *path, upf_gguf **out) {
   }
   if (!S_ISREG(sb.st_mode)) {
     close(fd);
-    return upf_fail(UPF_ERR_IO, "%s: not a regular file", path);
+    return upf_fail(UPF_ERR_IO, "%s: is %s, not a GGUF file", path, S_ISDIR(sb.st_mode) ? "a directory" : "not a regular file");
   }
   upf_gguf *g = new_handle(path);
   if (!g) {

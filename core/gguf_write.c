@@ -1,6 +1,6 @@
 /* GGUF writer: metadata values are serialised when set (so a file is the header, the kept bytes of
- * each entry, the tensor directory, then the tensor data each padded to the alignment), and a file is
- * written to a temporary beside the target and renamed into place, so a failure leaves nothing. */
+ * each entry, the tensor directory, then the tensor data each padded to the alignment); the file goes
+ * through an output set (uniprefill/output.h), and a large one can stream its tensors one by one. */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "uniprefill/gguf.h"
+#include "uniprefill/output.h"
 
 typedef struct {
   uint8_t *p;
@@ -303,7 +304,7 @@ static upf_status add_tensor(upf_gguf_writer *w, const char *name, upf_ggml_type
   if ((uint64_t)(row * rows) != nbytes)
     return upf_fail(UPF_ERR_SHAPE, "gguf writer: tensor '%s': %" PRIu64 " bytes given, %s (%" PRId64 ", %" PRId64 ", %" PRId64
                     ", %" PRId64 ") takes %" PRId64, name, nbytes, tn, full[0], full[1], full[2], full[3], row * rows);
-  if (nbytes && !data)
+  if (nbytes && !data && copy != 2)
     return upf_fail(UPF_ERR_INVALID_ARG, "gguf writer: tensor '%s': NULL data", name);
   for (int64_t i = 0; i < w->n_t; i++)
     if (!strcmp(w->t[i].name, name))
@@ -319,13 +320,13 @@ static upf_status add_tensor(upf_gguf_writer *w, const char *name, upf_ggml_type
   wtensor t = {.type = type, .n_dims = n_dims, .data = data, .nbytes = nbytes};
   memcpy(t.ne, full, sizeof full);
   t.name = strdup(name);
-  if (copy && nbytes) {
+  if (copy == 1 && nbytes) {
     t.owned = malloc((size_t)nbytes);
     if (t.owned)
       memcpy(t.owned, data, (size_t)nbytes);
     t.data = t.owned;
   }
-  if (!t.name || (copy && nbytes && !t.owned)) {
+  if (!t.name || (copy == 1 && nbytes && !t.owned)) {
     free(t.name);
     free(t.owned);
     return upf_fail(UPF_ERR_NOMEM, "gguf writer: tensor '%s': out of memory for %" PRIu64 " bytes", name, nbytes);
@@ -342,6 +343,21 @@ upf_status upf_gguf_add_tensor(upf_gguf_writer *w, const char *name, upf_ggml_ty
 upf_status upf_gguf_add_tensor_ref(upf_gguf_writer *w, const char *name, upf_ggml_type type, int n_dims,
                                    const int64_t *ne, const void *data, uint64_t nbytes) {
   return add_tensor(w, name, type, n_dims, ne, data, nbytes, 0);
+}
+
+upf_status upf_gguf_add_tensor_info(upf_gguf_writer *w, const char *name, upf_ggml_type type, int n_dims,
+                                    const int64_t *ne, uint64_t nbytes) {
+  return add_tensor(w, name, type, n_dims, ne, NULL, nbytes, 2);
+}
+
+/* The tensors whose data the writer does not hold (upf_gguf_add_tensor_info) go through the
+ * streaming calls only. */
+static upf_status check_held(const upf_gguf_writer *w) {
+  for (int64_t i = 0; i < w->n_t; i++)
+    if (w->t[i].nbytes && !w->t[i].data)
+      return upf_fail(UPF_ERR_INVALID_ARG, "gguf writer: tensor '%s' has no data here (its data are streamed with "
+                      "upf_gguf_writer_write_tensor)", w->t[i].name);
+  return UPF_OK;
 }
 
 static const uint8_t zero_pad[1 << 16]; /* the alignment is at most 2^16 */
@@ -380,6 +396,7 @@ static upf_status build_head(const upf_gguf_writer *w, bytes *h) {
 
 upf_status upf_gguf_writer_to_memory(const upf_gguf_writer *w, void **out, uint64_t *size) {
   bytes b = {0};
+  UPF_TRY(check_held(w));
   UPF_TRY(build_head(w, &b));
   for (int64_t i = 0; i < w->n_t; i++) {
     put(&b, w->t[i].data, w->t[i].nbytes);
@@ -394,54 +411,54 @@ upf_status upf_gguf_writer_to_memory(const upf_gguf_writer *w, void **out, uint6
   return UPF_OK;
 }
 
-static upf_status write_all(FILE *f, const void *p, uint64_t n, const char *path, const char *what) {
-  if (n && fwrite(p, 1, (size_t)n, f) != (size_t)n)
-    return upf_fail(UPF_ERR_IO, "%s: writing %s: %s", path, what, strerror(errno));
+int64_t upf_gguf_writer_num_tensors(const upf_gguf_writer *w) { return w->n_t; }
+
+upf_status upf_gguf_writer_write_head(const upf_gguf_writer *w, FILE *f, const char *what) {
+  bytes head = {0};
+  UPF_TRY(build_head(w, &head));
+  char label[4096];
+  snprintf(label, sizeof label, "%s (the GGUF header)", what);
+  upf_status st = upf_output_put(f, head.p, (size_t)head.len, label);
+  free(head.p);
+  return st;
+}
+
+upf_status upf_gguf_writer_write_tensor(const upf_gguf_writer *w, FILE *f, int64_t i, const char *name,
+                                        const void *data, uint64_t nbytes, const char *what) {
+  if (i < 0 || i >= w->n_t || strcmp(w->t[i].name, name) || w->t[i].nbytes != nbytes)
+    return upf_fail(UPF_ERR_INVALID_ARG, "%s: tensor '%s' (%" PRIu64 " bytes) is not entry %" PRId64
+                    " of the tensor directory", what, name, nbytes, i);
+  if (nbytes > SIZE_MAX || (nbytes && !data))
+    return upf_fail(UPF_ERR_INVALID_ARG, "%s: tensor '%s': no data", what, name);
+  char label[4096];
+  snprintf(label, sizeof label, "%s (tensor %s)", what, name);
+  UPF_TRY(upf_output_put(f, data, (size_t)nbytes, label));
+  return upf_output_put(f, zero_pad, (size_t)pad_of(nbytes, w->alignment), label);
+}
+
+upf_status upf_gguf_writer_write_stream(const upf_gguf_writer *w, FILE *f, const char *what) {
+  UPF_TRY(check_held(w));
+  UPF_TRY(upf_gguf_writer_write_head(w, f, what));
+  for (int64_t i = 0; i < w->n_t; i++)
+    UPF_TRY(upf_gguf_writer_write_tensor(w, f, i, w->t[i].name, w->t[i].data, w->t[i].nbytes, what));
   return UPF_OK;
 }
 
+upf_status upf_gguf_writer_write_to(const upf_gguf_writer *w, upf_outputs *o, const char *path, const char *what) {
+  UPF_TRY(check_held(w)); /* before the set holds a temporary for it */
+  FILE *f;
+  UPF_TRY(upf_outputs_open(o, path, what, &f));
+  char label[4096];
+  snprintf(label, sizeof label, "%s%s%s", what ? what : "", what ? " " : "", path);
+  return upf_gguf_writer_write_stream(w, f, label);
+}
+
 upf_status upf_gguf_writer_write(const upf_gguf_writer *w, const char *path) {
-  bytes head = {0};
-  UPF_TRY(build_head(w, &head));
-  size_t cap = strlen(path) + 16;
-  char *tmp = malloc(cap);
-  if (!tmp) {
-    free(head.p);
-    return upf_fail(UPF_ERR_NOMEM, "%s: out of memory", path);
-  }
-  snprintf(tmp, cap, "%s.tmpXXXXXX", path);
-  int fd = mkstemp(tmp);
-  if (fd < 0) {
-    upf_status st = upf_fail(UPF_ERR_IO, "%s: cannot create a temporary beside it: %s", path, strerror(errno));
-    free(tmp);
-    free(head.p);
-    return st;
-  }
-  upf_status st = UPF_OK;
-  FILE *f = fdopen(fd, "wb");
-  if (!f) {
-    st = upf_fail(UPF_ERR_IO, "%s: fdopen: %s", path, strerror(errno));
-    close(fd);
-  } else {
-    if (fchmod(fd, 0644) != 0)
-      st = upf_fail(UPF_ERR_IO, "%s: cannot set the mode of %s: %s", path, tmp, strerror(errno));
-    if (st == UPF_OK)
-      st = write_all(f, head.p, head.len, path, "the header");
-    for (int64_t i = 0; st == UPF_OK && i < w->n_t; i++) {
-      st = write_all(f, w->t[i].data, w->t[i].nbytes, path, w->t[i].name);
-      if (st == UPF_OK)
-        st = write_all(f, zero_pad, pad_of(w->t[i].nbytes, w->alignment), path, "padding");
-    }
-    if (st == UPF_OK && fflush(f) != 0)
-      st = upf_fail(UPF_ERR_IO, "%s: flushing: %s", path, strerror(errno));
-    if (fclose(f) != 0 && st == UPF_OK)
-      st = upf_fail(UPF_ERR_IO, "%s: closing: %s", path, strerror(errno));
-  }
-  if (st == UPF_OK && rename(tmp, path) != 0)
-    st = upf_fail(UPF_ERR_IO, "%s: cannot rename %s into place: %s", path, tmp, strerror(errno));
-  if (st != UPF_OK)
-    unlink(tmp);
-  free(tmp);
-  free(head.p);
+  upf_outputs *o;
+  UPF_TRY(upf_outputs_create(&o, 1));
+  upf_status st = upf_gguf_writer_write_to(w, o, path, NULL);
+  if (st == UPF_OK)
+    st = upf_outputs_commit(o);
+  upf_outputs_free(o);
   return st;
 }

@@ -3,6 +3,8 @@
  * written byte-for-byte the way numpy.save writes it. */
 #include "uniprefill/npy.h"
 
+#include "uniprefill/output.h"
+
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -276,6 +278,11 @@ upf_status upf_npy_read(const char *path, upf_tensor *out) {
   FILE *f = fopen(path, "rb");
   if (!f)
     return upf_fail(UPF_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+  struct stat sb;
+  if (fstat(fileno(f), &sb) == 0 && S_ISDIR(sb.st_mode)) {
+    fclose(f);
+    return upf_fail(UPF_ERR_IO, "%s: is a directory, not a .npy file", path);
+  }
   /* Read by growing a buffer rather than trusting ftell, so pipes and /proc files work too. */
   size_t cap = 1 << 16, size = 0;
   unsigned char *buf = malloc(cap);
@@ -296,7 +303,7 @@ upf_status upf_npy_read(const char *path, upf_tensor *out) {
   if (!buf)
     st = upf_fail(UPF_ERR_NOMEM, "%s: cannot allocate a buffer for the file", path);
   else if (ferror(f))
-    st = upf_fail(UPF_ERR_IO, "%s: read error: %s", path, strerror(errno));
+    st = upf_fail(UPF_ERR_IO, "%s: cannot read it: %s", path, strerror(errno));
   fclose(f);
   if (st == UPF_OK)
     st = upf_npy_parse(buf, size, path, out);
@@ -340,67 +347,8 @@ static upf_status build_header(const upf_tensor *t, const char *path, char **out
   return UPF_OK;
 }
 
-/* Where the bytes of an output go. A new path or a regular file is replaced atomically by a rename
- * from a temporary beside it; a symbolic link to a regular file is followed and the file it names
- * replaced the same way (the link stays). A FIFO or a character device (a pipe, /dev/stdout,
- * /dev/null) is written through in place: renaming over it would replace the node itself. Anything
- * else (a directory, a block device, a socket, a link to nothing) is refused. */
-typedef struct {
-  char *target;     /* the path written: renamed over, or opened in place */
-  int write_through;
-  int keep_mode;    /* replacing an existing regular file: give the new one its permission bits */
-  mode_t mode;
-} npy_dest;
-
-static const char *file_kind(mode_t m) {
-  return S_ISDIR(m) ? "a directory" : S_ISBLK(m) ? "a block device" : S_ISSOCK(m) ? "a socket" : "not a regular file";
-}
-
-static upf_status resolve_dest(const char *path, npy_dest *d) {
-  struct stat ls, st;
-  memset(d, 0, sizeof *d);
-  if (lstat(path, &ls) != 0) {
-    if (errno != ENOENT)
-      return upf_fail(UPF_ERR_IO, "%s: cannot stat the output path: %s", path, strerror(errno));
-    d->target = strdup(path);
-  } else {
-    int is_link = S_ISLNK(ls.st_mode);
-    if (is_link && stat(path, &st) != 0)
-      return upf_fail(UPF_ERR_IO, "%s: a symbolic link that leads nowhere (%s); not writing through it", path,
-                      strerror(errno));
-    if (!is_link)
-      st = ls;
-    if (S_ISREG(st.st_mode)) {
-      d->target = is_link ? realpath(path, NULL) : strdup(path);
-      d->keep_mode = 1, d->mode = st.st_mode & 07777;
-      if (!d->target && is_link)
-        return upf_fail(UPF_ERR_IO, "%s: cannot resolve the symbolic link: %s", path, strerror(errno));
-    } else if (S_ISFIFO(st.st_mode) || S_ISCHR(st.st_mode)) {
-      d->target = strdup(path);
-      d->write_through = 1;
-    } else {
-      return upf_fail(UPF_ERR_IO, "%s: the output path is %s%s; refusing to replace it", path,
-                      is_link ? "a symbolic link to " : "", file_kind(st.st_mode));
-    }
-  }
-  return d->target ? UPF_OK : upf_fail(UPF_ERR_NOMEM, "%s: cannot copy the output path", path);
-}
-
-/* Header then data to f, closing it; the message names `path` and `shown` (the file written). */
-static upf_status write_and_close(FILE *f, const char *path, const char *shown, const char *header, size_t header_len,
-                                  const void *data, size_t bytes) {
-  int ok = fwrite(header, 1, header_len, f) == header_len && (bytes == 0 || fwrite(data, 1, bytes, f) == bytes);
-  int saved = errno;
-  if (fclose(f) != 0 && ok) {
-    ok = 0;
-    saved = errno;
-  }
-  return ok ? UPF_OK : upf_fail(UPF_ERR_IO, "%s: cannot write %s: %s", path, shown, strerror(saved));
-}
-
-upf_status upf_npy_write(const char *path, const upf_tensor *t) {
-  if (!path || !t)
-    return upf_fail(UPF_ERR_INVALID_ARG, "npy: write needs a path and a tensor");
+/* The checks every write makes before any byte goes out; bytes set to the data's size. */
+static upf_status check_tensor(const char *path, const upf_tensor *t, size_t *bytes_out) {
   if ((unsigned)t->dtype >= UPF_DTYPE_COUNT || !descr_of(t->dtype))
     return upf_fail(UPF_ERR_DTYPE, "%s: cannot write dtype %d to npy", path, (int)t->dtype);
   if (t->ndim < 0 || t->ndim > UPF_MAX_DIMS)
@@ -413,62 +361,45 @@ upf_status upf_npy_write(const char *path, const upf_tensor *t) {
   int64_t numel = upf_tensor_numel(t), itemsize = (int64_t)upf_dtype_size(t->dtype);
   if (numel < 0 || numel > INT64_MAX / itemsize || (uint64_t)(numel * itemsize) > SIZE_MAX)
     return upf_fail(UPF_ERR_SHAPE, "%s: the byte size of the tensor overflows", path);
-  size_t bytes = (size_t)(numel * itemsize);
-  if (bytes && !t->data)
+  *bytes_out = (size_t)(numel * itemsize);
+  if (*bytes_out && !t->data)
     return upf_fail(UPF_ERR_INVALID_ARG, "%s: tensor has no data", path);
+  return UPF_OK;
+}
 
+upf_status upf_npy_write_stream(FILE *f, const char *what, const upf_tensor *t) {
+  if (!f || !what || !t)
+    return upf_fail(UPF_ERR_INVALID_ARG, "npy: write needs a stream, a name and a tensor");
+  size_t bytes;
+  UPF_TRY(check_tensor(what, t, &bytes));
   char *header;
   size_t header_len;
-  UPF_TRY(build_header(t, path, &header, &header_len));
-  npy_dest d;
-  upf_status st = resolve_dest(path, &d);
-  if (st != UPF_OK) {
-    free(d.target);
-    free(header);
-    return st;
-  }
-  if (d.write_through) {
-    /* No O_CREAT: should the node vanish after the check, this fails instead of leaving a partial
-     * regular file. */
-    int fd = open(d.target, O_WRONLY | O_TRUNC | O_NOCTTY);
-    FILE *f = fd >= 0 ? fdopen(fd, "wb") : NULL;
-    if (!f) {
-      st = upf_fail(UPF_ERR_IO, "%s: cannot open for writing: %s", path, strerror(errno));
-      if (fd >= 0)
-        close(fd);
-    } else {
-      st = write_and_close(f, path, d.target, header, header_len, t->data, bytes);
-    }
-    free(d.target);
-    free(header);
-    return st;
-  }
-
-  size_t tmp_cap = strlen(d.target) + 32;
-  char *tmp = malloc(tmp_cap);
-  if (!tmp) {
-    free(d.target);
-    free(header);
-    return upf_fail(UPF_ERR_NOMEM, "%s: cannot allocate the temporary file name", path);
-  }
-  snprintf(tmp, tmp_cap, "%s.tmp.%ld", d.target, (long)getpid());
-  FILE *f = fopen(tmp, "wb");
-  if (!f) {
-    st = upf_fail(UPF_ERR_IO, "%s: cannot create %s: %s", path, tmp, strerror(errno));
-  } else {
-    if (d.keep_mode && fchmod(fileno(f), d.mode) != 0)
-      st = upf_fail(UPF_ERR_IO, "%s: cannot set the mode of %s: %s", path, tmp, strerror(errno));
-    if (st == UPF_OK)
-      st = write_and_close(f, path, tmp, header, header_len, t->data, bytes);
-    else
-      fclose(f);
-    if (st == UPF_OK && rename(tmp, d.target) != 0)
-      st = upf_fail(UPF_ERR_IO, "%s: cannot rename %s into place: %s", path, tmp, strerror(errno));
-    if (st != UPF_OK)
-      remove(tmp);
-  }
-  free(tmp);
-  free(d.target);
+  UPF_TRY(build_header(t, what, &header, &header_len));
+  upf_status st = upf_output_put(f, header, header_len, what);
   free(header);
+  return st == UPF_OK ? upf_output_put(f, t->data, bytes, what) : st;
+}
+
+upf_status upf_npy_write_to(upf_outputs *o, const char *path, const char *what, const upf_tensor *t) {
+  if (!o || !path || !t)
+    return upf_fail(UPF_ERR_INVALID_ARG, "npy: write needs an output set, a path and a tensor");
+  size_t bytes;
+  UPF_TRY(check_tensor(path, t, &bytes)); /* before the set holds a temporary for it */
+  FILE *f;
+  UPF_TRY(upf_outputs_open(o, path, what, &f));
+  char label[4096];
+  snprintf(label, sizeof label, "%s%s%s", what ? what : "", what ? " " : "", path);
+  return upf_npy_write_stream(f, label, t);
+}
+
+upf_status upf_npy_write(const char *path, const upf_tensor *t) {
+  if (!path || !t)
+    return upf_fail(UPF_ERR_INVALID_ARG, "npy: write needs a path and a tensor");
+  upf_outputs *o;
+  UPF_TRY(upf_outputs_create(&o, 1));
+  upf_status st = upf_npy_write_to(o, path, NULL, t);
+  if (st == UPF_OK)
+    st = upf_outputs_commit(o);
+  upf_outputs_free(o);
   return st;
 }

@@ -33,13 +33,20 @@ static const char *const eog_texts[] = {
 
 /* An optional token id key: stays at *id when absent or out of range (llama.cpp keeps its default
  * then); a present key of a non-integer type is an error. */
-static upf_status get_id(const upf_gguf *g, const char *key, int32_t n_tokens, int32_t *id) {
+/* strict: the id is used on every encode (BOS), so one out of range is refused; the others, which
+ * llama.cpp ignores with a warning when out of range, are ignored. */
+static upf_status get_id(const upf_gguf *g, const char *key, int32_t n_tokens, int32_t *id, int strict) {
   if (!upf_gguf_kv_find(g, key))
     return UPF_OK;
   uint32_t v;
   UPF_TRY(upf_gguf_get_u32(g, key, &v));
-  if (v < (uint32_t)n_tokens)
-    *id = (int32_t)v;
+  /* a default in its place would silently be another token (id 1 is <eos> in Gemma) */
+  if (v >= (uint32_t)n_tokens && !strict)
+    return UPF_OK;
+  if (v >= (uint32_t)n_tokens)
+    return upf_fail(UPF_ERR_FORMAT, "%s: %s is %u, outside the vocabulary [0, %d) of tokenizer.ggml.tokens",
+                    upf_gguf_name(g), key, v, n_tokens);
+  *id = (int32_t)v;
   return UPF_OK;
 }
 
@@ -144,13 +151,13 @@ upf_status upf_tokenizer_from_gguf(const upf_gguf *g, upf_tokenizer **out) {
           break;
         }
   if (st == UPF_OK)
-    st = get_id(g, "tokenizer.ggml.bos_token_id", n, &v.bos_id);
+    st = get_id(g, "tokenizer.ggml.bos_token_id", n, &v.bos_id, 1);
   if (st == UPF_OK)
-    st = get_id(g, "tokenizer.ggml.eos_token_id", n, &v.eos_id);
+    st = get_id(g, "tokenizer.ggml.eos_token_id", n, &v.eos_id, 0);
   if (st == UPF_OK)
-    st = get_id(g, "tokenizer.ggml.unknown_token_id", n, &v.unk_id);
+    st = get_id(g, "tokenizer.ggml.unknown_token_id", n, &v.unk_id, 0);
   if (st == UPF_OK)
-    st = get_id(g, "tokenizer.ggml.padding_token_id", n, &v.pad_id);
+    st = get_id(g, "tokenizer.ggml.padding_token_id", n, &v.pad_id, 0);
   if (st == UPF_OK)
     st = upf_gguf_get_bool_or(g, "tokenizer.ggml.add_bos_token", v.add_bos, &v.add_bos);
   if (st == UPF_OK)
@@ -160,8 +167,11 @@ upf_status upf_tokenizer_from_gguf(const upf_gguf *g, upf_tokenizer **out) {
   if (st == UPF_OK) {
     v.tokens = texts, v.scores = scores, v.types = types, v.merges = merges;
     st = upf_tokenizer_create(&v, out);
-    if (st != UPF_OK)
-      upf_fail_context(st, file);
+    if (st != UPF_OK) {
+      char ctx[1100];
+      snprintf(ctx, sizeof ctx, "%s: ", file);
+      upf_fail_context(st, ctx);
+    }
   }
   free(texts), free(scores), free(types), free(merges);
   return st;

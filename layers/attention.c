@@ -45,9 +45,10 @@ static upf_status attend_compact(const upf_model *m, const upf_layer_cache *kc, 
   UPF_TRY(be->synchronize()); /* the projections before are not the attention's time */
   struct timespec t0, t1;
   clock_gettime(CLOCK_MONOTONIC, &t0);
-  UPF_TRY(upf_compact_attend(be, ch, q, &kc->k_cache, &kc->v_cache, &cc->params, &cc->cp, p, 0, o, cc->table, NULL));
+  UPF_TRY(upf_compact_attend_ws(be, ch, q, &kc->k_cache, &kc->v_cache, &cc->params, &cc->cp, p, 0, o, &cc->ws));
   clock_gettime(CLOCK_MONOTONIC, &t1);
   cc->seconds = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+  memcpy(cc->table, cc->ws.table_host.ptr, (size_t)ch->num_reqs * (size_t)hkv * (size_t)nb);
   cc->kept_blocks = 0, cc->visible_blocks = 0;
   for (int32_t r = 0; r < ch->num_reqs; r++) {
     const int64_t kv = ch->kv_lens_host[r], ql = ch->cu_seqlens_q_host[r + 1] - ch->cu_seqlens_q_host[r];

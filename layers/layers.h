@@ -73,6 +73,7 @@ typedef struct {
   int64_t kept_blocks;        /* the last layer's: table entries set over the chunks with cached context */
   int64_t visible_blocks;     /* Hkv ceil(kv_len / block_n) summed over those chunks */
   double seconds;             /* the last layer's upf_compact_attend, bracketed by synchronizes */
+  upf_compact_workspace ws;   /* the layers' shared scratch: allocated by the first, reused by the rest */
 } upf_layer_compact;
 
 /* Buffers a layer writes and a later one overwrites, sized by the step's tokens (Tmax rows). */

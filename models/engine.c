@@ -35,6 +35,8 @@ static upf_status seeded_prompt(upf_engine_request *r, uint64_t seed, int32_t vo
 
 upf_status upf_trace_seeded(upf_trace *t, const upf_trace_spec *s, int32_t vocab) {
   memset(t, 0, sizeof *t);
+  if (s->num_reqs > UPF_TRACE_MAX_REQUESTS)
+    return upf_fail(UPF_ERR_INVALID_ARG, "trace: %d requests: at most %d", s->num_reqs, UPF_TRACE_MAX_REQUESTS);
   if (s->num_reqs < 1 || s->len_min < 1 || s->len_max < s->len_min || s->max_new < 1 || vocab < 1)
     return upf_fail(UPF_ERR_INVALID_ARG, "trace: %d requests of %d..%d tokens, %d new each, vocab %d: want >= 1 "
                     "request, 1 <= min <= max, >= 1 new token", s->num_reqs, s->len_min, s->len_max, s->max_new, vocab);
@@ -60,6 +62,12 @@ upf_status upf_trace_seeded(upf_trace *t, const upf_trace_spec *s, int32_t vocab
     if (!all_at_once)
       clock += -log1p(-u) / s->rate;
     r->arrival = clock;
+    if (!(clock <= UPF_TRACE_MAX_ARRIVAL)) {
+      upf_trace_free(t);
+      return upf_fail(UPF_ERR_INVALID_ARG, "trace: rate %g requests/s puts request %d at %g s, past the bound of %g s "
+                      "(times that far out absorb the milliseconds measured from them); give a larger rate", s->rate, i,
+                      clock, UPF_TRACE_MAX_ARRIVAL);
+    }
     upf_status st = seeded_prompt(r, prompt_seed, vocab);
     if (st != UPF_OK) {
       upf_trace_free(t);
@@ -222,8 +230,11 @@ static upf_status parse_line(json_cursor *c, int32_t vocab, int32_t default_max_
       break;
     case K_ARRIVAL:
       UPF_TRY(read_number(c, &r->arrival));
-      if (r->arrival < 0)
-        return bad_line(c, "\"arrival\": want seconds >= 0");
+      if (!(r->arrival >= 0 && r->arrival <= UPF_TRACE_MAX_ARRIVAL)) {
+        snprintf(msg, sizeof msg, "\"arrival\": %g: want seconds in [0, %g] (times further out absorb the "
+                 "milliseconds measured from them)", r->arrival, UPF_TRACE_MAX_ARRIVAL);
+        return bad_line(c, msg);
+      }
       break;
     case K_PROMPT:
       UPF_TRY(read_ids(c, vocab, &r->prompt, &r->prompt_len));
@@ -267,12 +278,34 @@ static upf_status parse_line(json_cursor *c, int32_t vocab, int32_t default_max_
   return UPF_OK;
 }
 
+/* Sort keys of a trace's requests: by (id, line) for the repeat check, by (arrival, line) for the
+ * order (the line breaks ties, which makes qsort stable). */
+typedef struct {
+  int64_t id;
+  double arrival;
+  int32_t index;
+} trace_key;
+
+static int cmp_id(const void *a, const void *b) {
+  const trace_key *x = a, *y = b;
+  return x->id != y->id ? (x->id > y->id) - (x->id < y->id) : (x->index > y->index) - (x->index < y->index);
+}
+
+static int cmp_arrival(const void *a, const void *b) {
+  const trace_key *x = a, *y = b;
+  return x->arrival != y->arrival ? (x->arrival > y->arrival) - (x->arrival < y->arrival)
+                                  : (x->index > y->index) - (x->index < y->index);
+}
+
 upf_status upf_trace_parse_jsonl(upf_trace *t, const char *text, const char *name, int32_t vocab,
                                  int32_t default_max_new) {
   memset(t, 0, sizeof *t);
   int64_t lines = 1;
   for (const char *p = text; *p; p++)
     lines += *p == '\n';
+  if (lines > UPF_TRACE_MAX_REQUESTS)
+    return upf_fail(UPF_ERR_INVALID_ARG, "trace %s: %lld lines: a trace holds at most %d requests", name,
+                    (long long)lines, UPF_TRACE_MAX_REQUESTS);
   t->reqs = calloc((size_t)lines, sizeof *t->reqs);
   int64_t *line_of = calloc((size_t)lines, sizeof *line_of);
   if (!t->reqs || !line_of) {
@@ -292,14 +325,6 @@ upf_status upf_trace_parse_jsonl(upf_trace *t, const char *text, const char *nam
       break;
     }
     if (!empty) {
-      for (int32_t i = 0; i < t->num_reqs && st == UPF_OK; i++)
-        if (t->reqs[i].id == r.id)
-          st = upf_fail(UPF_ERR_FORMAT, "trace %s line %lld: id %lld is also the id of line %lld", name,
-                        (long long)c.line, (long long)r.id, (long long)line_of[i]);
-      if (st != UPF_OK) {
-        free(r.prompt);
-        break;
-      }
       line_of[t->num_reqs] = c.line;
       t->reqs[t->num_reqs++] = r;
     }
@@ -310,26 +335,31 @@ upf_status upf_trace_parse_jsonl(upf_trace *t, const char *text, const char *nam
   }
   if (st == UPF_OK && t->num_reqs == 0)
     st = upf_fail(UPF_ERR_FORMAT, "trace %s: no requests", name);
+  trace_key *k = st == UPF_OK ? malloc((size_t)t->num_reqs * sizeof *k) : NULL;
+  if (st == UPF_OK && !k)
+    st = upf_fail(UPF_ERR_NOMEM, "trace %s: sorting", name);
+  if (st == UPF_OK) {
+    /* repeated ids: sorted by (id, line), a repeat sits next to its first; the earliest repeat named */
+    for (int32_t i = 0; i < t->num_reqs; i++)
+      k[i].id = t->reqs[i].id, k[i].arrival = 0, k[i].index = i;
+    qsort(k, (size_t)t->num_reqs, sizeof *k, cmp_id);
+    int32_t worst = -1;
+    for (int32_t i = 1; i < t->num_reqs; i++)
+      if (k[i].id == k[i - 1].id && (worst < 0 || k[i].index < k[worst].index))
+        worst = i;
+    if (worst >= 0)
+      st = upf_fail(UPF_ERR_FORMAT, "trace %s line %lld: id %lld is also the id of line %lld", name,
+                    (long long)line_of[k[worst].index], (long long)k[worst].id, (long long)line_of[k[worst - 1].index]);
+  }
   if (st == UPF_OK) {
     /* a stable sort by arrival: qsort is not stable, so sort (arrival, original index) pairs */
-    typedef struct {
-      double arrival;
-      int32_t index;
-    } key;
-    key *k = malloc((size_t)t->num_reqs * sizeof *k);
     upf_engine_request *sorted = malloc((size_t)t->num_reqs * sizeof *sorted);
-    if (!k || !sorted)
+    if (!sorted)
       st = upf_fail(UPF_ERR_NOMEM, "trace %s: sorting", name);
     for (int32_t i = 0; st == UPF_OK && i < t->num_reqs; i++)
       k[i].arrival = t->reqs[i].arrival, k[i].index = i;
-    /* insertion sort: traces are short and mostly in order already */
-    for (int32_t i = 1; st == UPF_OK && i < t->num_reqs; i++) {
-      key x = k[i];
-      int32_t j = i;
-      while (j > 0 && k[j - 1].arrival > x.arrival)
-        k[j] = k[j - 1], j--;
-      k[j] = x;
-    }
+    if (st == UPF_OK)
+      qsort(k, (size_t)t->num_reqs, sizeof *k, cmp_arrival);
     for (int32_t i = 0; st == UPF_OK && i < t->num_reqs; i++)
       sorted[i] = t->reqs[k[i].index];
     if (st == UPF_OK) {
@@ -337,8 +367,8 @@ upf_status upf_trace_parse_jsonl(upf_trace *t, const char *text, const char *nam
       t->reqs = sorted;
     } else
       free(sorted);
-    free(k);
   }
+  free(k);
   free(line_of);
   if (st != UPF_OK)
     upf_trace_free(t);
@@ -369,13 +399,13 @@ upf_status upf_trace_read_jsonl(upf_trace *t, const char *path, int32_t vocab, i
     if (got == 0)
       break;
   }
-  const int err = ferror(f);
+  const int err = ferror(f) ? (errno ? errno : EIO) : 0;
   fclose(f);
   if (!buf)
     return upf_fail(UPF_ERR_NOMEM, "trace %s: reading", path);
   if (err) {
     free(buf);
-    return upf_fail(UPF_ERR_IO, "trace %s: read error", path);
+    return upf_fail(UPF_ERR_IO, "trace %s: cannot read it: %s", path, strerror(err));
   }
   buf[n] = '\0';
   if (strlen(buf) != n) {

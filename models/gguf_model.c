@@ -185,6 +185,14 @@ static upf_status llama3_freqs(meta *k, int32_t D, upf_rope_params *rope) {
   return st;
 }
 
+/* A float the model divides by or takes a root of (an epsilon, a RoPE base): NaN, infinite, zero or
+ * negative would only show as NaN logits after the weights are loaded, naming nothing. */
+static upf_status check_positive(const char *file, const char *key, float v) {
+  if (isfinite(v) && v > 0.0f)
+    return UPF_OK;
+  return upf_fail(UPF_ERR_FORMAT, "%s: %s is %g: want a finite number > 0", file, key, (double)v);
+}
+
 upf_status upf_model_config_from_gguf(const upf_gguf *g, upf_gguf_model_config *out) {
   memset(out, 0, sizeof *out);
   upf_model_config *c = &out->cfg;
@@ -222,8 +230,10 @@ upf_status upf_model_config_from_gguf(const upf_gguf *g, upf_gguf_model_config *
                     file, c->head_dim, vlen, rope_dim);
   float eps;
   UPF_TRY(upf_gguf_get_f32(g, arch_key(&k, "attention.layer_norm_rms_epsilon"), &eps));
+  UPF_TRY(check_positive(file, arch_key(&k, "attention.layer_norm_rms_epsilon"), eps));
   float theta;
   UPF_TRY(upf_gguf_get_f32_or(g, arch_key(&k, "rope.freq_base"), 10000.0f, &theta));
+  UPF_TRY(check_positive(file, arch_key(&k, "rope.freq_base"), theta));
 
   /* vocabulary: the token list when present, else vocab_size, else the embedding's rows */
   const upf_gguf_arr *tokens = NULL;
@@ -235,6 +245,10 @@ upf_status upf_model_config_from_gguf(const upf_gguf *g, upf_gguf_model_config *
     vocab = (int32_t)tokens->n;
   } else
     UPF_TRY(get_i32_or(&k, "vocab_size", vocab, &vocab));
+  if (vocab < 1)
+    return upf_fail(UPF_ERR_FORMAT, "%s: a vocabulary of %d tokens (%s): a model needs at least one", upf_gguf_name(g),
+                    vocab, tokens ? "tokenizer.ggml.tokens" : upf_gguf_kv_find(g, arch_key(&k, "vocab_size"))
+                                                                  ? arch_key(&k, "vocab_size") : "token_embd.weight rows");
   c->vocab = vocab;
 
   c->full_attn_interval = 1, c->other_mixer = UPF_MIXER_FULL, c->ffn = UPF_FFN_DENSE;
@@ -248,7 +262,11 @@ upf_status upf_model_config_from_gguf(const upf_gguf *g, upf_gguf_model_config *
   if (gemma) {
     row = gemma3_lookup(c->hidden, c->num_layers);
     c->qk_norm = 1, c->sandwich_norm = 1, c->other_mixer = UPF_MIXER_SLIDING;
+    const int window_given = upf_gguf_kv_find(g, arch_key(&k, "attention.sliding_window")) != NULL;
     UPF_TRY(get_i32_or(&k, "attention.sliding_window", row ? row->window : 0, &c->window));
+    if (c->window < 1 && window_given)
+      return upf_fail(UPF_ERR_FORMAT, "%s: gemma3.attention.sliding_window is %d: a window holds at least one token",
+                      file, c->window);
     if (c->window < 1)
       return upf_fail(UPF_ERR_FORMAT, "%s: gemma3.attention.sliding_window is absent and %d x %d layers is not a "
                       "Gemma-3 size the table knows", file, c->hidden, c->num_layers);
@@ -257,6 +275,7 @@ upf_status upf_model_config_from_gguf(const upf_gguf *g, upf_gguf_model_config *
     c->attn.scale = qpas == c->head_dim ? 0.0f : upf_attn_gemma_scale(qpas); /* 0: the op's 1/sqrt(D) */
     float local;
     UPF_TRY(upf_gguf_get_f32_or(g, arch_key(&k, "rope.freq_base_swa"), (float)UPF_GEMMA3_12B_ROPE_LOCAL_BASE, &local));
+    UPF_TRY(check_positive(file, arch_key(&k, "rope.freq_base_swa"), local));
     c->rope_sliding = (upf_rope_params){local, 0, UPF_ROPE_DEFAULT, 1.0, 0.0, 0.0, 0};
     UPF_TRY(rope_scaling(&k, &c->rope_full)); /* the global layers only, as HF applies rope_scaling */
     c->embed_scale = sqrtf((float)c->hidden);
@@ -315,7 +334,11 @@ static upf_status store(upf_model *m, upf_tensor *t, const char *name, int64_t d
   upf_status st = m->be->alloc(&t->data, bytes);
   if (st == UPF_OK)
     m->weight_bytes += (double)bytes, st = m->be->upload(t->data, host, bytes);
-  return st == UPF_OK ? UPF_OK : upf_fail_context(st, name);
+  if (st == UPF_OK)
+    return UPF_OK;
+  char ctx[160];
+  snprintf(ctx, sizeof ctx, "%s: ", name);
+  return upf_fail_context(st, ctx);
 }
 
 /* A norm weight: the file's values, minus 1 where the config's norms are zero-centred. */
@@ -460,13 +483,25 @@ upf_status upf_model_load_gguf(upf_model *m, const upf_gguf *g, const upf_model_
 
 /* ---- Saving ---- */
 
+/* The file is written in two passes over the model so that no more than one layer's host copies
+ * live at once (a file larger than memory streams): the first declares every tensor (the directory),
+ * the second writes each tensor's bytes as it is made. */
 typedef struct {
   const upf_model *m;
   upf_gguf_writer *w;
   upf_ggml_type type;  /* of tensors of 2 or more dims */
-  void **bufs;         /* host buffers the writer refers to, freed after the write */
+  void **bufs;         /* host buffers of the step running, freed by release() */
   int nbufs, capbufs;
+  FILE *f;             /* NULL: the declaring pass; else the writing pass's stream */
+  int64_t next;        /* the writing pass: the directory entry written next */
+  const char *what;    /* the output in messages */
 } saver;
+
+static void release(saver *s) {
+  for (int i = 0; i < s->nbufs; i++)
+    free(s->bufs[i]);
+  s->nbufs = 0;
+}
 
 static void *keep(saver *s, size_t bytes) {
   if (s->nbufs == s->capbufs) {
@@ -505,8 +540,10 @@ static upf_status put(saver *s, const char *name, int n_dims, const int64_t *ne,
   if (type == UPF_GGML_TYPE_BF16) /* narrow in place */
     for (int64_t i = 0; i < n; i++)
       ((uint16_t *)data)[i] = upf_bf16_from_f32(data[i]);
-  return upf_gguf_add_tensor_ref(s->w, name, type, n_dims, ne, data,
-                                 (uint64_t)n * (type == UPF_GGML_TYPE_F32 ? 4 : 2));
+  const uint64_t nbytes = (uint64_t)n * (type == UPF_GGML_TYPE_F32 ? 4 : 2);
+  if (!s->f)
+    return upf_gguf_add_tensor_info(s->w, name, type, n_dims, ne, nbytes);
+  return upf_gguf_writer_write_tensor(s->w, s->f, s->next++, name, data, nbytes, s->what);
 }
 
 static upf_status put_norm(saver *s, const char *name, const upf_tensor *t, int plus_one) {
@@ -732,6 +769,32 @@ static upf_status save_llama3_freqs(saver *s) {
   return put(s, "rope_freqs.weight", 1, &ne, f, 1);
 }
 
+/* Every tensor in the file's order, one step (a layer, the embedding) of host copies at a time. */
+static upf_status save_tensors(saver *s) {
+  const upf_model *m = s->m;
+  const upf_model_config *c = m->cfg;
+  float *f = NULL;
+  upf_status st = download_f32(s, &m->token_embd, "token_embd.weight", &f);
+  if (st == UPF_OK) {
+    const int64_t ne[2] = {c->hidden, c->vocab};
+    st = put(s, "token_embd.weight", 2, ne, f, 0);
+  }
+  release(s);
+  if (st == UPF_OK && c->rope_full.scaling == UPF_ROPE_LLAMA3)
+    st = save_llama3_freqs(s);
+  release(s);
+  for (int32_t l = 0; l < c->num_layers && st == UPF_OK; l++) {
+    st = save_layer(s, l);
+    release(s);
+  }
+  if (st == UPF_OK)
+    st = put_norm(s, "output_norm.weight", &m->output_norm, c->norm.zero_centred);
+  if (st == UPF_OK && !c->tied_embeddings) /* ours (H, V) -> GGUF (V, H) */
+    st = put_proj(s, "output.weight", &m->output);
+  release(s);
+  return st;
+}
+
 upf_status upf_model_save_gguf(const upf_model *m, const char *path, upf_dtype dtype) {
   const upf_model_config *c = m->cfg;
   if (dtype != UPF_DTYPE_F32 && dtype != UPF_DTYPE_BF16)
@@ -744,30 +807,31 @@ upf_status upf_model_save_gguf(const upf_model *m, const char *path, upf_dtype d
                                                       : "qwen3next";
   if (c->family == UPF_FAMILY_LLAMA && (c->qk_norm || c->sandwich_norm || c->attn_gate || c->other_mixer != UPF_MIXER_FULL))
     return upf_fail(UPF_ERR_UNSUPPORTED, "export %s: model %s is not a plain llama", path, c->name);
-  saver s = {m, NULL, dtype == UPF_DTYPE_BF16 ? UPF_GGML_TYPE_BF16 : UPF_GGML_TYPE_F32, NULL, 0, 0};
-  upf_status st = upf_gguf_writer_create(&s.w);
+  saver s = {m, NULL, dtype == UPF_DTYPE_BF16 ? UPF_GGML_TYPE_BF16 : UPF_GGML_TYPE_F32, NULL, 0, 0, NULL, 0, path};
+  upf_outputs *o = NULL;
+  FILE *f = NULL;
+  upf_status st = upf_outputs_create(&o, 1);
+  if (st == UPF_OK) /* first: a path that cannot be written fails before the work */
+    st = upf_outputs_open(o, path, NULL, &f);
+  if (st == UPF_OK)
+    st = upf_gguf_writer_create(&s.w);
   if (st == UPF_OK)
     st = save_metadata(&s, arch);
-  float *f = NULL;
   if (st == UPF_OK)
-    st = download_f32(&s, &m->token_embd, "token_embd.weight", &f);
-  if (st == UPF_OK) {
-    const int64_t ne[2] = {c->hidden, c->vocab};
-    st = put(&s, "token_embd.weight", 2, ne, f, 0);
-  }
-  if (st == UPF_OK && c->rope_full.scaling == UPF_ROPE_LLAMA3)
-    st = save_llama3_freqs(&s);
-  for (int32_t l = 0; l < c->num_layers && st == UPF_OK; l++)
-    st = save_layer(&s, l);
+    st = save_tensors(&s); /* the directory */
   if (st == UPF_OK)
-    st = put_norm(&s, "output_norm.weight", &m->output_norm, c->norm.zero_centred);
-  if (st == UPF_OK && !c->tied_embeddings) /* ours (H, V) -> GGUF (V, H) */
-    st = put_proj(&s, "output.weight", &m->output);
+    st = upf_gguf_writer_write_head(s.w, f, path);
+  s.f = f;
   if (st == UPF_OK)
-    st = upf_gguf_writer_write(s.w, path);
+    st = save_tensors(&s); /* the bytes */
+  if (st == UPF_OK && s.next != upf_gguf_writer_num_tensors(s.w))
+    st = upf_fail(UPF_ERR_INVALID_ARG, "%s: wrote %lld of %lld tensors", path, (long long)s.next,
+                  (long long)upf_gguf_writer_num_tensors(s.w));
+  if (st == UPF_OK)
+    st = upf_outputs_commit(o);
+  upf_outputs_free(o);
   upf_gguf_writer_free(s.w);
-  for (int i = 0; i < s.nbufs; i++)
-    free(s.bufs[i]);
+  release(&s);
   free(s.bufs);
-  return st == UPF_OK ? UPF_OK : upf_fail_context(st, "export");
+  return st == UPF_OK ? UPF_OK : upf_fail_context(st, "saving the GGUF: ");
 }

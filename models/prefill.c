@@ -518,6 +518,7 @@ upf_status upf_model_run_step(const upf_model *m, const int32_t *ids, const int3
   sparse_free(m->be, &sparse);
   sparse_free(m->be, &sparse_chunks);
   free(compact.table);
+  upf_compact_workspace_free(&compact.ws);
   if (st != UPF_OK)
     upf_prefill_result_free(res);
   return st;

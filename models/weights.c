@@ -171,7 +171,8 @@ static int model_specs(upf_model *m, tensor_spec *s) {
   /* unit-variance embeddings after the embed scale */
   add(s, &n, &m->token_embd, "token_embd.weight", 2, c->vocab, c->hidden, 0, sqrt(3.0) / c->embed_scale, 0);
   for (int32_t l = m->layer_begin; l < m->layer_end; l++)
-    layer_specs(m, l, s, &n);
+    if (!m->shared_weights || m->weights_of[l] == l)
+      layer_specs(m, l, s, &n);
   add(s, &n, &m->output_norm, "output_norm.weight", 1, c->hidden, 0, 0, 0.1, norm_off);
   add(s, &n, &m->output, "output.weight", 2, c->hidden, c->vocab, 0, proj_amp(c->hidden), 0);
   if (c->tied_embeddings) {
@@ -289,11 +290,17 @@ static upf_status fill_model(upf_model *m, uint64_t seed) {
       m->weight_bytes += (double)bytes;
       st = fill_tensor(be, s, seed, host);
     }
-    if (st != UPF_OK)
-      upf_fail_context(st, s->name);
+    if (st != UPF_OK) {
+      char context[80];
+      snprintf(context, sizeof context, "%s: ", s->name);
+      upf_fail_context(st, context);
+    }
   }
   free(specs);
   free(host);
+  for (int32_t l = m->layer_begin; m->shared_weights && st == UPF_OK && l < m->layer_end; l++)
+    if (m->weights_of[l] != l)
+      m->layers[l] = m->layers[m->weights_of[l]]; /* borrowed descriptors: upf_model_free skips them */
   if (st != UPF_OK)
     upf_model_free(m);
   return st;
@@ -341,6 +348,58 @@ upf_status upf_model_init_seeded_tp(upf_model *m, const upf_model_config *cfg, c
   return fill_model(m, seed);
 }
 
+upf_status upf_model_init_seeded_shared(upf_model *m, const upf_model_config *cfg, const upf_backend *be,
+                                        upf_dtype dtype, uint64_t seed, int32_t layer_begin, int32_t layer_end) {
+  memset(m, 0, sizeof *m);
+  UPF_TRY(check_init(cfg, dtype, layer_begin, layer_end));
+  m->cfg = cfg, m->be = be, m->dtype = dtype, m->layer_begin = layer_begin, m->layer_end = layer_end;
+  m->full_cfg = cfg, m->tp_size = 1, m->shared_weights = 1;
+  for (int32_t l = layer_begin; l < layer_end; l++) {
+    m->weights_of[l] = l;
+    for (int32_t k = layer_begin; k < l; k++)
+      if (upf_model_mixer(cfg, k) == upf_model_mixer(cfg, l)) {
+        m->weights_of[l] = k;
+        break;
+      }
+  }
+  return fill_model(m, seed);
+}
+
+/* A projection stored in FP8 by upf_model_config_weight_bytes: a matrix that multiplies activations
+ * in a GEMM (not the embedding, head, routers or the depthwise conv). */
+static int fp8_projection(const tensor_spec *s) {
+  return s->ndim >= 2 && strcmp(s->name, "token_embd.weight") && strcmp(s->name, "output.weight") &&
+         !strstr(s->name, "ffn_gate_inp") && !strstr(s->name, "ssm_conv1d");
+}
+
+upf_status upf_model_config_weight_bytes(const upf_model_config *cfg, int32_t layer_begin, int32_t layer_end,
+                                         upf_weight_bytes *out) {
+  UPF_TRY(check_init(cfg, UPF_DTYPE_BF16, layer_begin, layer_end));
+  upf_model *m = calloc(1, sizeof *m);
+  tensor_spec *specs = malloc(MAX_SPECS * sizeof *specs);
+  if (!m || !specs) {
+    free(m), free(specs);
+    return upf_fail(UPF_ERR_NOMEM, "model %s: tensor list", cfg->name);
+  }
+  m->cfg = cfg, m->full_cfg = cfg, m->tp_size = 1, m->layer_begin = layer_begin, m->layer_end = layer_end;
+  const int n = model_specs(m, specs);
+  out->bf16 = out->fp8_e4m3 = 0;
+  for (int i = 0; i < n; i++) {
+    const tensor_spec *s = &specs[i];
+    double numel = 1;
+    for (int d = 0; d < s->ndim; d++)
+      numel *= (double)s->shape[d];
+    const double plain = numel * (s->f32_only ? 4 : 2);
+    /* (in, out) matrices, (E, out, in) experts: one scale per output row */
+    const double fan_in = (double)(s->ndim == 3 ? s->shape[2] : s->shape[0]);
+    out->bf16 += plain;
+    out->fp8_e4m3 += fp8_projection(s) ? numel + 4 * numel / fan_in : plain;
+  }
+  free(specs);
+  free(m);
+  return UPF_OK;
+}
+
 /* Every descriptor of the model, including the ones a config does not use (data NULL). */
 static void release_tensor(const upf_backend *be, upf_tensor *t) {
   if (t->data)
@@ -353,6 +412,10 @@ void upf_model_free(upf_model *m) {
     return;
   release_tensor(m->be, &m->token_embd), release_tensor(m->be, &m->output_norm), release_tensor(m->be, &m->output);
   for (int l = 0; l < UPF_MODEL_MAX_LAYERS; l++) {
+    if (m->shared_weights && l >= m->layer_begin && l < m->layer_end && m->weights_of[l] != l) {
+      memset(&m->layers[l], 0, sizeof m->layers[l]); /* borrowed from its kind's first layer */
+      continue;
+    }
     upf_tensor *t = (upf_tensor *)&m->layers[l]; /* upf_layer_weights holds upf_tensor fields only */
     for (size_t i = 0; i < sizeof m->layers[l] / sizeof *t; i++)
       release_tensor(m->be, &t[i]);

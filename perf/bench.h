@@ -190,6 +190,9 @@ void upf_register_attn_benchmarks(void);
 void upf_register_kv_benchmarks(void);
 /* perf/bench_sparse.c: FlashPrefill V2's sparse.block_means, sparse.index, attn.block_sparse (vs dense). */
 void upf_register_sparse_benchmarks(void);
+/* perf/bench_compact.c: CompactAttention on a chunked prefill's last chunk: compact.block_union,
+ * compact.block_tables, the selector, and chunk attention dense vs zero-copy vs copy (kept share, vs_limit). */
+void upf_register_compact_benchmarks(void);
 
 /* perf/bench_registry.c: every family above; a new op's benchmarks add one line there. */
 void upf_register_all_benchmarks(void);

@@ -12,6 +12,7 @@ static void (*const families[])(void) = {
     upf_register_attn_benchmarks,   /* causal/window prefill, paged decode, cache write */
     upf_register_kv_benchmarks,     /* kv.slot_mapping, compact.scatter_rows, session decode step */
     upf_register_sparse_benchmarks, /* FlashPrefill V2: block means, index, block-sparse attention vs dense */
+    upf_register_compact_benchmarks, /* CompactAttention: union, tables, selector, chunk attention vs dense */
 };
 
 void upf_register_all_benchmarks(void) {

@@ -39,6 +39,21 @@
 #                                         and on the TP path (--comm nccl --tp 1) per model (default llama3.1-8b)
 #                                         and run (default "8192 32768"); tp/tp.json: both TTFTs, the overhead,
 #                                         all-reduce bytes per drop layer and their share of the selection time
+#     compact                             CompactAttention (issue 24) in one call: upf verify compact and attn.paged
+#                                         and the sanitizers over compact side by side with test_upf's compact_attn,
+#                                         model_compact and chunked suites (cap CHECK_S, default 240), then the
+#                                         perf/bench_compact.c rows alone on the GPU (cap BENCH_S, default 300): chunk
+#                                         attention dense / zero-copy / copy at 32K-128K (8K chunks) with kept_share
+#                                         and vs_limit, the selector, union and tables; compact/table.txt
+#     chunked [MODELS...] [--runs "T1 T2"] [--alpha A] [--layers A:B] [--iters N]
+#                                         end to end with --chunk 8192 (CHUNK=C to change): chunked dense, chunked
+#                                         CompactAttention, chunked FlashPrefill V2, unchunked dense and unchunked
+#                                         UniPrefill (upf prefill, bf16, cuda) per model (default llama3.1-8b) and
+#                                         length (default "32768 131072"); chunked/table.txt: TTFT and kept shares
+#     shared [MODEL] [--runs T] [--layers A:B]
+#                                         --shared-weights against distinct weights (dense prefill, default
+#                                         qwen3-next-80b-a3b, layers 0:12, 32768 tokens): distinct, shared, distinct
+#                                         again; per-layer times side by side (perf/shared_table.py)
 #     session [--quick]                   the standard full pass: verify, sanitize and test side by side, then
 #                                         bench alone on the GPU, then peers
 #   options of every device command:
@@ -46,6 +61,7 @@
 #     --env VAR=v     set for every command run (repeatable), e.g. --env UPF_VARIANT=attn.paged=ffma
 #     --cap S         time limit of each command, seconds (session: of each phase, see its caps below)
 #     --bundle FILE   the staged bundle (default .devbin/bundle.tar.xz of the checkout)
+#     --shared        prefill / methods: seeded models with --shared-weights (full depth of a model too large)
 # A command that fails or runs out of time stops nothing after it; the exit status is 1 if any did.
 # Several commands in one device call write several folders; when more than 8 files would come back,
 # each step's folder is packed into <step>.tar.xz (summary.txt and commands.txt stay loose).
@@ -195,8 +211,12 @@ note() {
   [ "${rc:-1}" = 0 ] || STATUS=1
 }
 
-# The op families: the first word of each name in `upf ops` (select, gemm, attn, moe, ...).
-families() { (cd "$DEV" && bin/upf ops) | awk '{ split($1, a, "."); if (!seen[a[1]]++) print a[1] }'; }
+# The op families: the first word of each op name in `upf ops` (select, gemm, attn, moe, ...; its
+# indented "variant" lines are not ops), then the model checks (model.prefill, model.generate).
+families() {
+  (cd "$DEV" && bin/upf ops) | awk '/^[a-z]/ { split($1, a, "."); if (!seen[a[1]]++) print a[1] }'
+  echo model
+}
 
 # finish: when more than 8 files would come back, pack each step folder (one archive per folder), and
 # if that is not enough, each earlier command's whole folder.
@@ -254,7 +274,7 @@ do_prefill() {
         tag=$m-${run//,/+}${LAYERS:+-layers${LAYERS/:/-}}-keep$r
         run "$DIR/prefill/$tag.log" "$cap" -- bin/upf prefill --model "$m" --lengths "$run" --mode uniprefill \
           --select topk --keep "$r" --backend cuda --dtype bf16 --warmup 1 --iters "$ITERS" --ideal \
-          ${LAYERS:+--layers "$LAYERS"} --json "$DIR/prefill/$tag.json"
+          ${LAYERS:+--layers "$LAYERS"} $SHARED --json "$DIR/prefill/$tag.json"
         note "$DIR/prefill/$tag.log"
         grep -E 'UniPrefill =' "$DIR/prefill/$tag.log" | sed "s/^ */$tag: /" | tee -a "$DIR/summary.txt"
       done
@@ -267,7 +287,7 @@ do_prefill() {
 do_methods() {
   local cap=$1
   shift
-  local models=("$@") m t base share runs=${RUNS_SET:+$RUNS}
+  local models=("$@") m t r base share runs=${RUNS_SET:+$RUNS}
   [ ${#models[@]} -gt 0 ] || models=(llama3.1-8b gemma3-12b)
   runs=${runs:-32768 131072}
   say "methods ${models[*]}: runs '$runs'${ALPHA:+, alpha $ALPHA}${LAYERS:+, layers $LAYERS} (cap $cap s each)"
@@ -276,7 +296,7 @@ do_methods() {
     for t in $runs; do
       base=$DIR/methods/$m-$t
       local common=(bin/upf prefill --model "$m" --lengths "$t" --backend cuda --dtype bf16 --warmup 1 --iters "$ITERS"
-        ${LAYERS:+--layers "$LAYERS"})
+        ${LAYERS:+--layers "$LAYERS"} $SHARED)
       run "$base-dense.log" "$cap" -- "${common[@]}" --mode dense --json "$base-dense.json"
       note "$base-dense.log"
       run "$base-flashprefill.log" "$cap" -- "${common[@]}" --mode flashprefill ${ALPHA:+--alpha "$ALPHA"} \
@@ -286,6 +306,11 @@ do_methods() {
       note "$base-uniprefill-topp.log"
       share=$(python3 -c 'import json, sys; print("%.3f" % json.load(open(sys.argv[1]))["kept_share"])' \
         "$base-flashprefill.json" 2>/dev/null)
+      for r in ${KEEPS_SET:+${KEEPS//,/ }}; do # --keep: UniPrefill top-k at these ratios too
+        run "$base-uniprefill-keep$r.log" "$cap" -- "${common[@]}" --mode uniprefill --select topk --keep "$r" \
+          --json "$base-uniprefill-keep$r.json"
+        note "$base-uniprefill-keep$r.log"
+      done
       if [ -n "$share" ]; then
         run "$base-uniprefill-keep$share.log" "$cap" -- "${common[@]}" --mode uniprefill --select topk --keep "$share" \
           --json "$base-uniprefill-keep$share.json"
@@ -295,6 +320,27 @@ do_methods() {
   done
   python3 "$REPO/perf/methods_table.py" "$DIR/methods" --out "$DIR/methods/table.md" --json "$DIR/methods/table.json" &&
     tee -a "$DIR/summary.txt" <"$DIR/methods/table.md" >/dev/null
+}
+
+# shared [MODEL]: what --shared-weights does to the time: dense prefill of the layer range (default 0:12) with
+# distinct weights, shared weights, distinct again (drift shows as A != A), per run (default 32768); the
+# per-layer times side by side in shared/table.txt.
+do_shared() {
+  local cap=$1 m=${2:-qwen3-next-80b-a3b} t tag runs=${RUNS_SET:+$RUNS} layers=${LAYERS:-0:12}
+  runs=${runs:-32768}
+  say "shared $m: layers $layers, runs '$runs', distinct / shared / distinct (cap $cap s each)"
+  mkdir -p "$DIR/shared"
+  for t in $runs; do
+    for tag in distinct1 shared distinct2; do
+      run "$DIR/shared/$m-$t-$tag.log" "$cap" -- bin/upf prefill --model "$m" --lengths "$t" --backend cuda --dtype bf16 \
+        --warmup 1 --iters "$ITERS" --layers "$layers" --mode dense $([ $tag = shared ] && echo --shared-weights) \
+        --json "$DIR/shared/$m-$t-$tag.json"
+      note "$DIR/shared/$m-$t-$tag.log"
+    done
+    run "$DIR/shared/table-$t.txt" 60 -- python3 "$REPO/perf/shared_table.py" "$DIR/shared/$m-$t-distinct1.json" \
+      "$DIR/shared/$m-$t-shared.json" "$DIR/shared/$m-$t-distinct2.json"
+    tee -a "$DIR/summary.txt" <"$DIR/shared/table-$t.txt" >/dev/null
+  done
 }
 
 # serve [MODEL]: the serving sweep (perf/serve_sweep.sh), each serve-sim process capped at CAP seconds.
@@ -503,6 +549,80 @@ do_profile() {
     "$DIR/profile/ncu-$tag.log" | tr -s ' ' | cut -c1-140 | head -n 40 >>"$DIR/summary.txt"
 }
 
+# compact: CompactAttention's checks side by side (nothing timed meanwhile), then its benchmark rows alone;
+# the rows' medians with kept_share and vs_limit go to compact/table.txt and the summary.
+do_compact() {
+  local check=${CHECK_S:-240} bench=${BENCH_S:-300} f
+  say "compact: verify compact attn.paged, sanitize compact, test_upf compact_attn model_compact chunked (cap $check s)"
+  do_verify "" "$check" compact attn.paged &
+  do_sanitize memcheck,racecheck,synccheck "$check" compact &
+  run "$DIR/test/test_upf-compact.log" "$check" -- sh -c 'cd bin && exec ./test_upf compact_attn model_compact chunked' &
+  wait
+  note "$DIR/test/test_upf-compact.log"
+  for f in "$DIR"/verify/*.log "$DIR"/sanitize/*.log "$DIR"/test/*.log; do
+    grep -q '^# rc=0$' "$f" || STATUS=1
+  done
+  say "compact: benchmarks alone on the GPU (cap $bench s)"
+  mkdir -p "$DIR/bench" "$DIR/compact"
+  bench_one compact '^compact\.(block_union|block_tables|select|attn)/cuda/' "${REPS:-3}" "$bench"
+  run "$DIR/compact/table.txt" 60 -- python3 - "$DIR/bench/bench-compact.json" <<'PY'
+import json, sys
+rows = [b for b in json.load(open(sys.argv[1]))["benchmarks"] if b.get("aggregate_name") == "median"]
+keys = ("kept_share", "flop_share", "dense_ms", "vs_dense", "vs_limit", "vs_flop_limit")
+for b in rows:
+    ms = b["real_time"] * {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}[b["time_unit"]]
+    extra = ", ".join(f"{k} {b[k]:.3f}" for k in keys if k in b)
+    print(f'{b["run_name"].split("/iterations")[0].split("/min_time")[0]}: {ms:.3f} ms' + (f", {extra}" if extra else ""))
+PY
+  note "$DIR/compact/table.txt"
+  grep -v '^# rc' "$DIR/compact/table.txt" | cut -c1-300 | tee -a "$DIR/summary.txt"
+}
+
+# chunked MODELS: the methods end to end under chunked prefill (--chunk $CHUNK) beside the unchunked dense and
+# UniPrefill runs, one process each; chunked/table.txt has each run's TTFT and kept share from its JSON.
+do_chunked() {
+  local cap=$1
+  shift
+  local models=("$@") m t base runs=${RUNS_SET:+$RUNS} chunk=${CHUNK:-8192} mode
+  [ ${#models[@]} -gt 0 ] || models=(llama3.1-8b)
+  runs=${runs:-32768 131072}
+  say "chunked ${models[*]}: runs '$runs', chunk $chunk${ALPHA:+, alpha $ALPHA}${LAYERS:+, layers $LAYERS} (cap $cap s each)"
+  mkdir -p "$DIR/chunked"
+  for m in "${models[@]}"; do
+    for t in $runs; do
+      base=$DIR/chunked/$m-$t
+      local common=(bin/upf prefill --model "$m" --lengths "$t" --backend cuda --dtype bf16 --warmup 1 --iters "$ITERS"
+        ${LAYERS:+--layers "$LAYERS"})
+      for mode in dense compact flashprefill; do
+        run "$base-chunk$chunk-$mode.log" "$cap" -- "${common[@]}" --chunk "$chunk" --mode "$mode" \
+          ${ALPHA:+$([ "$mode" = dense ] || echo --alpha "$ALPHA")} --json "$base-chunk$chunk-$mode.json"
+        note "$base-chunk$chunk-$mode.log"
+      done
+      for mode in dense uniprefill; do
+        run "$base-unchunked-$mode.log" "$cap" -- "${common[@]}" --mode "$mode" --json "$base-unchunked-$mode.json"
+        note "$base-unchunked-$mode.log"
+      done
+    done
+  done
+  run "$DIR/chunked/table.txt" 60 -- python3 - "$DIR/chunked" <<'PY'
+import glob, json, os, sys
+for path in sorted(glob.glob(os.path.join(sys.argv[1], "*.json"))):
+    try:
+        r = json.load(open(path))
+    except (OSError, ValueError) as e:
+        print(f"{os.path.basename(path)}: unreadable ({e})")
+        continue
+    ttft = r.get("ttft_ms", {})
+    ttft = ttft.get("median") if isinstance(ttft, dict) else ttft
+    share = r.get("kept_share")
+    attn = {k: r[k] for k in ("compact_attn_ms", "sparse_attn_ms") if isinstance(r.get(k), float)}
+    print(f'{os.path.basename(path)[:-5]}: TTFT {ttft} ms' + (f", kept share {share:.4f}" if isinstance(share, float) else "")
+          + "".join(f", {k} {v:.2f}" for k, v in attn.items()))
+PY
+  note "$DIR/chunked/table.txt"
+  grep -v '^# rc' "$DIR/chunked/table.txt" | cut -c1-300 | tee -a "$DIR/summary.txt"
+}
+
 # session: verify (full, or --quick), the sanitizers and test_upf side by side (nothing is timed
 # meanwhile), then every standard benchmark alone on the GPU, then the peers. Caps in seconds:
 # CHECK_S for the first phase (default 300), BENCH_S per benchmark family (60), PEERS_S per peer (90);
@@ -531,13 +651,13 @@ shift
 case $CMD in
 -h | --help | help) usage; exit 0 ;;
 stage) stage "$@"; exit $? ;;
-verify | sanitize | test | bench | peers | profile | prefill | methods | serve | tp | session) ;;
-*) die "unknown command $CMD (stage, verify, sanitize, test, bench, peers, profile, prefill, methods, serve, tp, session; --help)" ;;
+verify | sanitize | test | bench | peers | profile | prefill | methods | serve | tp | shared | session | compact | chunked) ;;
+*) die "unknown command $CMD (stage, verify, sanitize, test, bench, peers, profile, prefill, methods, serve, tp, shared, session, compact, chunked; --help)" ;;
 esac
 
 NAME=$CMD BUNDLE="" CAP="" ENVS=() ARGS=()
 QUICK="" TOOLS=memcheck,racecheck,synccheck FILTER="" REPS="" AB="" BASE=""
-KERNEL="" SKIP=0 COUNT=1 NCUARGS=() RUNS="8192 32768 131072" RUNS_SET="" KEEPS=0.5,0.3,0.2 KEEPS_SET="" LAYERS="" ITERS=1 ALPHA=""
+KERNEL="" SKIP=0 COUNT=1 NCUARGS=() RUNS="8192 32768 131072" RUNS_SET="" KEEPS=0.5,0.3,0.2 KEEPS_SET="" LAYERS="" ITERS=1 ALPHA="" SHARED=""
 while [ $# -gt 0 ]; do
   case $1 in
   --name) NAME=${2:?--name needs a value}; shift 2 ;;
@@ -558,6 +678,7 @@ while [ $# -gt 0 ]; do
   --layers) LAYERS=${2:?--layers needs A:B}; shift 2 ;;
   --iters) ITERS=${2:?--iters needs a number}; shift 2 ;;
   --alpha) ALPHA=${2:?--alpha needs a value}; shift 2 ;;
+  --shared) SHARED=--shared-weights; shift ;;
   --set | --section | --metrics) NCUARGS+=("$1" "${2:?$1 needs a value}"); shift 2 ;;
   -h | --help) usage; exit 0 ;;
   -*) die "$CMD: unknown option $1" ;;
@@ -578,6 +699,13 @@ serve)
   [ ${#ARGS[@]} -le 1 ] || die "serve takes at most one model"
   do_serve "${CAP:-240}" "${ARGS[@]}" ;;
 tp) do_tp "${CAP:-240}" "${ARGS[@]}" ;;
+shared)
+  [ ${#ARGS[@]} -le 1 ] || die "shared takes at most one model"
+  do_shared "${CAP:-240}" "${ARGS[@]}" ;;
+compact)
+  [ ${#ARGS[@]} -eq 0 ] || die "compact takes no operands"
+  do_compact ;;
+chunked) do_chunked "${CAP:-240}" "${ARGS[@]}" ;;
 bench)
   [ ${#ARGS[@]} -eq 0 ] || die "bench takes no operands (--filter REGEX)"
   [ -n "$FILTER" ] || [ -z "$AB$BASE" ] || die "bench: --ab and --base need --filter"

@@ -224,7 +224,7 @@ static void test_report_bench_filter(void) {
   CLI_ASSERT_STDERR(&cli, "--bench-filter");
   CLI_ASSERT_STDERR(&cli, "not a valid regular expression");
   CU_ASSERT(!cli_exists(cli_path(&cli, "rep_paren/verify.log")));
-  snprintf(args, sizeof args, "report --quick --bench-filter 'no_such_benchmark_x' --out %s",
+  snprintf(args, sizeof args, "report --quick --no-e2e --bench-filter 'no_such_benchmark_x' --out %s",
            cli_path(&cli, "rep_none"));
   CU_ASSERT_NOT_EQUAL(cli_run(&cli, "%s", args), 0);
   CLI_ASSERT_STDERR(&cli, "--bench-filter 'no_such_benchmark_x' matches no benchmark");
@@ -237,7 +237,7 @@ static void test_report_bench_filter(void) {
  * context, shows progress on stderr, and leaves the rates of CPU rows empty. */
 static void test_report_stamps(void) {
   char args[1024];
-  snprintf(args, sizeof args, "report --quick --bench-filter 'rmsnorm/cpu/' --out %s", cli_path(&cli, "rep"));
+  snprintf(args, sizeof args, "report --quick --no-e2e --bench-filter 'rmsnorm/cpu/' --out %s", cli_path(&cli, "rep"));
   CU_ASSERT_EQUAL(cli_run(&cli, "%s", args), 0);
   const char *summary = cli_path(&cli, "rep/summary.md"), *json = cli_path(&cli, "rep/bench.json");
   CU_ASSERT(cli_file_contains(summary, "- commit: ") && !cli_file_contains(summary, "- commit: \n"));

@@ -34,9 +34,9 @@ static void test_bad_command_lines(void) {
   expect_failure("--model llama-tiny --task next-token --mode dense", 2, "nothing to compare");
   expect_failure("--model llama-tiny --task ppl --mode uniprefill", 2, "dense only");
   expect_failure("--model llama-tiny --task needle", 2, "needs text and a tokenizer");
-  expect_failure("--model no-such-model --task next-token", 1, "no-such-model");
+  expect_failure("--model no-such-model --task next-token", 2, "no-such-model");
   expect_failure("--task ppl", 2, "exactly one of --gguf");
-  expect_failure("--model llama-tiny --task next-token --backend tpu", 1, "--backend");
+  expect_failure("--model llama-tiny --task next-token --backend tpu", 2, "--backend");
   char args[1024];
   snprintf(args, sizeof args, "--gguf %s --task ppl", cli_path(&cli, "missing.gguf"));
   expect_failure(args, 2, "missing.gguf: no such file");

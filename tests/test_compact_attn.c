@@ -333,6 +333,23 @@ static double run_paths(int B, const int32_t *q_lens, const int32_t *kv_lens, in
   CU_ASSERT_EQUAL(kept_sum, want_sum);
   CU_ASSERT_EQUAL(upf_compact_attend(be, &c.pb, &c.tq, &c.tkc, &c.tvc, &p, &cp, &ap, 1, &t3, NULL, NULL), UPF_OK);
   CU_ASSERT_EQUAL(memcmp(o3, o2, (size_t)n * esz(dt)), 0);
+  /* a kept workspace: the same bits and table on every call, and no allocation after the first call of
+   * each path (the copy path's gather buffers come with its first call) */
+  upf_compact_workspace ws;
+  memset(&ws, 0, sizeof ws);
+  for (int path = 0; path < 2; path++)
+    for (int rep = 0; rep < 2; rep++) {
+      const int64_t before = ws.allocations;
+      memset(o3, 0xff, (size_t)n * esz(dt));
+      CU_ASSERT_EQUAL(upf_compact_attend_ws(be, &c.pb, &c.tq, &c.tkc, &c.tvc, &p, &cp, &ap, path, &t3, &ws), UPF_OK);
+      CU_ASSERT_EQUAL(memcmp(o3, path ? o2 : o1, (size_t)n * esz(dt)), 0);
+      CU_ASSERT_EQUAL(memcmp(ws.table_host.ptr, s.table, (size_t)(B * hkv * s.nb)), 0);
+      CU_ASSERT_EQUAL(ws.kept_blocks, want_sum);
+      CU_ASSERT(rep == 0 ? ws.allocations > before || path == 1 : ws.allocations == before);
+    }
+  CU_ASSERT(ws.num_reqs == B && ws.hkv == hkv && ws.key_blocks == s.nb);
+  upf_compact_workspace_free(&ws);
+  CU_ASSERT_PTR_NULL(ws.be);
   free(o3), free(tab);
   if (alpha == 0.0f) { /* every visible block kept: dense attn.paged over the whole batch */
     CU_ASSERT_EQUAL(be->attn_paged(&c.pb, &c.tq, &c.tkc, &c.tvc, &ap, &t2, NULL), UPF_OK);
@@ -494,6 +511,27 @@ static void cuda_paths(int64_t hq, int64_t hkv, int64_t d, int64_t P, upf_dtype 
   oracle(&c, &s, p.block_n, 1.0 / sqrt((double)d), truth);
   s.table = cpu_table;
   CU_ASSERT(budget(host, dt, truth, n, rtol, atol) <= 1.0);
+  /* a kept workspace: the host copies it derives are the device's tables, the output is the one-shot
+   * call's bits, and a second call allocates nothing */
+  upf_compact_workspace ws;
+  memset(&ws, 0, sizeof ws);
+  void *again = malloc((size_t)(n * es));
+  for (int rep = 0; rep < 2; rep++) {
+    const int64_t before = ws.allocations;
+    CU_ASSERT_EQUAL(upf_compact_attend_ws(be, &pbt, &tq, &tkc, &tvc, &p, &cp, &ap, 0, &o2, &ws), UPF_OK);
+    CU_ASSERT(rep == 0 || ws.allocations == before);
+  }
+  CU_ASSERT_EQUAL(memcmp(ws.table_host.ptr, tab, (size_t)(c.B * hkv * s.nb)), 0);
+  const size_t bt_bytes = (size_t)(hkv * c.B * c.max_blocks) * 4, kv_bytes = (size_t)(hkv * c.B) * 4;
+  int32_t *dev_bt = malloc(bt_bytes), *dev_kv = malloc(kv_bytes);
+  CU_ASSERT_EQUAL(be->download(dev_bt, ws.tables.block_table, bt_bytes), UPF_OK);
+  CU_ASSERT_EQUAL(be->download(dev_kv, ws.tables.kv_lens, kv_bytes), UPF_OK);
+  CU_ASSERT_EQUAL(memcmp(dev_bt, ws.tables.block_table_host, bt_bytes), 0);
+  CU_ASSERT_EQUAL(memcmp(dev_kv, ws.tables.kv_lens_host, kv_bytes), 0);
+  CU_ASSERT_EQUAL(be->download(again, (char *)o + n * es, (size_t)(n * es)), UPF_OK);
+  CU_ASSERT_EQUAL(memcmp(again, host, (size_t)(n * es)), 0);
+  upf_compact_workspace_free(&ws);
+  free(dev_bt), free(dev_kv), free(again);
   free(tab);
   free(host), free(truth), free(d1);
   dev_free(&m);

@@ -29,6 +29,7 @@ void upf_register_cli_generate_tests(void);
 void upf_register_cli_gguf_tests(void);
 void upf_register_cli_serve_tests(void);
 void upf_register_cli_tokenize_tests(void);
+void upf_register_cli_hardening_tests(void);
 void upf_register_decode_tests(void);
 void upf_register_engine_tests(void);
 void upf_register_chunked_tests(void);
@@ -41,6 +42,7 @@ void upf_register_sparse_tests(void);
 void upf_register_compact_attn_tests(void);
 void upf_register_cli_sparse_tests(void);
 void upf_register_model_sparse_tests(void);
+void upf_register_report_tests(void);
 void upf_register_cuda_tests(void);
 
 static void (*const suites[])(void) = {
@@ -65,6 +67,7 @@ static void (*const suites[])(void) = {
     upf_register_cli_gguf_tests,
     upf_register_cli_serve_tests,
     upf_register_cli_tokenize_tests,
+    upf_register_cli_hardening_tests,
     upf_register_decode_tests,
     upf_register_engine_tests,
     upf_register_chunked_tests,
@@ -75,6 +78,7 @@ static void (*const suites[])(void) = {
     upf_register_cli_sparse_tests,
     upf_register_model_sparse_tests,
     upf_register_tp_tests,
+    upf_register_report_tests,
     upf_register_cuda_tests,
 };
 
@@ -147,9 +151,11 @@ static void report_skipped(void) {
     printf("SKIPPED %d more GPU tests\n", skipped_lost);
 }
 
-/* Arguments name the suites to run ("npy", "cli", "cuda backend"); none runs them all. */
+/* Arguments name the suites to run ("npy", "cli", "cuda backend"); none runs them all. With --except
+ * first, they name the suites not to run (make test splits its Valgrind pass over two cores so). */
 static int select_suites(int argc, char **argv) {
-  for (int i = 1; i < argc; i++)
+  const int except = argc > 1 && !strcmp(argv[1], "--except");
+  for (int i = 1 + except; i < argc; i++)
     if (!CU_get_suite(argv[i])) {
       fprintf(stderr, "test_upf: no suite named '%s'; suites:", argv[i]);
       for (CU_pSuite s = CU_get_registry()->pSuite; s; s = s->pNext)
@@ -160,10 +166,10 @@ static int select_suites(int argc, char **argv) {
   if (argc < 2)
     return 1;
   for (CU_pSuite s = CU_get_registry()->pSuite; s; s = s->pNext) {
-    int wanted = 0;
-    for (int i = 1; i < argc; i++)
-      wanted |= !strcmp(s->pName, argv[i]);
-    CU_set_suite_active(s, wanted ? CU_TRUE : CU_FALSE);
+    int named = 0;
+    for (int i = 1 + except; i < argc; i++)
+      named |= !strcmp(s->pName, argv[i]);
+    CU_set_suite_active(s, named != except ? CU_TRUE : CU_FALSE);
   }
   return 1;
 }

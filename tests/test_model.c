@@ -304,6 +304,87 @@ static void test_bad_input(void) {
   CU_ASSERT_PTR_NOT_NULL(strstr(upf_last_error(), "request 1"));
 }
 
+/* Copies every tensor of layer `from` into layer `to` of the same model (same mixer kind, same shapes). */
+static void copy_layer(const upf_model *m, int32_t from, int32_t to) {
+  const upf_tensor *src = (const upf_tensor *)&m->layers[from];
+  upf_tensor *dst = (upf_tensor *)&m->layers[to];
+  for (size_t i = 0; i < sizeof m->layers[0] / sizeof *src; i++) {
+    CU_ASSERT_EQUAL(!src[i].data, !dst[i].data);
+    if (!src[i].data || !dst[i].data)
+      continue;
+    const size_t bytes = (size_t)upf_tensor_numel(&src[i]) * upf_dtype_size(src[i].dtype);
+    void *host = malloc(bytes);
+    CU_ASSERT_EQUAL(m->be->download(host, src[i].data, bytes), UPF_OK);
+    CU_ASSERT_EQUAL(m->be->upload(dst[i].data, host, bytes), UPF_OK);
+    free(host);
+  }
+}
+
+/* --shared-weights: the layers of one mixer kind point at the first such layer's tensors (one copy:
+ * fewer bytes), and the prefill equals, bit for bit, that of a model with distinct tensors holding the
+ * same values, dense and UniPrefill, for every family; a range starts its sharing at its own first
+ * layer of each kind. */
+static void test_shared_weights(void) {
+  const int32_t cu[] = {0, 60, 61, 94};
+  int32_t ids[94];
+  const int fam[2] = {FAMILIES_OF(1)};
+  for (int i = fam[0]; i < fam[1]; i++) {
+    const upf_model_config *cfg = upf_model_config_by_name(tiny[i]);
+    upf_model shared, distinct;
+    upf_model_seeded_ids(3, cfg->vocab, 94, ids);
+    const int32_t lb = 1, le = cfg->num_layers;
+    if (upf_model_init_seeded_shared(&shared, cfg, upf_backend_cpu(), UPF_DTYPE_F32, 7, lb, le) != UPF_OK) {
+      CU_FAIL(upf_last_error());
+      continue;
+    }
+    CU_ASSERT_EQUAL(upf_model_init_seeded(&distinct, cfg, upf_backend_cpu(), UPF_DTYPE_F32, 7, lb, le), UPF_OK);
+    int kinds = 0;
+    for (int32_t l = lb; l < le; l++) {
+      const int32_t o = shared.weights_of[l];
+      CU_ASSERT(o >= lb && o <= l);
+      CU_ASSERT_EQUAL(upf_model_mixer(cfg, o), upf_model_mixer(cfg, l));
+      CU_ASSERT_PTR_EQUAL(shared.layers[l].attn_norm.data, shared.layers[o].attn_norm.data);
+      CU_ASSERT_PTR_EQUAL(shared.layers[l].ffn_down.data, shared.layers[o].ffn_down.data);
+      kinds += o == l;
+      if (o != l)
+        copy_layer(&distinct, o, l);
+    }
+    CU_ASSERT(kinds >= 1 && kinds < le - lb);
+    CU_ASSERT(shared.weight_bytes < distinct.weight_bytes);
+    for (int mode = 0; mode < 2; mode++) {
+      upf_prefill_options o = options(cfg, mode ? UPF_PREFILL_UNIPREFILL : UPF_PREFILL_DENSE);
+      o.select.p = 0.6f;
+      upf_prefill_result a, b;
+      CU_ASSERT_EQUAL_FATAL(upf_model_prefill(&shared, ids, cu, 3, &o, &a), UPF_OK);
+      CU_ASSERT_EQUAL_FATAL(upf_model_prefill(&distinct, ids, cu, 3, &o, &b), UPF_OK);
+      CU_ASSERT(finite_logits(&a));
+      CU_ASSERT_EQUAL(memcmp(a.logits, b.logits, sizeof(float) * 3 * cfg->vocab), 0);
+      CU_ASSERT_EQUAL(a.num_drops, b.num_drops);
+      upf_prefill_result_free(&a);
+      upf_prefill_result_free(&b);
+    }
+    upf_model_free(&shared);
+    upf_model_free(&distinct);
+  }
+}
+
+/* The distinct weights a shared run stands for: Llama-3.1-8B's published 8,030,261,248 parameters in
+ * bf16, and in FP8 its projections at a byte plus a 4-byte scale per output channel (q|k|v 6144, o 4096,
+ * gate|up 28672, down 4096 a layer), embedding, head and norms at two bytes. */
+static void test_weight_bytes(void) {
+  upf_weight_bytes b;
+  const upf_model_config *cfg = upf_model_config_by_name("llama3.1-8b");
+  CU_ASSERT_EQUAL_FATAL(upf_model_config_weight_bytes(cfg, 0, 32, &b), UPF_OK);
+  CU_ASSERT_DOUBLE_EQUAL(b.bf16, 2.0 * 8030261248.0, 0.5);
+  const double proj = 4096.0 * 6144 + 4096.0 * 4096 + 4096.0 * 28672 + 14336.0 * 4096;
+  const double fp8 = 32 * (proj + 4.0 * (6144 + 4096 + 28672 + 4096)) + 2 * 2 * 128256.0 * 4096 +
+                     2 * (32 * 2 * 4096.0 + 4096);
+  CU_ASSERT_DOUBLE_EQUAL(b.fp8_e4m3, fp8, 0.5);
+  CU_ASSERT_EQUAL_FATAL(upf_model_config_weight_bytes(cfg, 4, 6, &b), UPF_OK); /* two layers, embedding and head */
+  CU_ASSERT_DOUBLE_EQUAL(b.bf16, 2.0 * (2 * 218112000.0 + 2 * 525336576.0 + 4096), 0.5);
+  CU_ASSERT_EQUAL(upf_model_config_weight_bytes(cfg, 6, 4, &b), UPF_ERR_INVALID_ARG);
+}
+
 static CU_TestInfo model_tests[] = {
     {"uniprefill at p=1 equals dense bit for bit", test_p1_equals_dense},
     {"drops: kept counts, chained drops, replay", test_drops_and_replay},
@@ -312,6 +393,8 @@ static CU_TestInfo model_tests[] = {
     {"drop step: positions, cu_seqlens, refused masks", test_drop_step_positions},
     {"bad input", test_bad_input},
     {"model verify on the CPU twin", test_model_verify_twin},
+    {"shared weights: one copy per mixer kind, the same prefill as distinct copies", test_shared_weights},
+    {"distinct weight bytes in bf16 and FP8 (Llama-3.1-8B by hand)", test_weight_bytes},
     CU_TEST_INFO_NULL,
 };
 

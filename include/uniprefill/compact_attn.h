@@ -28,6 +28,7 @@
 #ifndef UNIPREFILL_COMPACT_ATTN_H
 #define UNIPREFILL_COMPACT_ATTN_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "uniprefill/attn.h"
@@ -101,12 +102,70 @@ upf_status upf_compact_attn_copy(const struct upf_backend *be, const upf_attn_pa
                                  const upf_compact_tables *t, const upf_tensor *q, const upf_tensor *k_cache,
                                  const upf_tensor *v_cache, const upf_attn_params *p, const upf_tensor *out);
 
+/* ---- Scratch kept across calls ---- */
+
+/* One grow-only buffer of a workspace. */
+typedef struct {
+  void *ptr;
+  size_t bytes;
+} upf_compact_buf;
+
+/* What upf_compact_select and the *_ws paths use from one call to the next: every buffer grows to the
+ * largest call seen and is kept, so a model's layers and chunks of one shape allocate nothing after the
+ * first. Zero it before first use (the first call binds it to its backend); free it with
+ * upf_compact_workspace_free. The tables stay on the backend; the host gets only the union table
+ * (B Hkv key_blocks bytes), from which it derives the host copies attn.paged checks and plans from (the
+ * CPU reference of compact.block_tables: integer logic, the same values as the backend's). */
+typedef struct {
+  const struct upf_backend *be; /* bound by the first call */
+  /* backend memory */
+  upf_compact_buf kbar;        /* (B, key_blocks, Hkv, D) the caches' dtype */
+  upf_compact_buf row_ptr;     /* (S + 1) int32 */
+  upf_compact_buf blocks;      /* (S * key_blocks) int32 */
+  upf_compact_buf table;       /* (B, Hkv, key_blocks) u8 */
+  upf_compact_buf counts;      /* (B, Hkv) int32 */
+  upf_compact_buf block_table; /* (Hkv, B, max_blocks) int32 */
+  upf_compact_buf kv_lens;     /* (Hkv, B) int32 */
+  upf_compact_buf gather_index, gather_cu, k_rows, v_rows; /* the copy path: (n) (B+1) int32, (n, D) x 2 */
+  /* host */
+  upf_compact_buf table_host;       /* (B, Hkv, key_blocks) u8: the last selection's union (--dump-tables) */
+  upf_compact_buf block_table_host; /* (Hkv, B, max_blocks) int32 */
+  upf_compact_buf kv_lens_host;     /* (Hkv, B) int32 */
+  upf_compact_buf gather_index_host, gather_cu_host; /* the copy path */
+  int64_t allocations; /* buffers (re)allocated so far: unchanged by a call no larger than an earlier one */
+  /* the last upf_compact_select's result */
+  upf_compact_tables tables; /* backend arrays and their host copies, in the buffers above */
+  int32_t num_reqs, hkv, key_blocks; /* table_host's shape */
+  int64_t kept_blocks;               /* set entries of table_host */
+} upf_compact_workspace;
+
+/* Releases the buffers (after a synchronize: an attention may still read them) and zeroes ws. */
+void upf_compact_workspace_free(upf_compact_workspace *ws);
+
+/* The selector end to end over the chunk batch: sparse.block_means and sparse.index with sp (use last_n
+ * 0), compact.block_union with cp, compact.block_tables; leaves the result in ws (tables, table_host,
+ * kept_blocks). */
+upf_status upf_compact_select(const struct upf_backend *be, const upf_attn_paged *chunks, const upf_tensor *q,
+                              const upf_tensor *k_cache, const upf_sparse_params *sp, const upf_compact_params *cp,
+                              upf_compact_workspace *ws);
+/* upf_compact_attn_copy with its gather buffers in ws. */
+upf_status upf_compact_attn_copy_ws(const struct upf_backend *be, const upf_attn_paged *batch,
+                                    const upf_compact_tables *t, const upf_tensor *q, const upf_tensor *k_cache,
+                                    const upf_tensor *v_cache, const upf_attn_params *p, const upf_tensor *out,
+                                    upf_compact_workspace *ws);
+/* upf_compact_attend with every buffer in ws: the union table and its kept count stay there
+ * (ws->table_host, ws->kept_blocks). */
+upf_status upf_compact_attend_ws(const struct upf_backend *be, const upf_attn_paged *chunks, const upf_tensor *q,
+                                 const upf_tensor *k_cache, const upf_tensor *v_cache, const upf_sparse_params *sp,
+                                 const upf_compact_params *cp, const upf_attn_params *p, int copy_path,
+                                 const upf_tensor *out, upf_compact_workspace *ws);
+
 /* One layer's chunk rows end to end (what a model mode calls in place of attn.paged for the chunks):
  * sparse.block_means and sparse.index over the chunk batch with sp (use last_n 0: the default 2 keeps
  * the last tiles dense), compact.block_union with cp, compact.block_tables, then the zero-copy path (or,
- * copy_path 1, the copy path) with p. Scratch comes from be per call. table_host, when not NULL, gets the
- * table (B, Hkv, ceil(max kv_len / block_n)) |u1 (the --dump-tables layout); kept_blocks, when not NULL,
- * the sum of the counts. */
+ * copy_path 1, the copy path) with p. Scratch comes from be per call (upf_compact_attend_ws keeps it).
+ * table_host, when not NULL, gets the table (B, Hkv, ceil(max kv_len / block_n)) |u1 (the --dump-tables
+ * layout); kept_blocks, when not NULL, the sum of the counts. */
 upf_status upf_compact_attend(const struct upf_backend *be, const upf_attn_paged *chunks, const upf_tensor *q,
                               const upf_tensor *k_cache, const upf_tensor *v_cache, const upf_sparse_params *sp,
                               const upf_compact_params *cp, const upf_attn_params *p, int copy_path,

@@ -19,6 +19,13 @@ extern "C" {
 
 /* ---- The request trace ---- */
 
+/* Bounds of a trace. Arrivals lie within UPF_TRACE_MAX_ARRIVAL seconds: beyond it a double's spacing
+ * passes a microsecond and the times measured from an arrival (TTFT) absorb into it. A trace holds
+ * at most UPF_TRACE_MAX_REQUESTS requests (its checks are n log n; the KV pool is sized by
+ * --max-live, not by the trace). */
+#define UPF_TRACE_MAX_ARRIVAL 1e9
+#define UPF_TRACE_MAX_REQUESTS (1 << 22)
+
 typedef struct {
   int64_t id;         /* the trace's id of the request (reported; unique in a trace) */
   double arrival;     /* seconds on the simulated clock */

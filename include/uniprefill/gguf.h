@@ -14,7 +14,9 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
+#include "uniprefill/output.h"
 #include "uniprefill/status.h"
 
 #ifdef __cplusplus
@@ -242,9 +244,25 @@ upf_status upf_gguf_add_tensor(upf_gguf_writer *w, const char *name, upf_ggml_ty
 upf_status upf_gguf_add_tensor_ref(upf_gguf_writer *w, const char *name, upf_ggml_type type, int n_dims,
                                    const int64_t *ne, const void *data, uint64_t nbytes);
 
-/* Writes the file: to a temporary in the same directory, then renamed over `path`, so a failure
- * leaves neither a partial file nor the temporary. The writer can be written again or extended. */
+/* Writes the file as an output set of one (uniprefill/output.h): a regular file through a temporary
+ * in the same directory renamed over `path`, so a failure leaves neither a partial file nor the
+ * temporary; a link followed; a device or FIFO written in place. The writer can be written again or
+ * extended. */
 upf_status upf_gguf_writer_write(const upf_gguf_writer *w, const char *path);
+/* The same as one output of the set o (`what` names it in messages: the flag, or NULL). */
+upf_status upf_gguf_writer_write_to(const upf_gguf_writer *w, upf_outputs *o, const char *path, const char *what);
+/* The whole file to an open stream. */
+upf_status upf_gguf_writer_write_stream(const upf_gguf_writer *w, FILE *f, const char *what);
+
+/* Streaming, for files larger than memory: declare every tensor with upf_gguf_add_tensor_info (the
+ * directory only, no data), write the head, then each tensor's data in the order declared, freeing
+ * it after. write_tensor checks that entry i is `name` of nbytes. */
+upf_status upf_gguf_add_tensor_info(upf_gguf_writer *w, const char *name, upf_ggml_type type, int n_dims,
+                                    const int64_t *ne, uint64_t nbytes);
+int64_t upf_gguf_writer_num_tensors(const upf_gguf_writer *w);
+upf_status upf_gguf_writer_write_head(const upf_gguf_writer *w, FILE *f, const char *what);
+upf_status upf_gguf_writer_write_tensor(const upf_gguf_writer *w, FILE *f, int64_t i, const char *name,
+                                        const void *data, uint64_t nbytes, const char *what);
 /* The file image in memory (malloc'd, *size bytes; free with free()): for tests and fuzzing. */
 upf_status upf_gguf_writer_to_memory(const upf_gguf_writer *w, void **bytes, uint64_t *size);
 

@@ -122,6 +122,10 @@ typedef struct {
   const upf_backend *be;      /* where every tensor lives */
   upf_dtype dtype;            /* f32 or bf16: weights and activations (A_log, dt_bias stay f32) */
   int32_t layer_begin, layer_end; /* the layers held: [begin, end) */
+  /* A timing mode (upf_model_init_seeded_shared): every layer of one mixer kind holds the tensors of
+   * the first layer of that kind in the range (weights_of[l], which owns them); 0: each layer owns its own. */
+  int shared_weights;
+  int32_t weights_of[UPF_MODEL_MAX_LAYERS];
   upf_tensor token_embd;      /* (V, H)  token_embd.weight */
   upf_tensor output_norm;     /* (H)     output_norm.weight */
   upf_tensor output;          /* (H, V)  output.weight (the transpose of token_embd when tied) */
@@ -145,6 +149,23 @@ typedef struct {
 upf_status upf_model_init_seeded(upf_model *m, const upf_model_config *cfg, const upf_backend *be, upf_dtype dtype,
                                  uint64_t seed, int32_t layer_begin, int32_t layer_end);
 void upf_model_free(upf_model *m);
+/* The seeded model with one set of layer weights per mixer kind (full attention, sliding window, Gated
+ * DeltaNet): each layer runs with its own shapes, kind, routing and KV or state sizes on the weights of
+ * the first layer of its kind in the range, so a model whose distinct weights do not fit the device
+ * (Qwen3-Next-80B-A3B: 48 layers) is timed at full depth. The values are not the whole model's (layer l
+ * holds layer weights_of[l]'s): a timing mode, to be stated with every result. */
+upf_status upf_model_init_seeded_shared(upf_model *m, const upf_model_config *cfg, const upf_backend *be,
+                                        upf_dtype dtype, uint64_t seed, int32_t layer_begin, int32_t layer_end);
+/* The bytes the distinct weights of cfg's layers [layer_begin, layer_end) (the embedding and head
+ * always) would take: in bf16 (A_log and dt_bias f32), and in FP8 with the projections (attention,
+ * Gated DeltaNet in/out, FFN, every expert and the shared expert) in E4M3 with one f32 scale per output
+ * channel, the rest (embedding, head, routers, conv, norms) as in bf16. What a shared-weights run
+ * stands for, without allocating it. */
+typedef struct {
+  double bf16, fp8_e4m3;
+} upf_weight_bytes;
+upf_status upf_model_config_weight_bytes(const upf_model_config *cfg, int32_t layer_begin, int32_t layer_end,
+                                         upf_weight_bytes *out);
 /* The same seeded model as a tensor-parallel slice for rank upf_comm_rank(comm) of upf_comm_size(comm)
  * (models/tp.c): column-parallel attn_qkv (the rank's query heads, and kv heads, replicated when
  * Hkv < R) and ffn_gate_up / ssm_in (its columns), row-parallel attn_output, ffn_down, ssm_out (its
