@@ -25,7 +25,7 @@
 
 const char upf_cli_report_usage[] =
     "usage: upf report [--out DIR | --root DIR] [--quick] [--no-bench] [--bench-filter REGEX] [--no-e2e]\n"
-    "                  [--models M1,M2,...] [--lengths N1,N2,...]\n"
+    "                  [--models M1,M2,...] [--lengths N1,N2,...] [--backend cpu|cuda]\n"
     "       upf report --compare OLD.json NEW.json [--threshold P%]\n"
     "  The main job: verify, kernel benchmarks, end to end (TTFT of dense, UniPrefill, FlashPrefill V2,\n"
     "  dense chunked and CompactAttention for each family; on a device at 8K / 32K / 128K, without one the\n"
@@ -38,7 +38,8 @@ const char upf_cli_report_usage[] =
     "  variants and every command. --quick: the quick verify set and CI sizes (8K on a device, 512 tokens\n"
     "  on the CPU), no accuracy runs. --bench-filter runs the benchmarks whose name matches REGEX\n"
     "  (bench_upf --benchmark_list_tests lists them; a leading '-' excludes); one matching nothing is an\n"
-    "  error. --models / --lengths replace the end-to-end models (upf models) and lengths.\n"
+    "  error. --models / --lengths replace the end-to-end models (upf models) and lengths. --backend: the\n"
+    "  backend under test (default cuda when usable, else cpu).\n"
     "  --compare: the CI gate. A table of new/old for every verify, kernel, end-to-end, serving and\n"
     "  accuracy row present in both files; exit 1 when a verify row's failures grew, a top-1 agreement\n"
     "  fell by more than 0.01, or a row slowed by more than P% (default 5) beyond noise: new - old >\n"
@@ -48,6 +49,7 @@ typedef struct {
   const char *out_dir, *root;
   const char *bench_filter;
   const char *models, *lengths;
+  const char *backend;
   int quick, no_bench, no_e2e;
 } report_args;
 
@@ -500,6 +502,7 @@ int upf_cli_report(int argc, char **argv) {
       {"--bench-filter", UPF_ARG_STRING, &a.bench_filter},
       {"--models", UPF_ARG_STRING, &a.models},
       {"--lengths", UPF_ARG_STRING, &a.lengths},
+      {"--backend", UPF_ARG_STRING, &a.backend},
       {"--quick", UPF_ARG_SWITCH, &a.quick},
       {"--no-bench", UPF_ARG_SWITCH, &a.no_bench},
       {"--no-e2e", UPF_ARG_SWITCH, &a.no_e2e},
@@ -541,7 +544,12 @@ int upf_cli_report(int argc, char **argv) {
     }
     list = *end ? end + 1 : end;
   }
-  const upf_backend *be = upf_cli_default_backend();
+  const upf_backend *be = a.backend ? upf_backend_by_name(a.backend) : upf_cli_default_backend();
+  if (!be || be->probe() != UPF_OK) {
+    fprintf(stderr, "upf report: --backend '%s': %s\n", a.backend,
+            be ? upf_last_error() : "want cpu or cuda");
+    return be ? 1 : 2;
+  }
   const int on_device = be != upf_backend_cpu();
   report_stamp stamp;
   make_stamp(&stamp, on_device);

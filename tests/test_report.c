@@ -177,11 +177,12 @@ static void test_bad_inputs(void) {
 
 /* The report itself on this machine, one tiny model at one length: report.md has every section and ends
  * with the verdict, report.json reads back through the gate (against itself: PASS), and every run's
- * command is recorded. Tens of seconds on 2 cores: native runs only. */
+ * command is recorded. On the CPU backend (a device's report is minutes); tens of seconds on 2 cores: native
+ * runs only. */
 static void test_report_writes_json_the_gate_reads(void) {
   if (upf_test_skip_quick("report", "report_writes_json", "a report run takes tens of seconds"))
     return;
-  CU_ASSERT_EQUAL_FATAL(cli_run(&cli, "report --quick --no-bench --models llama-tiny --lengths 256 --out rep"), 0);
+  CU_ASSERT_EQUAL_FATAL(cli_run(&cli, "report --quick --no-bench --backend cpu --models llama-tiny --lengths 256 --out rep"), 0);
   const char *md = cli_path(&cli, "rep/report.md"), *json = cli_path(&cli, "rep/report.json");
   CU_ASSERT(cli_file_contains(md, "## verify"));
   CU_ASSERT(cli_file_contains(md, "### llama-tiny (cpu, bf16)"));
