@@ -185,11 +185,10 @@ run() {
   while [ $# -gt 0 ] && [ "$1" != -- ]; do envs+=("$1"); shift; done
   shift
   mkdir -p "$(dirname "$log")"
-  {
-    printf '(cd %q && env' "$DEV"
-    printf ' %q' "${envs[@]}" timeout "$cap" "$@"
-    printf ') > %q 2>&1\n' "$log"
-  } >>"$CMDS"
+  # one write per line: commands run side by side append to the same file
+  local line
+  line=$(printf '(cd %q && env' "$DEV"; printf ' %q' "${envs[@]}" timeout "$cap" "$@"; printf ') > %q 2>&1' "$log")
+  printf '%s\n' "$line" >>"$CMDS"
   (cd "$DEV" && env "${envs[@]}" timeout "$cap" "$@") >"$log" 2>&1
   rc=$?
   [ -z "$(tail -c 1 "$log")" ] || echo >>"$log" # a killed command may leave its last line open
