@@ -11,7 +11,7 @@
  *  - the producer's 4 warps copy K and V tiles of W2_BN = 128 keys by cp.async into a W2_NS = 3 stage
  *    ring (64 KB a stage) in the 128-byte-swizzle layout wgmma reads (per 64 dims: 128 rows x 128
  *    bytes, 16-byte chunk c of row r at r * 128 + ((c ^ (r % 8)) * 16); the second 64 dims W2_BN * 128
- *    bytes further: the layout of cuda/select.cu's score kernel), per lane and tile 8 rows x 2 chunks of
+ *    bytes further: the layout of cuda/select_score.cu's score kernel), per lane and tile 8 rows x 2 chunks of
  *    K and of V, the two chunks of a row off one pointer, one 64-bit add a row, no predicates but on a
  *    range's last tile (rows past it are zero-filled, src-size 0). Full and empty barriers for K and
  *    for V apart: S(t) waits for K(t) only, and K(t) is released as soon as S(t) completes, so K(t + 3)

@@ -1,4 +1,4 @@
-/* Hopper (sm_90a) building blocks of the wgmma kernels (cuda/attn_hopper.cu's prefill, cuda/select.cu's
+/* Hopper (sm_90a) building blocks of the wgmma kernels (cuda/attn_hopper.cu's prefill, cuda/select_score.cu's
  * score kernel): mbarriers, cp.async into the swizzled ring, wgmma fences, shared-memory descriptors and
  * the two wgmma shapes they use (A from registers, B from a shared-memory descriptor). Include only from
  * .cu files built for sm_90a with the wgmma code inside #if defined(__CUDA_ARCH_FEAT_SM90_ALL). The

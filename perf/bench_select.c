@@ -255,7 +255,7 @@ static upf_status sel_data_create(sel_data *d, const upf_backend *be, upf_dtype 
  * SEL_SCORE_PASSES: SPEC stage 2 reads as two passes (max and sum, then the normalised mass), and a
  * kernel that recomputes the scores for the second would read K and do the part-GEMM twice. Both
  * backends compute the scores once (CPU: one dgemm per head; CUDA: one fused pass, see the header
- * of cuda/select.cu), so one pass is the work done; 2 would rate them as the two-pass design, which
+ * of cuda/select_score.cu), so one pass is the work done; 2 would rate them as the two-pass design, which
  * can put TFLOP/s above the device's peak. */
 #define SEL_SCORE_PASSES 1.0
 
