@@ -1,4 +1,5 @@
-/* `upf eval`: what UniPrefill (or FlashPrefill V2) costs in accuracy on a model. ppl: the dense
+/* `upf eval`: what UniPrefill (or FlashPrefill V2, or a chunked prefill: dense, CompactAttention or
+ * FlashPrefill over chunks) costs in accuracy on a model. ppl: the dense
  * perplexity of a text; next-token: top-1 agreement and KL(dense || approximation) over the last
  * positions of windows of a text; needle: a pass key hidden at several depths of a filler text,
  * answered greedily by dense and by the approximation. Every input is checked before any model work; the JSON is written whole at the end. */
@@ -21,9 +22,9 @@
 
 const char upf_cli_eval_usage[] =
     "usage: upf eval (--gguf FILE | --model NAME [--seed S]) --task ppl|next-token|needle\n"
-    "                [--tokens N1,N2,...] [--mode dense|uniprefill|flashprefill] [--p P1,P2,...] [--keep R1,R2,...]\n"
-    "                [--alpha A1,A2,...] [--block-n 64|128] [--mean-correction on|off] [--sink S] [--window W]\n"
-    "                [--last-n N]\n"
+    "                [--tokens N1,N2,...] [--mode dense|uniprefill|flashprefill|compact] [--p P1,P2,...]\n"
+    "                [--keep R1,R2,...] [--alpha A1,A2,...] [--block-n 64|128] [--mean-correction on|off]\n"
+    "                [--sink S] [--window W] [--last-n N] [--chunk C] [--recent R]\n"
     "                [--backend cpu|cuda] [--dtype f32|bf16] [--text-file F1,F2,...] [--windows K]\n"
     "                [--last N] [--depths D1,D2,...] [--trials N] [--needle-seed S] [--dtype-floor]\n"
     "                [--allow-over-context] [--json R.json]\n"
@@ -40,6 +41,15 @@ const char upf_cli_eval_usage[] =
     "  in place of UniPrefill, at each --alpha (default 0.18; the other flags as upf prefill), reporting the\n"
     "  kept share of the visible key blocks per full-attention layer; it drops no token, so needle runs\n"
     "  the prompt + answer prefill in FlashPrefill mode directly.\n"
+    "  --chunk C (next-token, needle): the approximation is a chunked prefill through a session's paged KV\n"
+    "  cache, chunks of C tokens (the last may be shorter), against unchunked dense: --mode dense (chunked\n"
+    "  dense, which equals dense up to rounding), compact (CompactAttention, SPEC section 9: a chunk with\n"
+    "  cached context attends over the union of the key blocks its selector keeps, plus its own and the\n"
+    "  --recent R blocks before it (default 2); --alpha and the selector flags as flashprefill's, last_n 0)\n"
+    "  or flashprefill (each chunk block-sparse over its cached context); not uniprefill (a chunk never\n"
+    "  drops: it would run chunked dense). next-token gathers the last N positions across chunks; needle\n"
+    "  prefills the prompt in chunks, then feeds the answer as decode rows (dense, as served). --mode\n"
+    "  compact needs --chunk.\n"
     "  --mode dense runs the dense side only (ppl is always dense). --dtype-floor (next-token): also the\n"
     "  dense run in the other dtype (f32 for bf16, and back) against dense: what precision alone changes.\n"
     "  --text-file: plain-text files joined in order (default: the licence texts Debian ships in\n"
@@ -52,6 +62,7 @@ typedef struct {
   const char *alpha;  /* FlashPrefill: the list of alphas */
   upf_sparse_args fa; /* FlashPrefill: --block-n, --mean-correction, --sink, --window, --last-n */
   int32_t seed, windows, last, trials, needle_seed, floor;
+  int32_t chunk; /* --chunk C: the approximation prefills in chunks of C (0: whole prompts) */
   int over_context; /* --allow-over-context */
 } eval_args;
 
@@ -89,14 +100,43 @@ static int parse_doubles(const char *s, double **out, int *n) {
   }
 }
 
-/* One setting of the sweep: UniPrefill top-p at p or top-k at a keep ratio, or FlashPrefill at alpha. */
+/* One setting of the sweep: UniPrefill top-p at p or top-k at a keep ratio, or FlashPrefill at alpha; with
+ * --chunk, a chunked prefill: dense (kind "chunk", value C), CompactAttention or FlashPrefill at alpha. */
 typedef struct {
-  upf_prefill_mode mode; /* UNIPREFILL or FLASHPREFILL */
+  upf_prefill_mode mode; /* UNIPREFILL, FLASHPREFILL, COMPACT, or DENSE (chunked) */
   upf_select_params sel;
   upf_sparse_params sparse;
+  upf_compact_params compact; /* COMPACT: the union's recent blocks */
+  int32_t chunk;              /* > 0: prefilled in chunks of this many tokens through a session */
   double value;
-  const char *kind; /* "p", "keep" or "alpha" */
+  const char *kind; /* "p", "keep", "alpha" or "chunk" */
 } eval_arm;
+
+/* The arm's kept share is over key blocks (FlashPrefill, CompactAttention), not tokens. */
+static int arm_blocks(const eval_arm *arm) {
+  return arm->mode == UPF_PREFILL_FLASHPREFILL || arm->mode == UPF_PREFILL_COMPACT;
+}
+
+/* The prefill of the arm, writing the logits of the last `last` positions (upf_eval_prefill_last, or its
+ * chunked form). */
+static upf_status arm_prefill_last(const upf_model *m, const eval_arm *arm, const int32_t *ids, int64_t n, int64_t last,
+                                   float *logits, upf_prefill_result *res) {
+  upf_prefill_options opt = {.mode = arm->mode, .select = arm->sel, .sparse = arm->sparse, .compact = arm->compact};
+  return arm->chunk ? upf_eval_prefill_last_chunked(m, ids, n, &opt, arm->chunk, last, logits, res, NULL)
+                    : upf_eval_prefill_last(m, ids, n, &opt, last, logits, res);
+}
+
+/* The greedy answer check of the arm. */
+static upf_status arm_check_answer(const upf_model *m, const eval_arm *arm, const int32_t *prompt, int64_t P,
+                                   const int32_t *answer, int64_t A, upf_eval_answer *out) {
+  if (arm->chunk) {
+    const upf_prefill_options opt = {.mode = arm->mode, .select = arm->sel, .sparse = arm->sparse,
+                                     .compact = arm->compact};
+    return upf_eval_check_answer_chunked(m, prompt, P, answer, A, &opt, arm->chunk, out);
+  }
+  return arm->mode == UPF_PREFILL_FLASHPREFILL ? upf_eval_check_answer_sparse(m, prompt, P, answer, A, &arm->sparse, out)
+                                               : upf_eval_check_answer(m, prompt, P, answer, A, &arm->sel, out);
+}
 
 /* The GGUF file's tokenizer (core/tokenizer.c): text in, ids out, specials added by the caller. */
 typedef struct {
@@ -428,11 +468,15 @@ static void json_header(FILE *f, const eval_args *a, const eval_source *src, con
     fprintf(f, "%s%d", k ? ", " : "", c->drop_layers[k]);
   fprintf(f, "], \"select\": {\"block\": %d, \"sink\": %d, \"last_q\": %d, \"p\": %g}, \"drop_min_step_tokens\": %lld},\n",
           c->select.block, c->select.sink, c->select.last_q, (double)c->select.p, (long long)c->drop_min_step_tokens);
-  fprintf(f, "  \"mode\": \"%s\",\n", a->mode);
+  fprintf(f, "  \"mode\": \"%s\",\n  \"chunk\": %d,\n", a->mode, a->chunk);
   if (!strcmp(a->mode, "flashprefill")) { /* alpha: the sweep's, per run */
     fprintf(f, "  \"flashprefill\": ");
     upf_sparse_args_json(f, &a->fa.params);
     fprintf(f, ",\n");
+  } else if (!strcmp(a->mode, "compact")) {
+    fprintf(f, "  \"compact\": {\"recent\": %d, \"selector\": ", a->fa.compact.recent);
+    upf_sparse_args_json(f, &a->fa.params);
+    fprintf(f, "},\n");
   }
   fprintf(f, "  \"backend\": \"%s\",\n  \"device\": ", be->name);
   upf_json_string(f, be->describe());
@@ -552,14 +596,13 @@ static upf_status run_next_token(const eval_args *a, eval_source *src, const int
         fprintf(stderr, ", dense %s %.1f s", upf_dtype_name(src->other.dtype), now_seconds() - t0);
       }
       for (int r = 0; st == UPF_OK && r < narms; r++) {
-        opt.mode = arms[r].mode, opt.select = arms[r].sel, opt.sparse = arms[r].sparse;
         t0 = now_seconds();
-        st = upf_eval_prefill_last(m, ids, L, &opt, last, uni, &res);
+        st = arm_prefill_last(m, &arms[r], ids, L, last, uni, &res);
         if (st == UPF_OK) {
           const double prefill_s = now_seconds() - t0; /* the prefill alone, as dense's time above */
           secs[r] += prefill_s;
           double ratios[UPF_MODEL_MAX_LAYERS];
-          if (arms[r].mode == UPF_PREFILL_FLASHPREFILL) { /* per layer: kept key blocks / visible ones */
+          if (arm_blocks(&arms[r])) { /* per layer: kept key blocks / visible ones */
             drops_seen = res.num_sparse;
             share[r] += upf_prefill_kept_share(&res) / a->windows;
             for (int k = 0; k < res.num_sparse; k++) {
@@ -602,12 +645,15 @@ static upf_status run_next_token(const eval_args *a, eval_source *src, const int
       for (int r = 0; r < narms; r++) {
         const double agree = (double)acc[r].agree / (double)acc[r].positions;
         const double kl = acc[r].kl_sum / (double)acc[r].positions;
-        const int flash = arms[r].mode == UPF_PREFILL_FLASHPREFILL;
+        const int flash = arm_blocks(&arms[r]);
         printf("%s %lld tokens x %d windows, %s %g: top-1 agreement %.2f%% (%lld/%lld), mean KL %.3g, max KL %.3g; ",
                m->cfg->name, (long long)L, a->windows, arms[r].kind, arms[r].value, 100.0 * agree,
                (long long)acc[r].agree, (long long)acc[r].positions, kl, acc[r].kl_max);
         if (flash)
-          printf("kept share of the key blocks %.4f, per full-attention layer:", share[r]);
+          printf("kept share of the key blocks %.4f, per full-attention layer%s:", share[r],
+                 arms[r].mode == UPF_PREFILL_COMPACT ? " (chunks with cached context)" : "");
+        else if (arms[r].mode == UPF_PREFILL_DENSE)
+          printf("dense in chunks of %d", arms[r].chunk);
         else
           printf("kept after each drop layer:");
         for (int k = 0; k < drops_seen; k++)
@@ -640,7 +686,7 @@ static upf_status run_next_token(const eval_args *a, eval_source *src, const int
 static upf_status run_needle(const eval_args *a, eval_source *src, const int64_t *lengths, int nlen,
                              const double *depths, int ndepths, const eval_arm *arms, int narms, FILE *j) {
   const upf_model *m = &src->model;
-  const int uni = strcmp(a->mode, "dense") != 0; /* the arms run: UniPrefill or FlashPrefill */
+  const int uni = strcmp(a->mode, "dense") != 0 || a->chunk; /* the arms run: any but unchunked dense */
   int *correct = calloc((size_t)(narms + 1), sizeof *correct);
   double *keep = calloc((size_t)narms * UPF_MODEL_MAX_LAYERS, sizeof *keep);
   double *share = calloc((size_t)narms, sizeof *share); /* FlashPrefill: kept share over all layers */
@@ -684,9 +730,8 @@ static upf_status run_needle(const eval_args *a, eval_source *src, const int64_t
         for (int r = 0; uni && st == UPF_OK && r < narms; r++) {
           upf_eval_answer u;
           const double r0 = now_seconds();
-          const int flash = arms[r].mode == UPF_PREFILL_FLASHPREFILL;
-          st = flash ? upf_eval_check_answer_sparse(m, prompt, L, nd.answer, nd.answer_len, &arms[r].sparse, &u)
-                     : upf_eval_check_answer(m, prompt, L, nd.answer, nd.answer_len, &arms[r].sel, &u);
+          const int flash = arm_blocks(&arms[r]);
+          st = arm_check_answer(m, &arms[r], prompt, L, nd.answer, nd.answer_len, &u);
           if (st != UPF_OK)
             break;
           correct[r + 1] += u.correct;
@@ -723,7 +768,7 @@ static upf_status run_needle(const eval_args *a, eval_source *src, const int64_t
           kr[k] = keep[r * UPF_MODEL_MAX_LAYERS + k] / n;
         fprintf(j, "], \"keep_ratio\": ");
         json_doubles(j, kr, drops_seen);
-        if (arms[r].mode == UPF_PREFILL_FLASHPREFILL) { /* keep_ratio: the per-layer kept shares of key blocks */
+        if (arm_blocks(&arms[r])) { /* keep_ratio: the per-layer kept shares of key blocks */
           printf(" (kept share %.4f)", share[r] / n);
           fprintf(j, ", \"kept_share\": %.6f", share[r] / n);
         }
@@ -759,6 +804,7 @@ int upf_cli_eval(int argc, char **argv) {
       {"--trials", UPF_ARG_INT, &a.trials, 0, 1, 100000}, {"--needle-seed", UPF_ARG_INT, &a.needle_seed, 0, 0, INT32_MAX},
       {"--json", UPF_ARG_STRING, &a.json},           {"--dtype-floor", UPF_ARG_SWITCH, &a.floor},
       {"--alpha", UPF_ARG_STRING, &a.alpha},         UPF_SPARSE_SHAPE_ARG_FLAGS(a.fa),
+      {"--chunk", UPF_ARG_INT, &a.chunk, 0, 1, INT32_MAX},
   };
   upf_arg_parser p = {"upf eval", upf_cli_eval_usage, args, (int)(sizeof args / sizeof *args), NULL, 0, 0};
   const upf_args_result pr = upf_args_parse(&p, argc, argv);
@@ -781,17 +827,35 @@ int upf_cli_eval(int argc, char **argv) {
     fprintf(stderr, "upf eval: --task '%s': want ppl, next-token or needle\n", a.task);
     return 2;
   }
-  if (strcmp(a.mode, "dense") && strcmp(a.mode, "uniprefill") && strcmp(a.mode, "flashprefill")) {
-    fprintf(stderr, "upf eval: --mode '%s': want dense, uniprefill or flashprefill\n", a.mode);
+  if (strcmp(a.mode, "dense") && strcmp(a.mode, "uniprefill") && strcmp(a.mode, "flashprefill") &&
+      strcmp(a.mode, "compact")) {
+    fprintf(stderr, "upf eval: --mode '%s': want dense, uniprefill, flashprefill or compact (compact with --chunk)\n",
+            a.mode);
     return 2;
   }
-  const int flash = !strcmp(a.mode, "flashprefill");
+  const int compact = !strcmp(a.mode, "compact");
+  /* flash: the arms sweep --alpha over key blocks (FlashPrefill, or CompactAttention's selector) */
+  const int flash = !strcmp(a.mode, "flashprefill") || compact;
+  if (compact && !a.chunk) {
+    fprintf(stderr, "upf eval: --mode compact needs --chunk C (CompactAttention runs the chunks of a chunked "
+                    "prefill)\n");
+    return 2;
+  }
+  if (a.chunk && task_ppl) {
+    fprintf(stderr, "upf eval: --chunk does not apply to --task ppl (dense only; next-token and needle take it)\n");
+    return 2;
+  }
+  if (a.chunk && !strcmp(a.mode, "uniprefill")) {
+    fprintf(stderr, "upf eval: --chunk with --mode uniprefill: a chunk never drops (SPEC section 4), so it would "
+                    "measure chunked dense; give --mode dense, compact or flashprefill with --chunk\n");
+    return 2;
+  }
   if (task_ppl && upf_args_find(&p, "--mode")->seen && strcmp(a.mode, "dense")) {
     fprintf(stderr, "upf eval: --task ppl is dense only: UniPrefill drops positions, so it has no NLL at every "
                     "position (next-token compares it, and FlashPrefill, with dense)\n");
     return 2;
   }
-  if (task_next && !strcmp(a.mode, "dense")) {
+  if (task_next && !strcmp(a.mode, "dense") && !a.chunk) {
     fprintf(stderr, "upf eval: --task next-token compares UniPrefill or FlashPrefill with dense: --mode dense leaves "
                     "nothing to compare\n");
     return 2;
@@ -808,12 +872,16 @@ int upf_cli_eval(int argc, char **argv) {
     fprintf(stderr, "upf eval: give --p (top-p) or --keep (top-k keep ratios), not both\n");
     return 2;
   }
+  if (a.chunk && !flash && (a.p || a.keep)) {
+    fprintf(stderr, "upf eval: --p and --keep go with --mode uniprefill, which --chunk does not take\n");
+    return 2;
+  }
   if (flash && (a.p || a.keep)) {
-    fprintf(stderr, "upf eval: --p and --keep go with --mode uniprefill (flashprefill sweeps --alpha)\n");
+    fprintf(stderr, "upf eval: --p and --keep go with --mode uniprefill (%s sweeps --alpha)\n", a.mode);
     return 2;
   }
   /* --alpha and the other FlashPrefill flags only with --mode flashprefill, each in range */
-  const int rc_sparse = upf_sparse_args_resolve("eval", &p, flash, &a.fa);
+  const int rc_sparse = upf_sparse_args_resolve("eval", &p, compact ? 2 : flash, &a.fa);
   if (rc_sparse)
     return rc_sparse;
   if (a.alpha && task_ppl) {
@@ -919,11 +987,15 @@ int upf_cli_eval(int argc, char **argv) {
     narms = nval ? nval : 1;
     arms = calloc((size_t)narms, sizeof *arms);
     for (int i = 0; i < narms; i++) {
-      arms[i].mode = flash ? UPF_PREFILL_FLASHPREFILL : UPF_PREFILL_UNIPREFILL;
+      arms[i].mode = compact ? UPF_PREFILL_COMPACT : flash ? UPF_PREFILL_FLASHPREFILL : UPF_PREFILL_UNIPREFILL;
       arms[i].sel = c->select;
       arms[i].sparse = a.fa.params;
+      arms[i].compact = a.fa.compact;
+      arms[i].chunk = a.chunk;
       arms[i].kind = flash ? "alpha" : a.keep ? "keep" : "p";
       arms[i].value = nval ? values[i] : flash ? (double)a.fa.params.alpha : (double)c->select.p;
+      if (a.chunk && !flash) /* chunked dense: one arm, named by its chunk */
+        arms[i].mode = UPF_PREFILL_DENSE, arms[i].kind = "chunk", arms[i].value = a.chunk;
       if (flash)
         arms[i].sparse.alpha = (float)arms[i].value;
       else if (a.keep)
@@ -933,9 +1005,10 @@ int upf_cli_eval(int argc, char **argv) {
     }
     /* FlashPrefill has logits at every position; UniPrefill only at those it keeps */
     /* the default fits the model: a tiny one observes fewer than 128 positions */
-    if (!upf_args_find(&p, "--last")->seen && !flash && a.last > c->select.last_q)
+    const int drops = !strcmp(a.mode, "uniprefill");
+    if (!upf_args_find(&p, "--last")->seen && drops && a.last > c->select.last_q)
       a.last = c->select.last_q;
-    if (task_next && !flash && a.last > c->select.last_q) {
+    if (task_next && drops && a.last > c->select.last_q) {
       fprintf(stderr, "upf eval: --last %d: at most the model's last-q (%d): positions before the observation window "
                       "can be dropped, and dropped positions have no logits\n", a.last, c->select.last_q);
       rc = 2;

@@ -1,12 +1,14 @@
 /* The accuracy metrics of upf eval (perplexity, top-1 agreement, KL, the greedy answer check), the
- * windows of a text, the needle prompt builder and the extension of recorded drop masks. Softmax
- * sums and KL terms accumulate in double, over the float logits as the prefill wrote them. */
+ * windows of a text, the needle prompt builder, the extension of recorded drop masks, and the runs they
+ * read: whole prefills, and chunked prefills through a session. Softmax sums and KL terms accumulate in
+ * double, over the float logits as the prefill wrote them. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "uniprefill/eval.h"
+#include "uniprefill/session.h"
 
 int32_t upf_eval_argmax(const float *x, int32_t V) {
   int32_t best = 0;
@@ -277,4 +279,158 @@ upf_status upf_eval_check_answer_sparse(const upf_model *m, const int32_t *promp
   if (!sparse)
     return upf_fail(UPF_ERR_INVALID_ARG, "eval: FlashPrefill answer check without parameters");
   return check_answer(m, prompt, P, answer, A, NULL, sparse, out);
+}
+
+/* ---- chunked prefill through a session ---- */
+
+/* A one-request session in opt's mode with pages for `tokens`, holding the prompt ids (n). */
+static upf_status chunk_session_open(const upf_model *m, const upf_prefill_options *opt, const int32_t *ids, int64_t n,
+                                     int64_t tokens, upf_session **s, int32_t *req) {
+  *s = NULL;
+  if (n < 1 || tokens > INT32_MAX)
+    return upf_fail(UPF_ERR_INVALID_ARG, "eval: a chunked prefill of %lld tokens (%lld with what follows)",
+                    (long long)n, (long long)tokens);
+  upf_session_config sc = upf_session_config_default(m);
+  sc.mode = opt->mode, sc.select = opt->select, sc.sparse = opt->sparse, sc.compact = opt->compact;
+  sc.max_requests = 1;
+  sc.pages_per_group = (tokens + sc.page_size - 1) / sc.page_size;
+  UPF_TRY(upf_session_create(m, &sc, s));
+  const upf_status st = upf_session_add_request(*s, ids, (int32_t)n, req);
+  if (st != UPF_OK)
+    upf_session_free(*s), *s = NULL;
+  return st;
+}
+
+/* Adds a later step's times, tokens and sparse records (matched by layer) to acc, and takes its logits. */
+static void chunk_step_add(const upf_model *m, upf_prefill_result *acc, const upf_prefill_result *step) {
+  for (int32_t l = m->layer_begin; l < m->layer_end; l++) {
+    acc->layer_seconds[l] += step->layer_seconds[l], acc->mixer_seconds[l] += step->mixer_seconds[l];
+    acc->ffn_seconds[l] += step->ffn_seconds[l], acc->layer_tokens[l] += step->layer_tokens[l];
+  }
+  acc->total_seconds += step->total_seconds;
+  for (int32_t i = 0; i < step->num_sparse; i++) {
+    int32_t j = 0;
+    while (j < acc->num_sparse && acc->sparse[j].layer != step->sparse[i].layer)
+      j++;
+    if (j == acc->num_sparse) {
+      if (j == UPF_MODEL_MAX_LAYERS)
+        continue; /* one record per full-attention layer: never more than the layers */
+      memset(&acc->sparse[j], 0, sizeof acc->sparse[j]);
+      acc->sparse[j].layer = step->sparse[i].layer, acc->num_sparse++;
+    }
+    acc->sparse[j].kept_blocks += step->sparse[i].kept_blocks;
+    acc->sparse[j].visible_blocks += step->sparse[i].visible_blocks;
+    acc->sparse[j].index_seconds += step->sparse[i].index_seconds;
+    acc->sparse[j].attn_seconds += step->sparse[i].attn_seconds;
+  }
+  memcpy(acc->logits, step->logits, (size_t)m->cfg->vocab * sizeof *acc->logits);
+}
+
+/* The request's prompt (n tokens) in chunks of C; the logits of its last `last` positions into logits
+ * (last, V) as the chunks holding them run (a suffix of the prompt meets every chunk in a suffix of the
+ * chunk, so each step asks its row's tail). res: as upf_eval_prefill_last_chunked. */
+static upf_status chunk_prefill(const upf_model *m, upf_session *s, int32_t req, int64_t n, int64_t C, int64_t last,
+                                float *logits, upf_prefill_result *res, int32_t *chunks) {
+  const int32_t V = m->cfg->vocab;
+  int32_t steps = 0;
+  upf_status st = UPF_OK;
+  for (int64_t done = 0; st == UPF_OK && done < n; steps++) {
+    const int64_t k = n - done < C ? n - done : C, from = done > n - last ? done : n - last;
+    const upf_session_row row = {req, UPF_ROW_PREFILL, 0, (int32_t)k};
+    upf_session_step_options so;
+    memset(&so, 0, sizeof so);
+    so.tail_logits = done + k > from ? (int32_t)(done + k - from) : 0;
+    upf_prefill_result step;
+    st = upf_session_step(s, &row, 1, &so, &step);
+    if (st != UPF_OK)
+      break;
+    if (so.tail_logits)
+      memcpy(logits + (from - (n - last)) * V, step.tail_logits, (size_t)so.tail_logits * V * sizeof *logits);
+    free(step.tail_logits), step.tail_logits = NULL, step.tail_n = 0;
+    if (!steps) {
+      *res = step; /* the first step's records (a whole prompt's drops among them) are the result's */
+    } else {
+      chunk_step_add(m, res, &step);
+      upf_prefill_result_free(&step);
+    }
+    done += k;
+  }
+  if (chunks)
+    *chunks = steps;
+  return st;
+}
+
+upf_status upf_eval_prefill_last_chunked(const upf_model *m, const int32_t *ids, int64_t n,
+                                         const upf_prefill_options *opt, int64_t chunk, int64_t last, float *logits,
+                                         upf_prefill_result *res, int32_t *chunks) {
+  memset(res, 0, sizeof *res);
+  if (chunks)
+    *chunks = 0;
+  if (last < 1 || last > n)
+    return upf_fail(UPF_ERR_INVALID_ARG, "eval: the last %lld positions of a %lld-token input", (long long)last,
+                    (long long)n);
+  if (chunk < 1)
+    return upf_fail(UPF_ERR_INVALID_ARG, "eval: chunks of %lld tokens (want >= 1)", (long long)chunk);
+  upf_session *s = NULL;
+  int32_t req = -1;
+  UPF_TRY(chunk_session_open(m, opt, ids, n, n, &s, &req));
+  const upf_status st = chunk_prefill(m, s, req, n, chunk, last, logits, res, chunks);
+  upf_session_free(s);
+  if (st != UPF_OK)
+    upf_prefill_result_free(res);
+  return st;
+}
+
+upf_status upf_eval_check_answer_chunked(const upf_model *m, const int32_t *prompt, int64_t P, const int32_t *answer,
+                                         int64_t A, const upf_prefill_options *opt, int64_t chunk,
+                                         upf_eval_answer *out) {
+  memset(out, 0, sizeof *out);
+  if (P < 1 || A < 1)
+    return upf_fail(UPF_ERR_INVALID_ARG, "eval: answer check of a %lld-token prompt and a %lld-token answer",
+                    (long long)P, (long long)A);
+  if (chunk < 1)
+    return upf_fail(UPF_ERR_INVALID_ARG, "eval: chunks of %lld tokens (want >= 1)", (long long)chunk);
+  for (int64_t i = 0; i < A; i++)
+    if (answer[i] < 0 || answer[i] >= m->cfg->vocab)
+      return upf_fail(UPF_ERR_INVALID_ARG, "eval: answer token %lld is %d, outside the vocabulary [0, %d)",
+                      (long long)i, answer[i], m->cfg->vocab);
+  const int32_t V = m->cfg->vocab;
+  float *last = malloc((size_t)V * sizeof *last);
+  int32_t *argmax = malloc((size_t)A * sizeof *argmax);
+  upf_session *s = NULL;
+  int32_t req = -1;
+  upf_prefill_result res;
+  memset(&res, 0, sizeof res);
+  upf_status st = last && argmax ? UPF_OK : upf_fail(UPF_ERR_NOMEM, "eval: answer check buffers");
+  if (st == UPF_OK)
+    st = chunk_session_open(m, opt, prompt, P, P + A - 1, &s, &req);
+  if (st == UPF_OK)
+    st = chunk_prefill(m, s, req, P, chunk, 1, last, &res, NULL);
+  if (st == UPF_OK) {
+    argmax[0] = upf_eval_argmax(last, V);
+    out->first = out->prompt_first = argmax[0];
+    out->num_drops = res.num_drops;
+    upf_eval_keep_ratios(&res, P, out->keep);
+    out->kept_share = upf_prefill_kept_share(&res);
+    out->num_sparse = res.num_sparse;
+    for (int32_t i = 0; i < res.num_sparse; i++)
+      out->layer_kept_share[i] = res.sparse[i].visible_blocks
+                                     ? (double)res.sparse[i].kept_blocks / (double)res.sparse[i].visible_blocks
+                                     : 1.0;
+  }
+  /* teacher forcing, as decode would run it: each answer token fed after the prompt's cache */
+  for (int64_t i = 1; st == UPF_OK && i < A; i++) {
+    const upf_session_row row = {req, UPF_ROW_DECODE, answer[i - 1], 0};
+    upf_prefill_result step;
+    st = upf_session_step(s, &row, 1, NULL, &step);
+    if (st == UPF_OK)
+      argmax[i] = upf_eval_argmax(step.logits, V);
+    upf_prefill_result_free(&step);
+  }
+  if (st == UPF_OK)
+    out->correct = upf_eval_answer_correct(argmax, answer, A);
+  upf_prefill_result_free(&res);
+  upf_session_free(s);
+  free(last), free(argmax);
+  return st;
 }

@@ -346,8 +346,9 @@ static upf_status before_layer(void *user, int32_t layer, const upf_tokens *tok,
   return UPF_OK;
 }
 
-/* Rows, requests and pages checked before any work; fills x->req, x->len, x->Bp and x->Bc. */
-static upf_status check_rows(upf_session *s, const upf_session_row *rows, int32_t B, step_ctx *x) {
+/* Rows, requests, pages and the tail logits asked for checked before any work; fills x->req, x->len, x->Bp
+ * and x->Bc. */
+static upf_status check_rows(upf_session *s, const upf_session_row *rows, int32_t B, int32_t tail, step_ctx *x) {
   if (B < 1)
     return upf_fail(UPF_ERR_INVALID_ARG, "session step: needs at least one row");
   static const char *const class_name[3] = {"a whole-prompt prefill row", "a prefill chunk", "a decode row"};
@@ -399,6 +400,10 @@ static upf_status check_rows(upf_session *s, const upf_session_row *rows, int32_
   }
   if (T > INT32_MAX)
     return upf_fail(UPF_ERR_INVALID_ARG, "session step: %lld tokens exceed the int32 cu_seqlens", (long long)T);
+  for (int32_t i = 0; i < B; i++)
+    if (tail < 0 || x->len[i] < tail)
+      return upf_fail(UPF_ERR_INVALID_ARG, "session step: tail_logits %d but row %d (request %d) holds %d tokens "
+                      "(want 0 .. the shortest row's tokens)", tail, i, x->req[i]->id, x->len[i]);
   for (int32_t g = 0; g < s->num_groups; g++)
     if (s->groups[g].num_attn && need[g] > s->groups[g].num_free)
       return upf_fail(UPF_ERR_NOMEM, "session step: cache group %d has %lld free pages, the rows may need %lld", g,
@@ -528,7 +533,7 @@ upf_status upf_session_step(upf_session *s, const upf_session_row *rows, int32_t
     free(x.req), free(x.len);
     return upf_fail(UPF_ERR_NOMEM, "session step: rows");
   }
-  upf_status st = check_rows(s, rows, num_rows, &x);
+  upf_status st = check_rows(s, rows, num_rows, opt ? opt->tail_logits : 0, &x);
   if (st != UPF_OK) {
     free(x.req), free(x.len);
     return st;
@@ -549,7 +554,8 @@ upf_status upf_session_step(upf_session *s, const upf_session_row *rows, int32_t
   po.mode = s->cfg.mode, po.select = s->cfg.select, po.sparse = s->cfg.sparse, po.compact = s->cfg.compact;
   if (opt)
     po.replay_masks = opt->replay_masks, po.replay_mask_len = opt->replay_mask_len, po.on_layer = opt->on_layer,
-    po.user = opt->user, po.on_compact_table = opt->on_compact_table, po.compact_user = opt->compact_user;
+    po.user = opt->user, po.on_compact_table = opt->on_compact_table, po.compact_user = opt->compact_user,
+    po.tail_logits = opt->tail_logits;
   const upf_step_hooks hooks = {x.Bp, x.Bc, x.chunk_len, before_layer, &x};
   if (st == UPF_OK)
     st = upf_model_run_step(s->m, ids, cu, pos, num_rows, &po, &hooks, res);

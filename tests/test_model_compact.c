@@ -3,7 +3,8 @@
  * and qwen3-next); at alpha 1 it keeps fewer blocks than visible, never fewer than the forced ones, and
  * the logits stay finite; the union tables a step hands out have the chunk's own blocks set and as
  * many entries set as the layer's record counts; and `upf prefill --mode compact` (printout, JSON,
- * --dump-tables files, the flags it refuses). */
+ * --dump-tables files, the flags it refuses); the eval runs over a chunked prefill (the last positions
+ * gathered across chunks through the step's tail_logits, the answer check's decode rows). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +12,7 @@
 
 #include "tests/cli_harness.h"
 #include "tests/test_util.h"
+#include "uniprefill/eval.h"
 #include "uniprefill/npy.h"
 #include "uniprefill/session.h"
 
@@ -169,6 +171,93 @@ static void test_alpha1_sparser(void) {
   upf_model_free(&m);
 }
 
+/* ---- eval over a chunked prefill ---- */
+
+/* max |got - want| / (1e-5 + 1e-5 |want|) over n values (NaN counts as failing). */
+static double worst_share(const float *got, const float *want, int64_t n) {
+  double worst = 0;
+  for (int64_t i = 0; i < n; i++) {
+    const double e = fabs((double)got[i] - want[i]) / (1e-5 + 1e-5 * fabs((double)want[i]));
+    worst = e > worst || isnan(e) ? e : worst;
+  }
+  return worst;
+}
+
+/* The last 60 positions of a 192-token prompt in chunks of 50 (50, 50, 50, 42: the positions come from the
+ * last two chunks) equal the unchunked dense prefill's, position by position, in dense mode and in compact
+ * mode at alpha 0; compact at alpha 1 records fewer kept blocks than visible over the steps with context;
+ * a step asking more tail logits than a row holds is refused naming tail_logits; the chunked answer check
+ * (prompt in chunks, answer as decode rows) finds the greedy answer the dense one finds. */
+static void test_eval_chunked(void) {
+  const upf_model_config *cfg = upf_model_config_by_name("llama-tiny");
+  upf_model m;
+  CU_ASSERT_EQUAL_FATAL(upf_model_init_seeded(&m, cfg, upf_backend_cpu(), UPF_DTYPE_F32, 11, 0, 2), UPF_OK);
+  const int32_t V = cfg->vocab;
+  const int64_t last = 60, chunk = 50;
+  int32_t ids[PROMPT + 3];
+  upf_model_seeded_ids(5, V, PROMPT, ids);
+  float *dense = malloc(sizeof(float) * (size_t)(last * V)), *got = malloc(sizeof(float) * (size_t)(last * V));
+  upf_prefill_options opt = {.mode = UPF_PREFILL_DENSE, .select = cfg->select, .sparse = test_sparse(0.0f),
+                             .compact = upf_compact_params_default()};
+  upf_prefill_result res;
+  CU_ASSERT_EQUAL_FATAL(upf_eval_prefill_last(&m, ids, PROMPT, &opt, last, dense, &res), UPF_OK);
+  upf_prefill_result_free(&res);
+  int32_t steps = 0;
+  CU_ASSERT_EQUAL(upf_eval_prefill_last_chunked(&m, ids, PROMPT, &opt, chunk, last, got, &res, &steps), UPF_OK);
+  CU_ASSERT_EQUAL(steps, 4);
+  CU_ASSERT(worst_share(got, dense, last * V) <= 1);
+  CU_ASSERT(worst_share(res.logits, dense + (last - 1) * V, V) <= 1); /* the final chunk's last logits */
+  CU_ASSERT_EQUAL(res.num_sparse, 0);
+  upf_prefill_result_free(&res);
+  opt.mode = UPF_PREFILL_COMPACT;
+  CU_ASSERT_EQUAL(upf_eval_prefill_last_chunked(&m, ids, PROMPT, &opt, chunk, last, got, &res, NULL), UPF_OK);
+  CU_ASSERT(worst_share(got, dense, last * V) <= 1);
+  CU_ASSERT_EQUAL(res.num_sparse, full_layers(&m)); /* one record per layer, summed over the steps */
+  CU_ASSERT(res.num_sparse > 0 && upf_prefill_kept_share(&res) == 1.0);
+  upf_prefill_result_free(&res);
+  opt.sparse = test_sparse(1.0f), opt.compact.recent = 0;
+  CU_ASSERT_EQUAL(upf_eval_prefill_last_chunked(&m, ids, PROMPT, &opt, chunk, last, got, &res, NULL), UPF_OK);
+  CU_ASSERT(upf_prefill_kept_share(&res) < 1.0);
+  upf_prefill_result_free(&res);
+  CU_ASSERT_NOT_EQUAL(upf_eval_prefill_last_chunked(&m, ids, PROMPT, &opt, chunk, PROMPT + 1, got, &res, NULL), UPF_OK);
+
+  /* the step's own check: a chunk of 50 asked for 51 tail logits */
+  upf_session_config sc = upf_session_config_default(&m);
+  sc.max_requests = 1, sc.pages_per_group = 16;
+  upf_session *s = NULL;
+  int32_t req = -1;
+  CU_ASSERT_EQUAL_FATAL(upf_session_create(&m, &sc, &s), UPF_OK);
+  CU_ASSERT_EQUAL(upf_session_add_request(s, ids, PROMPT, &req), UPF_OK);
+  upf_session_step_options so;
+  memset(&so, 0, sizeof so);
+  so.tail_logits = 51;
+  const upf_session_row row = {req, UPF_ROW_PREFILL, 0, 50};
+  CU_ASSERT_EQUAL(upf_session_step(s, &row, 1, &so, &res), UPF_ERR_INVALID_ARG);
+  CU_ASSERT(strstr(upf_last_error(), "tail_logits 51") != NULL);
+  upf_session_request_info info;
+  CU_ASSERT_EQUAL(upf_session_request(s, req, &info), UPF_OK);
+  CU_ASSERT_EQUAL(info.prefill_done, 0); /* refused before any work */
+  upf_session_free(s);
+
+  /* the greedy answer of three tokens, by dense prefills of the prompt and what it produced */
+  int32_t answer[3];
+  for (int i = 0; i < 3; i++) {
+    opt.mode = UPF_PREFILL_DENSE;
+    CU_ASSERT_EQUAL_FATAL(upf_eval_prefill_last(&m, ids, PROMPT + i, &opt, 1, got, &res), UPF_OK);
+    upf_prefill_result_free(&res);
+    answer[i] = ids[PROMPT + i] = upf_eval_argmax(got, V);
+  }
+  upf_eval_answer a;
+  CU_ASSERT_EQUAL(upf_eval_check_answer_chunked(&m, ids, PROMPT, answer, 3, &opt, chunk, &a), UPF_OK);
+  CU_ASSERT(a.correct);
+  CU_ASSERT_EQUAL(a.first, answer[0]);
+  answer[2] = (answer[2] + 1) % V; /* one wrong token: not the greedy answer */
+  CU_ASSERT_EQUAL(upf_eval_check_answer_chunked(&m, ids, PROMPT, answer, 3, &opt, chunk, &a), UPF_OK);
+  CU_ASSERT_FALSE(a.correct);
+  free(dense), free(got);
+  upf_model_free(&m);
+}
+
 /* ---- the CLI ---- */
 
 static void test_cli(void) {
@@ -242,6 +331,7 @@ void upf_register_model_compact_tests(void) {
       {"qwen3-next: compact at alpha 0 equals dense chunked prefill", test_alpha0_qwen},
       {"alpha 1: fewer blocks than visible, forced ones kept, finite logits, tables", test_alpha1_sparser},
       {"upf prefill --mode compact: printout, JSON, --dump-tables, refusals", test_cli},
+      {"eval over a chunked prefill: tail gathered across chunks, compact, answer check", test_eval_chunked},
       CU_TEST_INFO_NULL,
   };
   /* Under Valgrind (quick) the alpha-0 equalities stay native (make test's Valgrind pass has a time budget) */

@@ -122,6 +122,29 @@ upf_status upf_eval_check_answer(const upf_model *m, const int32_t *prompt, int6
 upf_status upf_eval_check_answer_sparse(const upf_model *m, const int32_t *prompt, int64_t P, const int32_t *answer,
                                         int64_t A, const upf_sparse_params *sparse, upf_eval_answer *out);
 
+/* ---- Chunked prefill through a session (SPEC section 9) ---- */
+
+/* upf_eval_prefill_last over a prefill in chunks of `chunk` tokens through a one-request session
+ * (uniprefill/session.h) in opt->mode with opt->select, opt->sparse and opt->compact (COMPACT: the
+ * chunks with cached context run CompactAttention). The last `last` positions are gathered across
+ * chunks when they reach past the final one: each chunk hands back the part of them it holds (the
+ * session step's tail_logits). res sums the steps: the final chunk's logits, the layer times and
+ * tokens, the sparse records per layer (kept and visible blocks, times) over every step that had them;
+ * the drop records of a prompt of at most `chunk` tokens (one whole-prompt row). chunks (may be NULL):
+ * the steps run. */
+upf_status upf_eval_prefill_last_chunked(const upf_model *m, const int32_t *ids, int64_t n,
+                                         const upf_prefill_options *opt, int64_t chunk, int64_t last, float *logits,
+                                         upf_prefill_result *res, int32_t *chunks);
+
+/* The greedy answer check as a chunked-prefill server runs it: the prompt prefilled in chunks of `chunk`
+ * through a session as upf_eval_prefill_last_chunked does, then answer[0..A-1) fed as decode rows (dense,
+ * over the whole cache). correct iff the final chunk's argmax is answer[0] and the decode row fed
+ * answer[i-1] has argmax answer[i]. out->first == out->prompt_first; kept_share and layer_kept_share are
+ * the prefill's sparse records (COMPACT, FLASHPREFILL), num_drops / keep a one-row UniPrefill prompt's. */
+upf_status upf_eval_check_answer_chunked(const upf_model *m, const int32_t *prompt, int64_t P, const int32_t *answer,
+                                         int64_t A, const upf_prefill_options *opt, int64_t chunk,
+                                         upf_eval_answer *out);
+
 #ifdef __cplusplus
 }
 #endif

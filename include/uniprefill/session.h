@@ -97,6 +97,11 @@ typedef struct {
   void (*on_compact_table)(void *user, int32_t layer, const uint8_t *table, int32_t num_chunks, int32_t kv_heads,
                            int32_t key_blocks);
   void *compact_user;
+  /* N >= 0: upf_prefill_options.tail_logits for this step: res->tail_logits (num_rows, N, V) holds the
+   * logits of the last N tokens of every row, in row order (every row must hold N tokens: a decode row
+   * holds one). A chunked prefill wanting the last N positions of a prompt asks each chunk for the part
+   * of them it holds (upf_eval_prefill_last_chunked gathers them so). */
+  int32_t tail_logits;
 } upf_session_step_options;
 
 /* Runs one step over rows (each request at most once; whole-prompt prefill rows first, then prefill
