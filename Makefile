@@ -160,7 +160,7 @@ run: deps
 # the native output; the exit status is that of all four.
 MEMCHECK_LOG := $(BUILD)/memcheck.log
 MEMCHECK_LATE_LOG := $(BUILD)/memcheck-late.log
-VALGRIND_LATE := model 'model masked path' 'verify harness'
+VALGRIND_LATE := model 'model masked path'
 VALGRIND_TEST = UPF_TEST_QUICK=1 valgrind --error-exitcode=3 --leak-check=full --errors-for-leak-kinds=definite \
   --show-leak-kinds=definite $(BUILD)-memcheck/test_upf
 test: deps models
@@ -171,7 +171,7 @@ test: deps models
 	@$(VALGRIND_TEST) --except $(VALGRIND_LATE) >$(MEMCHECK_LOG) 2>&1 & vg=$$!; \
 	  $(TEST_BIN); native=$$?; \
 	  date '+make test: %T tensor parallelism under mpirun'; bash tests/tp/run.sh $(BUILD); tp=$$?; \
-	  date '+make test: %T the suites $(VALGRIND_LATE) under Valgrind memcheck; log $(MEMCHECK_LATE_LOG)'; \
+	  date '+make test: %T the late suites (VALGRIND_LATE) under Valgrind memcheck; log $(MEMCHECK_LATE_LOG)'; \
 	  $(VALGRIND_TEST) $(VALGRIND_LATE) >$(MEMCHECK_LATE_LOG) 2>&1; vglate=$$?; \
 	  date '+make test: %T waiting for the Valgrind pass'; wait $$vg; vgrc=$$?; \
 	  echo "make test: the Valgrind pass ($(MEMCHECK_LOG)):"; cat $(MEMCHECK_LOG); \
