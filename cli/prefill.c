@@ -58,7 +58,7 @@ const char upf_cli_prefill_usage[] =
     "                   [--keep R] [--alpha A] [--block-n 64|128] [--mean-correction on|off] [--sink S]\n"
     "                   [--window W] [--last-n N] [--recent R] [--dump-tables DIR]\n"
     "                   [--dtype f32|bf16] [--backend cpu|cuda] [--layers A:B] [--out-logits L.npy]\n"
-    "                   [--tp R] [--comm auto|single|mpi|nccl]\n"
+    "                   [--tp R] [--comm auto|single|mpi|nccl] [--plan-only]\n"
     "                   [--dump-masks DIR] [--replay-masks DIR] [--json R.json] [--warmup N] [--iters N]\n"
     "                   [--out-argmax A.npy] [--out-nll N.npy] [--chunk C]\n"
     "  End-to-end prefill of a built-in model (upf models) on weights seeded by S, or of the llama or\n"
@@ -87,6 +87,8 @@ const char upf_cli_prefill_usage[] =
     "  kind run on the weights of its first layer, so a model too large for the device runs at full depth\n"
     "  with its real shapes, routing and KV sizes, for timing (every output says so). --warmup/--iters\n"
     "  repeat the run; times are medians.\n"
+    "  --plan-only: prints the memory plan of the run with the model's distinct weights, in bf16 and in\n"
+    "  FP8 (E4M3 projections with per-channel scales), and exits; nothing is built or allocated.\n"
     "  --ideal (uniprefill): also runs dense prefills (warm) at the token counts after each drop, reporting\n"
     "  the dense TTFT and the ideal: the sum of the dense per-layer times (attention block at the count\n"
     "  entering the layer, FFN block at the count leaving its drop) at the kept counts.\n"
@@ -117,7 +119,7 @@ typedef struct {
   const char *lengths, *ids_path, *cu_path, *text, *text_file, *select;
   const char *out_logits, *dump_dir, *replay_dir, *json, *comm;
   const char *out_argmax, *out_nll, *dump_tables;
-  int32_t warmup, iters, ideal, tp, chunk;
+  int32_t warmup, iters, ideal, tp, chunk, plan_only;
 } prefill_args;
 
 /* What a chunked run adds: its steps and each request's chunks. */
@@ -402,6 +404,37 @@ static void print_plan(FILE *f, const upf_model *m, const upf_memory_plan *p, in
   fprintf(f, "\n");
 }
 
+/* --plan-only: the plan of a model holding its distinct weights, without building it (the descriptor
+ * carries what upf_model_memory_plan_batch reads: config, dtype, layer range, weight bytes). */
+static int plan_only(const prefill_args *a, const upf_prefill_options *opt, const int32_t *cu, int32_t B) {
+  upf_weight_bytes wb;
+  upf_status st = upf_model_config_weight_bytes(a->sel.cfg, a->sel.layer_begin, a->sel.layer_end, &wb);
+  int32_t *cu_plan = malloc((size_t)(B + 1) * sizeof *cu_plan);
+  if (st == UPF_OK && !cu_plan)
+    st = upf_fail(UPF_ERR_NOMEM, "the memory plan");
+  upf_model m;
+  memset(&m, 0, sizeof m);
+  m.cfg = m.full_cfg = a->sel.cfg, m.be = a->sel.be, m.dtype = a->sel.dt, m.tp_size = 1;
+  m.layer_begin = a->sel.layer_begin, m.layer_end = a->sel.layer_end;
+  m.weight_bytes = a->sel.dt == UPF_DTYPE_BF16 ? wb.bf16 : 2 * wb.bf16; /* f32: every tensor at 4 bytes */
+  upf_memory_plan plan;
+  if (st == UPF_OK) {
+    cu_plan[0] = 0;
+    for (int32_t r = 0; r < B; r++)
+      cu_plan[r + 1] = cu_plan[r] + (a->chunk && cu[r + 1] - cu[r] > a->chunk ? a->chunk : cu[r + 1] - cu[r]);
+    st = upf_model_memory_plan_batch(&m, cu_plan, B, opt, &plan);
+  }
+  if (st == UPF_OK) {
+    const double g = 1.0 / (1 << 30), rest = plan.activations + plan.selection + plan.kv_dense + plan.sparse;
+    print_plan(stdout, &m, &plan, cu_plan[B], B);
+    printf("total with the distinct weights: %.2f GiB in %s; %.2f GiB with FP8 weights (%.2f GiB of them); nothing "
+           "was allocated (--plan-only)\n",
+           (m.weight_bytes + rest) * g, upf_dtype_name(m.dtype), (wb.fp8_e4m3 + rest) * g, wb.fp8_e4m3 * g);
+  }
+  free(cu_plan);
+  return st == UPF_OK ? 0 : upf_cli_error(st, "prefill: --plan-only");
+}
+
 /* The JSON record of a run (see the issue: per request and drop layer, tokens in and kept, per-layer
  * times, the memory plan, the commit and the command). */
 static upf_status write_json(upf_outputs *outs, const char *path, const prefill_args *a, const upf_model *m, const int32_t *cu, int32_t B,
@@ -609,6 +642,7 @@ int upf_cli_prefill(int argc, char **argv) {
       {"--dump-masks", UPF_ARG_STRING, &a.dump_dir}, {"--replay-masks", UPF_ARG_STRING, &a.replay_dir},
       {"--json", UPF_ARG_STRING, &a.json},           {"--warmup", UPF_ARG_INT, &a.warmup, 0, 0, 1000},
       {"--iters", UPF_ARG_INT, &a.iters, 0, 1, 1000},   {"--ideal", UPF_ARG_SWITCH, &a.ideal},
+      {"--plan-only", UPF_ARG_SWITCH, &a.plan_only},
       {"--tp", UPF_ARG_INT, &a.tp, 0, 1, 1 << 16},     {"--comm", UPF_ARG_STRING, &a.comm},
       {"--out-argmax", UPF_ARG_STRING, &a.out_argmax}, {"--out-nll", UPF_ARG_STRING, &a.out_nll},
       {"--chunk", UPF_ARG_INT, &a.chunk, 0, 1, INT32_MAX},
@@ -719,6 +753,11 @@ int upf_cli_prefill(int argc, char **argv) {
           targets[t] = t + 1 < cu[r + 1] ? ids[t + 1] : -1;
       opt.targets = targets;
     }
+  }
+  if (a.plan_only) {
+    const int rc_plan = plan_only(&a, &opt, cu, B);
+    free(ids), free(cu), free(targets);
+    return rc_plan;
   }
   upf_comm *comm = NULL;
   if (!upf_cli_tp_open("prefill", a.comm, a.tp, be, &comm)) {

@@ -630,6 +630,17 @@ static void test_more_outputs_all_or_none(void) {
   CU_ASSERT_EQUAL(leftover_temporaries(), 0);
 }
 
+/* --plan-only states what a run would take without building it: Llama-3.1-8B's 8,030,261,248 bf16
+ * parameters are 14.96 GiB; Qwen3-Next-80B-A3B's projections in FP8 are 75.11 GiB. A run that built the
+ * model (16 GB, 160 GB) would not return within the test. */
+static void test_plan_only(void) {
+  CU_ASSERT_EQUAL(cli_run(&cli, "prefill --model llama3.1-8b --lengths 8192 --backend cpu --plan-only"), 0);
+  CLI_ASSERT_STDOUT(&cli, "weights 14.96 GiB");
+  CLI_ASSERT_STDOUT(&cli, "nothing was allocated");
+  CU_ASSERT_EQUAL(cli_run(&cli, "prefill --model qwen3-next-80b-a3b --lengths 131072 --backend cpu --plan-only"), 0);
+  CLI_ASSERT_STDOUT(&cli, "(75.11 GiB of them)");
+}
+
 void upf_register_cli_hardening_tests(void) {
   static const CU_TestInfo tests[] = {
       {"output set: links followed, devices written through, all or none", test_outputs_rules},
@@ -638,6 +649,7 @@ void upf_register_cli_hardening_tests(void) {
       {"a failed output leaves none of the run's outputs", test_all_outputs_or_none},
       {"--lengths, arrivals and rates that absorb are refused", test_lengths_and_absorbing_values},
       {"the GGUF's context_length is enforced", test_context_length},
+      {"--plan-only: the memory plan without building the model", test_plan_only},
       {"a long trace: linear checks, the earliest repeat named", test_long_trace},
       {"bad flag values exit 2, named as given", test_flag_values},
       {"--seed where it draws nothing is refused", test_seed_that_means_nothing},
