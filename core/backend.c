@@ -25,6 +25,13 @@ static upf_status no_cuda_alloc(void **ptr, size_t bytes) {
 static void no_cuda_release(void *ptr) {}
 static upf_status no_cuda_copy(void *dst, const void *src, size_t bytes) { return no_cuda(); }
 static upf_status no_cuda_fill(void *dst, int byte, size_t bytes) { return no_cuda(); }
+static upf_status no_cuda_mark_create(void **mark) {
+  *mark = NULL;
+  return no_cuda();
+}
+static void no_cuda_mark_destroy(void *mark) {}
+static upf_status no_cuda_mark_record(void *mark) { return no_cuda(); }
+static upf_status no_cuda_mark_elapsed(void *start, void *end, double *seconds) { return no_cuda(); }
 
 #define UPF_OP(id, name, summary, entry, params) \
   static upf_status no_cuda_##entry params { return no_cuda(); }
@@ -35,6 +42,8 @@ static const upf_backend cuda_unavailable = {
     .name = "cuda", .probe = no_cuda, .describe = no_cuda_describe, .synchronize = no_cuda,
     .alloc = no_cuda_alloc, .release = no_cuda_release, .fill = no_cuda_fill,
     .upload = no_cuda_copy, .download = no_cuda_copy,
+    .mark_create = no_cuda_mark_create, .mark_destroy = no_cuda_mark_destroy, .mark_record = no_cuda_mark_record,
+    .mark_elapsed = no_cuda_mark_elapsed,
 #define UPF_OP(id, name, summary, entry, params) .entry = no_cuda_##entry,
 #include "uniprefill/ops.def"
 #undef UPF_OP

@@ -279,6 +279,34 @@ upf_status cuda_synchronize(void) {
   return UPF_OK;
 }
 
+/* Marks are CUDA events (a cudaEvent_t is a pointer) recorded on the backend's stream. */
+upf_status cuda_mark_create(void **mark) {
+  *mark = NULL;
+  UPF_TRY(upf_cuda_init());
+  cudaEvent_t ev;
+  UPF_CUDA_TRY(cudaEventCreate(&ev));
+  *mark = (void *)ev;
+  return UPF_OK;
+}
+
+void cuda_mark_destroy(void *mark) {
+  if (mark)
+    cudaEventDestroy((cudaEvent_t)mark); /* nothing to report: the handle is gone either way */
+}
+
+upf_status cuda_mark_record(void *mark) {
+  UPF_CUDA_TRY(cudaEventRecord((cudaEvent_t)mark, g.stream));
+  return UPF_OK;
+}
+
+upf_status cuda_mark_elapsed(void *start, void *end, double *seconds) {
+  float ms = 0;
+  UPF_CUDA_TRY(cudaEventSynchronize((cudaEvent_t)end));
+  UPF_CUDA_TRY(cudaEventElapsedTime(&ms, (cudaEvent_t)start, (cudaEvent_t)end));
+  *seconds = 1e-3 * (double)ms;
+  return UPF_OK;
+}
+
 /* Filled by field name, not position: several entries share a signature, so a positional table
  * could swap two of them without a compile error. The op entries are upf_cuda_<entry> of ops.def,
  * declared by the cuda/<op>.cuh headers above. */
@@ -293,6 +321,10 @@ upf_backend make_cuda_table(void) {
   b.download = cuda_download;
   b.fill = cuda_fill;
   b.synchronize = cuda_synchronize;
+  b.mark_create = cuda_mark_create;
+  b.mark_destroy = cuda_mark_destroy;
+  b.mark_record = cuda_mark_record;
+  b.mark_elapsed = cuda_mark_elapsed;
 #define UPF_OP(id, name, summary, entry, params) b.entry = upf_cuda_##entry;
 #include "uniprefill/ops.def"
 #undef UPF_OP

@@ -379,7 +379,61 @@ static upf_status upload_batch(const upf_backend *be, const int32_t *ids, const 
   return st;
 }
 
-/* The layers [begin, end) over the batch in b, dropping at the drop layers in UniPrefill mode. */
+/* Per-layer timing marks (backend events), created once per backend and kept for the process: an event
+ * takes microseconds to create and a decode step would pay that per layer. Prefill runs one at a
+ * time in a process. Per layer: start, mixer done, FFN start (after a drop), FFN done. */
+enum { MARK_START, MARK_MIXER, MARK_FFN, MARK_END, MARKS_PER_LAYER };
+static struct {
+  /* the functions that made them, not the backend: a backend table may be a caller's short-lived copy */
+  upf_status (*create)(void **mark);
+  void (*destroy)(void *mark);
+  void *m[UPF_MODEL_MAX_LAYERS][MARKS_PER_LAYER];
+} marks;
+
+static void destroy_marks(void) {
+  for (int l = 0; marks.destroy && l < UPF_MODEL_MAX_LAYERS; l++)
+    for (int k = 0; k < MARKS_PER_LAYER; k++)
+      if (marks.m[l][k])
+        marks.destroy(marks.m[l][k]);
+  memset(&marks, 0, sizeof marks);
+}
+
+static upf_status layer_marks(const upf_backend *be) {
+  if (marks.create == be->mark_create)
+    return UPF_OK;
+  destroy_marks();
+  marks.destroy = be->mark_destroy;
+  for (int l = 0; l < UPF_MODEL_MAX_LAYERS; l++)
+    for (int k = 0; k < MARKS_PER_LAYER; k++) {
+      const upf_status st = be->mark_create(&marks.m[l][k]);
+      if (st != UPF_OK) {
+        destroy_marks();
+        return st;
+      }
+    }
+  marks.create = be->mark_create;
+  return UPF_OK;
+}
+
+/* Layer l's times from its marks (waits for its last one). */
+static upf_status layer_times(const upf_backend *be, int32_t l, upf_prefill_result *res) {
+  void *const *k = marks.m[l];
+  UPF_TRY(be->mark_elapsed(k[MARK_START], k[MARK_MIXER], &res->mixer_seconds[l]));
+  UPF_TRY(be->mark_elapsed(k[MARK_FFN], k[MARK_END], &res->ffn_seconds[l]));
+  return be->mark_elapsed(k[MARK_START], k[MARK_END], &res->layer_seconds[l]);
+}
+
+/* UPF_PREFILL_SYNC_LAYERS=1: the host waits for the device after each mixer and FFN, as the timing did
+ * before marks (the A side of that lever's A/B/A). */
+static int sync_layers(void) {
+  const char *v = getenv("UPF_PREFILL_SYNC_LAYERS");
+  return v && *v && *v != '0';
+}
+
+/* The layers [begin, end) over the batch in b, dropping at the drop layers in UniPrefill mode. The host
+ * does not wait for the device between sub-layers (only a drop's kept counts and the outputs bring
+ * data back); each layer's times come from backend marks, read after the last layer, or after each
+ * layer when opt->on_layer reports progress. */
 static upf_status run_layers(const upf_model *m, const upf_prefill_options *opt, const upf_step_hooks *hooks,
                              run_buffers *b, upf_prefill_result *res) {
   const upf_model_config *c = m->cfg;
@@ -393,11 +447,13 @@ static upf_status run_layers(const upf_model *m, const upf_prefill_options *opt,
   const upf_tensor residual = upf_mat(tok->residual, m->dtype, tok->num_tokens, c->hidden);
   const upf_tensor hidden = upf_mat(tok->hidden, m->dtype, tok->num_tokens, c->hidden);
   const float embed_scale = m->dtype == UPF_DTYPE_BF16 ? upf_round_bf16(c->embed_scale) : c->embed_scale;
+  UPF_TRY(layer_marks(be));
+  const int sync = sync_layers();
   UPF_TRY(be->embed(b->ids, tok->num_tokens, &m->token_embd, embed_scale, &residual));
   UPF_TRY(be->rmsnorm(&residual, &m->layers[m->layer_begin].attn_norm, &c->norm, &hidden));
 
   for (int32_t l = m->layer_begin; l < m->layer_end; l++) {
-    const double t0 = now_seconds();
+    UPF_TRY(be->mark_record(marks.m[l][MARK_START]));
     res->layer_tokens[l] = tok->num_tokens;
     if (l > m->layer_begin)
       UPF_TRY(upf_layer_add_norm(m, tok, &b->s, &m->layers[l].attn_norm));
@@ -408,8 +464,9 @@ static upf_status run_layers(const upf_model *m, const upf_prefill_options *opt,
       UPF_TRY(upf_layer_gdn(m, l, tok, &b->s));
     else
       UPF_TRY(upf_layer_attention(m, l, tok, &b->s, &qk));
-    UPF_TRY(be->synchronize());
-    res->mixer_seconds[l] = now_seconds() - t0;
+    UPF_TRY(be->mark_record(marks.m[l][MARK_MIXER]));
+    if (sync)
+      UPF_TRY(be->synchronize());
     if ((b->s.sparse || b->s.sparse_chunks) && upf_model_mixer(c, l) == UPF_MIXER_FULL) {
       /* one record per layer: the whole prompts' and the chunks' calls together */
       upf_sparse_record *rec = &res->sparse[res->num_sparse++];
@@ -445,13 +502,15 @@ static upf_status run_layers(const upf_model *m, const upf_prefill_options *opt,
       rec->select_seconds = now_seconds() - s0;
       res->num_drops++;
     }
-    const double f0 = now_seconds();
+    UPF_TRY(be->mark_record(marks.m[l][MARK_FFN]));
     UPF_TRY(upf_layer_ffn(m, l, tok, &b->s));
-    UPF_TRY(be->synchronize());
-    res->ffn_seconds[l] = now_seconds() - f0;
-    res->layer_seconds[l] = now_seconds() - t0;
-    if (opt->on_layer)
+    UPF_TRY(be->mark_record(marks.m[l][MARK_END]));
+    if (sync)
+      UPF_TRY(be->synchronize());
+    if (opt->on_layer) {
+      UPF_TRY(layer_times(be, l, res));
       opt->on_layer(opt->user, l, res->layer_seconds[l], res->layer_tokens[l]);
+    }
   }
 
   /* residual += the last FFN's output (the norm written to `out` is not used), then the final norm and
@@ -462,7 +521,10 @@ static upf_status run_layers(const upf_model *m, const upf_prefill_options *opt,
   UPF_TRY(be->logits_last(&last, tok->cu_seqlens_host, tok->num_reqs, &m->output_norm, &c->norm, &m->output, &logits));
   if (opt->per_position || opt->targets || opt->tail_logits > 0)
     UPF_TRY(position_outputs(m, opt, tok, &last, res));
-  return be->download(res->logits, b->logits, (size_t)tok->num_reqs * c->vocab * sizeof(float));
+  UPF_TRY(be->download(res->logits, b->logits, (size_t)tok->num_reqs * c->vocab * sizeof(float)));
+  for (int32_t l = m->layer_begin; l < m->layer_end && !opt->on_layer; l++)
+    UPF_TRY(layer_times(be, l, res));
+  return UPF_OK;
 }
 
 upf_status upf_model_prefill(const upf_model *m, const int32_t *ids, const int32_t *cu_seqlens, int32_t num_reqs,

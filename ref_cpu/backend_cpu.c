@@ -4,6 +4,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "ref_cpu/attn.h"
 #include "ref_cpu/compact.h"
@@ -40,6 +41,22 @@ static upf_status cpu_fill(void *dst, int byte, size_t bytes) {
 }
 static upf_status cpu_synchronize(void) { return UPF_OK; }
 
+static upf_status cpu_mark_create(void **mark) {
+  *mark = calloc(1, sizeof(double));
+  return *mark ? UPF_OK : upf_fail(UPF_ERR_NOMEM, "cpu: a timing mark");
+}
+static void cpu_mark_destroy(void *mark) { free(mark); }
+static upf_status cpu_mark_record(void *mark) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  *(double *)mark = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+  return UPF_OK;
+}
+static upf_status cpu_mark_elapsed(void *start, void *end, double *seconds) {
+  *seconds = *(const double *)end - *(const double *)start;
+  return UPF_OK;
+}
+
 static const upf_backend cpu_backend = {
     .name = "cpu",
     .probe = cpu_probe,
@@ -50,6 +67,10 @@ static const upf_backend cpu_backend = {
     .download = cpu_copy,
     .fill = cpu_fill,
     .synchronize = cpu_synchronize,
+    .mark_create = cpu_mark_create,
+    .mark_destroy = cpu_mark_destroy,
+    .mark_record = cpu_mark_record,
+    .mark_elapsed = cpu_mark_elapsed,
 #define UPF_OP(id, name, summary, entry, params) .entry = cpu_##entry,
 #include "uniprefill/ops.def"
 #undef UPF_OP

@@ -385,6 +385,35 @@ static void test_weight_bytes(void) {
   CU_ASSERT_EQUAL(upf_model_config_weight_bytes(cfg, 6, 4, &b), UPF_ERR_INVALID_ARG);
 }
 
+/* Per-layer times come from backend marks, not host clocks around synchronisations: each layer's
+ * mixer and FFN times are positive and fit inside its layer time, the layers fit inside the TTFT, and
+ * the same holds with the host waiting after every sub-layer (UPF_PREFILL_SYNC_LAYERS=1), with the same
+ * logits. */
+static void test_layer_times(void) {
+  const upf_model_config *cfg = upf_model_config_by_name(tiny[upf_test_quick() ? 2 : 0]);
+  upf_prefill_options o = options(cfg, UPF_PREFILL_UNIPREFILL);
+  upf_prefill_result r[2];
+  for (int sync = 0; sync < 2; sync++) {
+    if (sync)
+      setenv("UPF_PREFILL_SYNC_LAYERS", "1", 1);
+    const int ok = run(cfg, UPF_DTYPE_F32, lengths, 4, &o, &r[sync]);
+    unsetenv("UPF_PREFILL_SYNC_LAYERS");
+    if (!ok)
+      return;
+    double sum = 0;
+    for (int32_t l = 0; l < cfg->num_layers; l++) {
+      const double mix = r[sync].mixer_seconds[l], ffn = r[sync].ffn_seconds[l], lay = r[sync].layer_seconds[l];
+      CU_ASSERT(mix > 0 && ffn > 0);
+      CU_ASSERT(mix + ffn <= lay * (1 + 1e-9));
+      sum += lay;
+    }
+    CU_ASSERT(sum <= r[sync].total_seconds * (1 + 1e-9));
+  }
+  CU_ASSERT_EQUAL(memcmp(r[0].logits, r[1].logits, sizeof(float) * 4 * cfg->vocab), 0);
+  upf_prefill_result_free(&r[0]);
+  upf_prefill_result_free(&r[1]);
+}
+
 static CU_TestInfo model_tests[] = {
     {"uniprefill at p=1 equals dense bit for bit", test_p1_equals_dense},
     {"drops: kept counts, chained drops, replay", test_drops_and_replay},
@@ -395,6 +424,7 @@ static CU_TestInfo model_tests[] = {
     {"model verify on the CPU twin", test_model_verify_twin},
     {"shared weights: one copy per mixer kind, the same prefill as distinct copies", test_shared_weights},
     {"distinct weight bytes in bf16 and FP8 (Llama-3.1-8B by hand)", test_weight_bytes},
+    {"per-layer times from backend marks, with and without the host waiting", test_layer_times},
     CU_TEST_INFO_NULL,
 };
 

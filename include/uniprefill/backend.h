@@ -35,6 +35,13 @@ typedef struct upf_backend {
   upf_status (*download)(void *dst, const void *src, size_t bytes); /* backend -> host */
   upf_status (*fill)(void *dst, int byte, size_t bytes);
   upf_status (*synchronize)(void);
+  /* Timing that leaves the host free to run ahead: a mark is a point in the backend's order of work (a
+   * CUDA event on its stream; on the CPU, whose ops return when done, the clock). mark_elapsed waits
+   * for `end` to be reached and gives the seconds from `start` to `end`. */
+  upf_status (*mark_create)(void **mark);
+  void (*mark_destroy)(void *mark);
+  upf_status (*mark_record)(void *mark);
+  upf_status (*mark_elapsed)(void *start, void *end, double *seconds);
 
   /* One entry per op of the op table; ops.def says what each computes, with its shapes. */
 #define UPF_OP(id, name, summary, entry, params) upf_status(*entry) params;
