@@ -25,6 +25,10 @@ CXXFLAGS += -std=c++17 $(OPT) -g -ffp-contract=off $(WARN)
 NVCCFLAGS += -std=c++17 $(OPT) $(CUDA_ARCH) -Iinclude -I. -lineinfo -Xcompiler -Wall \
 	-Xcudafe --diag_suppress=177 --expt-relaxed-constexpr
 LDLIBS += -lopenblas -lm -lpthread
+# Sanitizer and coverage flags for every compile (empty by default; `make fuzz` sets them).
+SAN ?=
+CFLAGS += $(SAN)
+CXXFLAGS += $(SAN)
 
 ifeq ($(CUDA),1)
 CPPFLAGS += -DUPF_HAVE_CUDA=1 -I$(CUDA_HOME)/include
@@ -79,12 +83,16 @@ UPF := $(BUILD)/upf
 TEST_BIN := $(BUILD)/test_upf
 BENCH_BIN := $(BUILD)/bench_upf
 
-.PHONY: all deps models run test test-unit test-memcheck test-tp verify bench clean
+.PHONY: all deps deps-report models run test test-unit test-memcheck test-tp verify bench clean
 
 all: $(LIB) $(UPF) $(TEST_BIN) $(BENCH_BIN) $(MPI_PLUGIN) $(TP_CHECK)
 
 deps:
 	bash ci/install-deps.sh
+
+# `make run` also wants the report's plotting library
+deps-report:
+	bash ci/install-deps.sh --report
 
 # The real GGUF models and the gguf-py venv, cached outside git; offline the script says why and
 # exits 0, and the tests that need the files skip by name, so this never fails the build.
@@ -147,7 +155,7 @@ $(BUILD)/tp_check: $(BUILD)/tests/tp/tp_check.o $(LIB)
 # The main job: verify what this machine's backends can run, benchmark, and summarise.
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 
-run: deps
+run: deps-report
 	$(MAKE) -j$(JOBS) all
 	$(UPF) report --root $(BUILD)/report
 
@@ -191,5 +199,42 @@ bench: all
 
 clean:
 	rm -rf $(BUILD)
+
+# Fuzzing (fuzz/, fuzz/README.md): a libFuzzer target per parser, ASan + UBSan, built by clang in
+# build-fuzz/ from the CPU-only sources compiled with the same flags. `make fuzz` builds them (clang is
+# an optional dependency: `bash ci/install-deps.sh --fuzz`); `make fuzz-run FUZZ_SECONDS=600` runs each
+# that long, FUZZ_JOBS at a time, and writes build-fuzz/SUMMARY.md; `make fuzz-seeds` rewrites the seed
+# corpora of fuzz/corpus/ that are made by the library's writers.
+FUZZ_TARGETS := npy gguf tokenizer trace args
+FUZZ_BUILD ?= build-fuzz
+FUZZ_SECONDS ?= 600
+FUZZ_JOBS ?= 2
+FUZZ_SAN := -fsanitize=address,undefined -fno-sanitize-recover=all
+FUZZ_BINS := $(FUZZ_TARGETS:%=$(BUILD)/fuzz/fuzz_%)
+.PHONY: fuzz fuzz-run fuzz-seeds fuzz-bins
+.SECONDARY: $(FUZZ_TARGETS:%=$(BUILD)/fuzz/fuzz_%.o)
+fuzz:
+	@command -v clang >/dev/null || { echo "make fuzz: clang is missing (bash ci/install-deps.sh --fuzz)"; exit 2; }
+	$(MAKE) -j$(JOBS) CUDA=0 MPI=0 CC=clang CXX=clang++ OPT=-O1 BUILD=$(FUZZ_BUILD) \
+	  SAN='$(FUZZ_SAN) -fsanitize=fuzzer-no-link' fuzz-bins
+fuzz-bins: $(FUZZ_BINS) $(BUILD)/fuzz/seeds
+fuzz-run: fuzz
+	bash fuzz/run.sh $(FUZZ_BUILD) $(FUZZ_SECONDS) $(FUZZ_JOBS) $(FUZZ_TARGETS)
+fuzz-seeds: fuzz
+	$(FUZZ_BUILD)/fuzz/seeds fuzz/corpus
+
+$(BUILD)/fuzz/fuzz_%: $(BUILD)/fuzz/fuzz_%.o $(LIB)
+	$(CXX) $(FUZZ_SAN) -fsanitize=fuzzer -o $@ $^ $(LDLIBS) -lbenchmark
+
+# the CLI target runs cli/upf.c's dispatch (its main renamed) with upf_args_parse wrapped
+$(BUILD)/fuzz/upf_main.o: cli/upf.c $(FLAGS_STAMP)
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -Dmain=upf_cli_main -c $< -o $@
+$(BUILD)/fuzz/fuzz_args: $(BUILD)/fuzz/fuzz_args.o $(BUILD)/fuzz/upf_main.o \
+	  $(filter-out $(BUILD)/cli/upf.o,$(CLI_SRC:%.c=$(BUILD)/%.o)) $(LIB)
+	$(CXX) $(FUZZ_SAN) -fsanitize=fuzzer -Wl,--wrap=upf_args_parse -o $@ $^ $(LDLIBS) -lbenchmark
+
+$(BUILD)/fuzz/seeds: $(BUILD)/fuzz/seeds.o $(LIB)
+	$(CXX) $(FUZZ_SAN) -fsanitize=fuzzer-no-link -o $@ $^ $(LDLIBS) -lbenchmark
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

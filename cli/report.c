@@ -421,8 +421,16 @@ static void make_plots(const char *dir, char *text, size_t cap) {
   const char *py = getenv("UPF_PLOT_PYTHON"), *home = getenv("HOME");
   char venv[600], cmd[3000];
   snprintf(venv, sizeof venv, "%s/.cache/uniprefill/venv-plot/bin/python", home ? home : ".");
+  /* the first python that has matplotlib: a venv of our own, the one on PATH, the system's (Debian's
+   * python3-matplotlib, which ci/install-deps.sh --report installs) */
+  const char *candidates[] = {venv, "python3", "/usr/bin/python3"};
+  for (size_t i = 0; (!py || !*py) && i < sizeof candidates / sizeof *candidates; i++) {
+    snprintf(cmd, sizeof cmd, "'%s' -c 'import matplotlib' >/dev/null 2>&1", candidates[i]);
+    if ((i > 0 || access(venv, X_OK) == 0) && system(cmd) == 0)
+      py = candidates[i];
+  }
   if (!py || !*py)
-    py = access(venv, X_OK) == 0 ? venv : "python3";
+    py = "python3"; /* its error says what is missing */
   if (access("perf/report_plots.py", R_OK) != 0) {
     snprintf(text, cap, "skipped: perf/report_plots.py is not here (run upf report from the repository root)\n");
     return;

@@ -34,7 +34,10 @@ def main():
         print(f"- {name}.png / {name}.svg: {what}")
 
     stamp = rep.get("stamp", {})
-    title = f"{stamp.get('device', '?')[:60]} @ {stamp.get('commit', '?')}"
+    device = stamp.get("device", "?")
+    if stamp.get("backend") == "cpu" or device.startswith("none"):
+        device = "CPU reference, " + stamp.get("host", "?")  # no device: the backend under test is the CPU
+    title = f"{device[:60]} @ {stamp.get('commit', '?')}"
     e2e = [r for r in rep.get("e2e", []) if r.get("ttft_ms")]
     models = sorted({r["model"] for r in e2e})
     if models:
