@@ -54,6 +54,11 @@
 #                                         --shared-weights against distinct weights (dense prefill, default
 #                                         qwen3-next-80b-a3b, layers 0:12, 32768 tokens): distinct, shared, distinct
 #                                         again; per-layer times side by side (perf/shared_table.py)
+#     chunkserve [MODEL] [--runs "T1 T2"]
+#                                         serving under decode load (default llama3.1-8b, long prompts 32768 and
+#                                         131072 beside 32 decoding requests): unchunked dense and UniPrefill,
+#                                         chunked (CHUNK, default 8192) dense, CompactAttention and FlashPrefill V2;
+#                                         chunkserve/table.md: long-prompt TTFT, decode TPOT p50/p99, throughput
 #     session [--quick]                   the standard full pass: verify, sanitize and test side by side, then
 #                                         bench alone on the GPU, then peers
 #   options of every device command:
@@ -273,7 +278,7 @@ do_prefill() {
         tag=$m-${run//,/+}${LAYERS:+-layers${LAYERS/:/-}}-keep$r
         run "$DIR/prefill/$tag.log" "$cap" -- bin/upf prefill --model "$m" --lengths "$run" --mode uniprefill \
           --select topk --keep "$r" --backend cuda --dtype bf16 --warmup 1 --iters "$ITERS" --ideal \
-          ${LAYERS:+--layers "$LAYERS"} $SHARED --json "$DIR/prefill/$tag.json"
+          ${LAYERS:+--layers "$LAYERS"} ${SHARED:+"$SHARED"} --json "$DIR/prefill/$tag.json"
         note "$DIR/prefill/$tag.log"
         grep -E 'UniPrefill =' "$DIR/prefill/$tag.log" | sed "s/^ */$tag: /" | tee -a "$DIR/summary.txt"
       done
@@ -295,7 +300,7 @@ do_methods() {
     for t in $runs; do
       base=$DIR/methods/$m-$t
       local common=(bin/upf prefill --model "$m" --lengths "$t" --backend cuda --dtype bf16 --warmup 1 --iters "$ITERS"
-        ${LAYERS:+--layers "$LAYERS"} $SHARED)
+        ${LAYERS:+--layers "$LAYERS"} ${SHARED:+"$SHARED"})
       run "$base-dense.log" "$cap" -- "${common[@]}" --mode dense --json "$base-dense.json"
       note "$base-dense.log"
       run "$base-flashprefill.log" "$cap" -- "${common[@]}" --mode flashprefill ${ALPHA:+--alpha "$ALPHA"} \
@@ -331,15 +336,51 @@ do_shared() {
   mkdir -p "$DIR/shared"
   for t in $runs; do
     for tag in distinct1 shared distinct2; do
+      local flag=()
+      [ "$tag" = shared ] && flag=(--shared-weights)
       run "$DIR/shared/$m-$t-$tag.log" "$cap" -- bin/upf prefill --model "$m" --lengths "$t" --backend cuda --dtype bf16 \
-        --warmup 1 --iters "$ITERS" --layers "$layers" --mode dense $([ $tag = shared ] && echo --shared-weights) \
-        --json "$DIR/shared/$m-$t-$tag.json"
+        --warmup 1 --iters "$ITERS" --layers "$layers" --mode dense "${flag[@]}" --json "$DIR/shared/$m-$t-$tag.json"
       note "$DIR/shared/$m-$t-$tag.log"
     done
     run "$DIR/shared/table-$t.txt" 60 -- python3 "$REPO/perf/shared_table.py" "$DIR/shared/$m-$t-distinct1.json" \
       "$DIR/shared/$m-$t-shared.json" "$DIR/shared/$m-$t-distinct2.json"
     tee -a "$DIR/summary.txt" <"$DIR/shared/table-$t.txt" >/dev/null
   done
+}
+
+# chunkserve [MODEL]: serving under decode load (issue 24): perf/chunkserve_trace.py's trace, 32 decoding
+# requests at t = 0 and one long prompt per run length after them, served by serve-sim as unchunked dense,
+# unchunked UniPrefill (the model's p), and with --chunk $CHUNK: dense, CompactAttention, FlashPrefill V2;
+# chunkserve/table.md: the long prompts' TTFT, the decodes' TPOT (p50 / p99), throughput, kept share.
+do_chunkserve() {
+  local cap=$1 m=${2:-llama3.1-8b} runs=${RUNS_SET:+$RUNS} chunk=${CHUNK:-8192} name
+  runs=${runs:-32768 131072}
+  say "chunkserve $m: long prompts '$runs' beside 32 decodes, chunk $chunk (cap $cap s each)"
+  mkdir -p "$DIR/chunkserve"
+  local trace=$DIR/chunkserve/trace.jsonl
+  python3 "$REPO/perf/chunkserve_trace.py" "$trace" "${runs// /,}" || { STATUS=1; return; }
+  local -A args=([dense]="--mode dense" [uniprefill]="--mode uniprefill"
+    [dense-chunked]="--mode dense --chunk $chunk" [compact-chunked]="--mode compact --chunk $chunk"
+    [flashprefill-chunked]="--mode flashprefill --chunk $chunk")
+  for name in dense uniprefill dense-chunked compact-chunked flashprefill-chunked; do
+    # shellcheck disable=SC2086 # the mode's flags are words
+    run "$DIR/chunkserve/$m-$name.log" "$cap" -- bin/upf serve-sim --model "$m" --backend cuda --dtype bf16 \
+      --trace "$trace" --token-budget $((chunk + 64)) ${args[$name]} --json "$DIR/chunkserve/$m-$name.json"
+    note "$DIR/chunkserve/$m-$name.log"
+  done
+  run "$DIR/chunkserve/table.md" 60 -- python3 - "$DIR/chunkserve" <<'PY'
+import glob, json, os, sys
+print("| run | long prompts' TTFT p50 / max ms | decodes' TPOT p50 / p99 ms | output tok/s | kept share |")
+print("|---|---:|---:|---:|---:|")
+for f in sorted(glob.glob(os.path.join(sys.argv[1], "*.json"))):
+    d = json.load(open(f)); p = d["points"][0]; reqs = p["per_request"]
+    longs = [r["ttft_ms"] for r in reqs if r.get("prompt_len", 0) > 4096 and "ttft_ms" in r]
+    share = p.get("sparse", {}).get("kept_share")  # the compact / flashprefill selector's, per point
+    print(f'| {os.path.basename(f)[:-5]} | {sorted(longs)[len(longs) // 2] if longs else float("nan"):.1f} / '
+          f'{max(longs) if longs else float("nan"):.1f} | {p["tpot_ms"]["p50"]:.2f} / {p["tpot_ms"]["p99"]:.2f} | '
+          f'{p["output_tokens_per_s"]:.1f} | {share if share is not None else "-"} |')
+PY
+  grep -v '^# rc' "$DIR/chunkserve/table.md" | tee -a "$DIR/summary.txt" >/dev/null
 }
 
 # serve [MODEL]: the serving sweep (perf/serve_sweep.sh), each serve-sim process capped at CAP seconds.
@@ -650,8 +691,8 @@ shift
 case $CMD in
 -h | --help | help) usage; exit 0 ;;
 stage) stage "$@"; exit $? ;;
-verify | sanitize | test | bench | peers | profile | prefill | methods | serve | tp | shared | session | compact | chunked) ;;
-*) die "unknown command $CMD (stage, verify, sanitize, test, bench, peers, profile, prefill, methods, serve, tp, shared, session, compact, chunked; --help)" ;;
+verify | sanitize | test | bench | peers | profile | prefill | methods | serve | tp | shared | chunkserve | session | compact | chunked) ;;
+*) die "unknown command $CMD (stage, verify, sanitize, test, bench, peers, profile, prefill, methods, serve, tp, shared, chunkserve, session, compact, chunked; --help)" ;;
 esac
 
 NAME=$CMD BUNDLE="" CAP="" ENVS=() ARGS=()
@@ -698,6 +739,9 @@ serve)
   [ ${#ARGS[@]} -le 1 ] || die "serve takes at most one model"
   do_serve "${CAP:-240}" "${ARGS[@]}" ;;
 tp) do_tp "${CAP:-240}" "${ARGS[@]}" ;;
+chunkserve)
+  [ ${#ARGS[@]} -le 1 ] || die "chunkserve takes at most one model"
+  do_chunkserve "${CAP:-240}" "${ARGS[@]}" ;;
 shared)
   [ ${#ARGS[@]} -le 1 ] || die "shared takes at most one model"
   do_shared "${CAP:-240}" "${ARGS[@]}" ;;
