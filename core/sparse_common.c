@@ -88,6 +88,16 @@ upf_status upf_sparse_plan_make(const upf_sparse_batch *b, int32_t hq, int32_t h
   plan->total_q_tiles = (int32_t)tiles;
   plan->num_segments = (int32_t)(tiles * hkv);
   plan->max_key_blocks = max_kv > 0 ? (int32_t)((max_kv + p->block_n - 1) / p->block_n) : 1;
+  /* the index holds int32 offsets into (segments, max_key_blocks) arrays (row_ptr, blocks, scores) */
+  const int64_t cells = (int64_t)plan->num_segments * plan->max_key_blocks;
+  if (cells > INT32_MAX) {
+    const int32_t S = plan->num_segments, nb = plan->max_key_blocks;
+    upf_sparse_plan_free(plan);
+    return upf_fail(UPF_ERR_SHAPE,
+                    "sparse: the index of this batch would hold %lld (segment, key block) cells (%d segments x %d key "
+                    "blocks), past the 2^31 its int32 offsets address: split the batch, or raise block_m or block_n",
+                    (long long)cells, S, nb);
+  }
   return UPF_OK;
 }
 

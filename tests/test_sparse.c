@@ -752,6 +752,34 @@ static void test_sparse_bad_inputs(void) {
   sp_free(&c);
 }
 
+/* Scale: the plan's arithmetic in 64 bits, with nothing allocated. One request of 512K tokens at
+ * Llama-3.1-8B's heads (Hq 32, Hkv 8, block_m 128, block_n 64): 16384 query tiles, 131072 segments,
+ * 8192 key blocks, 2^30 index cells; 1M tokens would need 2^32 cells and is refused naming them, as is
+ * block_n 128 there (2^31 cells, one past INT32_MAX). Only host lengths are read. */
+static void test_sparse_plan_scale(void) {
+  upf_sparse_params p = upf_sparse_params_default();
+  p.block_m = 128, p.block_n = 64;
+  int32_t cu[2] = {0, 1 << 19};
+  const upf_attn_varlen v = {1, NULL, cu, NULL, cu};
+  const upf_sparse_batch b = {&v, NULL};
+  upf_sparse_plan plan;
+  CU_ASSERT_EQUAL_FATAL(upf_sparse_plan_make(&b, 32, 8, &p, &plan), UPF_OK);
+  CU_ASSERT_EQUAL(plan.total_q_tiles, 16384);
+  CU_ASSERT_EQUAL(plan.num_segments, 131072);
+  CU_ASSERT_EQUAL(plan.max_key_blocks, 8192);
+  CU_ASSERT_EQUAL(plan.cu_q_tiles[1], 16384);
+  upf_sparse_plan_free(&plan);
+  cu[1] = 1 << 20;
+  CU_ASSERT_EQUAL(upf_sparse_plan_make(&b, 32, 8, &p, &plan), UPF_ERR_SHAPE);
+  CU_ASSERT_PTR_NOT_NULL(strstr(upf_last_error(), "4294967296 (segment, key block) cells"));
+  p.block_n = 128;
+  CU_ASSERT_EQUAL(upf_sparse_plan_make(&b, 32, 8, &p, &plan), UPF_ERR_SHAPE);
+  CU_ASSERT_PTR_NOT_NULL(strstr(upf_last_error(), "2147483648"));
+  p.block_m = 256; /* half the segments: 2^30 cells fit */
+  CU_ASSERT_EQUAL(upf_sparse_plan_make(&b, 32, 8, &p, &plan), UPF_OK);
+  upf_sparse_plan_free(&plan);
+}
+
 static CU_TestInfo sparse_tests[] = {
     {"index by hand: kept blocks and S (g 2, D 2, partial contribution, sink, window, dense tile)",
      test_sparse_index_by_hand},
@@ -764,6 +792,7 @@ static CU_TestInfo sparse_tests[] = {
     {"mean correction by hand (one row)", test_sparse_mean_correction_by_hand},
     {"mean correction is closer to dense than plain sparse (hot blocks)", test_sparse_mean_correction},
     {"bad inputs: status and a message naming the input", test_sparse_bad_inputs},
+    {"scale: 512K tokens planned in 64 bits, 1M refused naming the index cells", test_sparse_plan_scale},
     CU_TEST_INFO_NULL,
 };
 

@@ -83,6 +83,8 @@ typedef struct {
   int32_t *cu_q_tiles;    /* (B+1) host: request r's tiles are [cu_q_tiles[r], cu_q_tiles[r+1]) */
 } upf_sparse_plan;
 
+/* UPF_ERR_SHAPE when segments x max_key_blocks passes INT32_MAX (the index's offsets are int32: one
+ * request of 1M tokens at Llama's heads and block_n 64). */
 upf_status upf_sparse_plan_make(const upf_sparse_batch *b, int32_t hq, int32_t hkv, const upf_sparse_params *p,
                                 upf_sparse_plan *plan);
 void upf_sparse_plan_free(upf_sparse_plan *plan);
