@@ -58,7 +58,7 @@ const char upf_cli_prefill_usage[] =
     "                   [--keep R] [--alpha A] [--block-n 64|128] [--mean-correction on|off] [--sink S]\n"
     "                   [--window W] [--last-n N] [--recent R] [--dump-tables DIR]\n"
     "                   [--dtype f32|bf16] [--backend cpu|cuda] [--layers A:B] [--out-logits L.npy]\n"
-    "                   [--tp R] [--comm auto|single|mpi|nccl] [--plan-only]\n"
+    "                   [--tp R] [--comm auto|single|mpi|nccl] [--plan-only] [--check-determinism]\n"
     "                   [--dump-masks DIR] [--replay-masks DIR] [--json R.json] [--warmup N] [--iters N]\n"
     "                   [--out-argmax A.npy] [--out-nll N.npy] [--chunk C]\n"
     "  End-to-end prefill of a built-in model (upf models) on weights seeded by S, or of the llama or\n"
@@ -87,6 +87,8 @@ const char upf_cli_prefill_usage[] =
     "  kind run on the weights of its first layer, so a model too large for the device runs at full depth\n"
     "  with its real shapes, routing and KV sizes, for timing (every output says so). --warmup/--iters\n"
     "  repeat the run; times are medians.\n"
+    "  --check-determinism: every run (--warmup + --iters) must give the first run's logits and drop masks\n"
+    "  bit for bit; the first difference is named and the exit status is 1.\n"
     "  --plan-only: prints the memory plan of the run with the model's distinct weights, in bf16 and in\n"
     "  FP8 (E4M3 projections with per-channel scales), and exits; nothing is built or allocated.\n"
     "  --ideal (uniprefill): also runs dense prefills (warm) at the token counts after each drop, reporting\n"
@@ -119,7 +121,7 @@ typedef struct {
   const char *lengths, *ids_path, *cu_path, *text, *text_file, *select;
   const char *out_logits, *dump_dir, *replay_dir, *json, *comm;
   const char *out_argmax, *out_nll, *dump_tables;
-  int32_t warmup, iters, ideal, tp, chunk, plan_only;
+  int32_t warmup, iters, ideal, tp, chunk, plan_only, check_determinism;
 } prefill_args;
 
 /* What a chunked run adds: its steps and each request's chunks. */
@@ -643,6 +645,7 @@ int upf_cli_prefill(int argc, char **argv) {
       {"--json", UPF_ARG_STRING, &a.json},           {"--warmup", UPF_ARG_INT, &a.warmup, 0, 0, 1000},
       {"--iters", UPF_ARG_INT, &a.iters, 0, 1, 1000},   {"--ideal", UPF_ARG_SWITCH, &a.ideal},
       {"--plan-only", UPF_ARG_SWITCH, &a.plan_only},
+      {"--check-determinism", UPF_ARG_SWITCH, &a.check_determinism},
       {"--tp", UPF_ARG_INT, &a.tp, 0, 1, 1 << 16},     {"--comm", UPF_ARG_STRING, &a.comm},
       {"--out-argmax", UPF_ARG_STRING, &a.out_argmax}, {"--out-nll", UPF_ARG_STRING, &a.out_nll},
       {"--chunk", UPF_ARG_INT, &a.chunk, 0, 1, INT32_MAX},
@@ -833,7 +836,15 @@ int upf_cli_prefill(int argc, char **argv) {
   if (rc == 0 && rank0 && (st = upf_outputs_create(&outs, 0)) != UPF_OK)
     rc = upf_cli_error(st, "prefill");
   table_dump dump = {a.dump_tables, outs, 0, UPF_OK, {0}, 0};
+  upf_prefill_result first; /* --check-determinism: the first run, every later one compared with it */
+  memset(&first, 0, sizeof first);
+  int runs_compared = 0;
+  char difference[256] = "";
   for (int it = 0; rc == 0 && it < a.warmup + a.iters; it++) {
+    if (a.check_determinism && it == 1) { /* keep run 1; a later run is compared below */
+      first = res;
+      memset(&res, 0, sizeof res);
+    }
     upf_prefill_result_free(&res);
     table_dump *dump_now = a.dump_tables && rank0 && it + 1 == a.warmup + a.iters ? &dump : NULL;
     st = a.chunk ? chunked_run(&m, ids, cu, B, &opt, a.chunk, dump_now, &res, &cr)
@@ -842,7 +853,15 @@ int upf_cli_prefill(int argc, char **argv) {
       rc = upf_cli_error(st, a.replay_dir ? replay_what : "prefill");
     else if (it >= a.warmup)
       totals[it - a.warmup] = res.total_seconds;
+    if (rc == 0 && a.check_determinism && it >= 1 && !difference[0]) {
+      char where[200];
+      if (upf_prefill_result_identical(&first, &res, where, sizeof where))
+        runs_compared++;
+      else
+        snprintf(difference, sizeof difference, "run %d differs from run 1: %s", it + 1, where);
+    }
   }
+  upf_prefill_result_free(&first);
   if (rc == 0 && rank0) {
     printf("%s%s, %s, %s on %s: %d requests, %d tokens\n", cfg->name, upf_model_args_label(&a.sel), a.sa.mode, upf_dtype_name(dtype), be->name, B,
            cu[B]);
@@ -865,6 +884,11 @@ int upf_cli_prefill(int argc, char **argv) {
     memcpy(sorted, totals, (size_t)a.iters * sizeof *sorted);
     qsort(sorted, (size_t)a.iters, sizeof *sorted, cmp_double);
     printf("  prefill %.3f ms (median of %d)\n", sorted[a.iters / 2] * 1e3, a.iters);
+    if (a.check_determinism && difference[0])
+      printf("  determinism: %s\n", difference);
+    else if (a.check_determinism)
+      printf("  determinism: %d runs of the same batch, logits and drop masks bitwise identical to the first\n",
+             runs_compared + 1);
     if (a.chunk) {
       int32_t chunked = 0;
       for (int32_t r = 0; r < B; r++)
@@ -976,5 +1000,9 @@ int upf_cli_prefill(int argc, char **argv) {
   free(totals), free(ids), free(cu), free(targets), free(cu_plan), free(cr.chunks), free(cr.step_seconds);
   upf_model_free(&m);
   upf_comm_destroy(comm);
+  if (rc == 0 && difference[0]) {
+    fprintf(stderr, "upf prefill: --check-determinism: %s\n", difference);
+    rc = 1;
+  }
   return rc;
 }

@@ -3,6 +3,7 @@
  * final norm and the last-position logits of each request. The walk over the layers is the model;
  * buffers, timing and validation sit around it. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -584,6 +585,36 @@ upf_status upf_model_run_step(const upf_model *m, const int32_t *ids, const int3
   if (st != UPF_OK)
     upf_prefill_result_free(res);
   return st;
+}
+
+int upf_prefill_result_identical(const upf_prefill_result *a, const upf_prefill_result *b, char *where, size_t cap) {
+  if (a->num_reqs != b->num_reqs || a->vocab != b->vocab || a->num_drops != b->num_drops) {
+    snprintf(where, cap, "shapes: %d requests x %d ids and %d drops vs %d x %d and %d", a->num_reqs, a->vocab,
+             a->num_drops, b->num_reqs, b->vocab, b->num_drops);
+    return 0;
+  }
+  for (int64_t i = 0; i < (int64_t)a->num_reqs * a->vocab; i++)
+    if (memcmp(&a->logits[i], &b->logits[i], sizeof(float)) != 0) { /* bits: NaN and -0 count */
+      snprintf(where, cap, "logits of request %lld at id %lld: %.9g vs %.9g", (long long)(i / a->vocab),
+               (long long)(i % a->vocab), (double)a->logits[i], (double)b->logits[i]);
+      return 0;
+    }
+  for (int k = 0; k < a->num_drops; k++) {
+    const upf_drop_record *x = &a->drops[k], *y = &b->drops[k];
+    if (x->layer != y->layer || x->tokens_in != y->tokens_in || x->tokens_kept != y->tokens_kept) {
+      snprintf(where, cap, "drop %d: layer %d, %lld -> %lld tokens vs layer %d, %lld -> %lld", k, x->layer,
+               (long long)x->tokens_in, (long long)x->tokens_kept, y->layer, (long long)y->tokens_in,
+               (long long)y->tokens_kept);
+      return 0;
+    }
+    for (int64_t t = 0; x->mask && y->mask && t < x->tokens_in; t++)
+      if (x->mask[t] != y->mask[t]) {
+        snprintf(where, cap, "drop %d (layer %d): mask entry %lld: %d vs %d", k, x->layer, (long long)t, x->mask[t],
+                 y->mask[t]);
+        return 0;
+      }
+  }
+  return 1;
 }
 
 void upf_prefill_result_free(upf_prefill_result *res) {

@@ -59,6 +59,9 @@
 #                                         131072 beside 32 decoding requests): unchunked dense and UniPrefill,
 #                                         chunked (CHUNK, default 8192) dense, CompactAttention and FlashPrefill V2;
 #                                         chunkserve/table.md: long-prompt TTFT, decode TPOT p50/p99, throughput
+#     determinism [MODEL] [--runs BATCH] [--iters N]
+#                                         N (default 100) UniPrefill prefills of one batch (default llama3.1-8b,
+#                                         32768,8192), each bit for bit against the first (--check-determinism)
 #     session [--quick]                   the standard full pass: verify, sanitize and test side by side, then
 #                                         bench alone on the GPU, then peers
 #   options of every device command:
@@ -383,6 +386,19 @@ PY
   grep -v '^# rc' "$DIR/chunkserve/table.md" | tee -a "$DIR/summary.txt" >/dev/null
 }
 
+# determinism [MODEL]: issue 28's check: --iters runs (default 100) of one UniPrefill top-p prefill of the
+# batch RUNS (default "32768,8192", one batch), each compared bit for bit with the first (logits, drop masks).
+do_determinism() {
+  local cap=$1 m=${2:-llama3.1-8b} batch=${RUNS_SET:+$RUNS} iters=$ITERS
+  batch=${batch:-32768,8192}
+  [ "$iters" -gt 1 ] || iters=100
+  say "determinism $m: $iters UniPrefill prefills of the batch $batch (cap $cap s)"
+  run "$DIR/determinism/$m-${batch//,/+}.log" "$cap" -- bin/upf prefill --model "$m" --lengths "$batch" \
+    --mode uniprefill --backend cuda --dtype bf16 --warmup 0 --iters "$iters" --check-determinism
+  note "$DIR/determinism/$m-${batch//,/+}.log"
+  grep -E 'determinism:' "$DIR/determinism/$m-${batch//,/+}.log" | tee -a "$DIR/summary.txt"
+}
+
 # serve [MODEL]: the serving sweep (perf/serve_sweep.sh), each serve-sim process capped at CAP seconds.
 do_serve() {
   local cap=$1 model=${2:-llama3.1-8b} keeps=$KEEPS
@@ -691,8 +707,8 @@ shift
 case $CMD in
 -h | --help | help) usage; exit 0 ;;
 stage) stage "$@"; exit $? ;;
-verify | sanitize | test | bench | peers | profile | prefill | methods | serve | tp | shared | chunkserve | session | compact | chunked) ;;
-*) die "unknown command $CMD (stage, verify, sanitize, test, bench, peers, profile, prefill, methods, serve, tp, shared, chunkserve, session, compact, chunked; --help)" ;;
+verify | sanitize | test | bench | peers | profile | prefill | methods | serve | tp | shared | chunkserve | determinism | session | compact | chunked) ;;
+*) die "unknown command $CMD (stage, verify, sanitize, test, bench, peers, profile, prefill, methods, serve, tp, shared, chunkserve, determinism, session, compact, chunked; --help)" ;;
 esac
 
 NAME=$CMD BUNDLE="" CAP="" ENVS=() ARGS=()
@@ -739,6 +755,9 @@ serve)
   [ ${#ARGS[@]} -le 1 ] || die "serve takes at most one model"
   do_serve "${CAP:-240}" "${ARGS[@]}" ;;
 tp) do_tp "${CAP:-240}" "${ARGS[@]}" ;;
+determinism)
+  [ ${#ARGS[@]} -le 1 ] || die "determinism takes at most one model"
+  do_determinism "${CAP:-300}" "${ARGS[@]}" ;;
 chunkserve)
   [ ${#ARGS[@]} -le 1 ] || die "chunkserve takes at most one model"
   do_chunkserve "${CAP:-240}" "${ARGS[@]}" ;;

@@ -414,6 +414,68 @@ static void test_layer_times(void) {
   upf_prefill_result_free(&r[1]);
 }
 
+/* upf_prefill_result_identical: two runs of one batch agree; a flipped logit bit and a flipped mask
+ * entry are each found and named. */
+static void test_results_identical(void) {
+  const upf_model_config *cfg = upf_model_config_by_name("llama-tiny");
+  upf_prefill_options o = options(cfg, UPF_PREFILL_UNIPREFILL);
+  o.select.p = 0.6f;
+  upf_prefill_result a, b;
+  char where[200];
+  if (!run(cfg, UPF_DTYPE_F32, lengths, 4, &o, &a))
+    return;
+  if (run(cfg, UPF_DTYPE_F32, lengths, 4, &o, &b)) {
+    CU_ASSERT(b.num_drops > 0 && b.drops[0].tokens_kept < b.drops[0].tokens_in);
+    CU_ASSERT(upf_prefill_result_identical(&a, &b, where, sizeof where));
+    uint32_t bits;
+    memcpy(&bits, &b.logits[cfg->vocab + 17], 4);
+    bits ^= 1;
+    memcpy(&b.logits[cfg->vocab + 17], &bits, 4);
+    CU_ASSERT(!upf_prefill_result_identical(&a, &b, where, sizeof where));
+    CU_ASSERT_PTR_NOT_NULL(strstr(where, "logits of request 1 at id 17"));
+    memcpy(b.logits, a.logits, sizeof(float) * 4 * cfg->vocab);
+    b.drops[0].mask[5] ^= 1;
+    CU_ASSERT(!upf_prefill_result_identical(&a, &b, where, sizeof where));
+    char want[64];
+    snprintf(want, sizeof want, "drop 0 (layer %d): mask entry 5", b.drops[0].layer);
+    CU_ASSERT_PTR_NOT_NULL(strstr(where, want));
+    upf_prefill_result_free(&b);
+  }
+  upf_prefill_result_free(&a);
+}
+
+/* Determinism on the device: 100 UniPrefill prefills of one ragged batch on each family's tiny model
+ * give bitwise-identical logits and drop masks (the GPU kernels reduce in a fixed order). */
+static void test_determinism_cuda(void) {
+  for (int i = 0; i < NUM_TINY; i++) {
+    const upf_model_config *cfg = upf_model_config_by_name(tiny[i]);
+    upf_model m;
+    if (upf_model_init_seeded(&m, cfg, upf_backend_cuda(), UPF_DTYPE_BF16, 7, 0, cfg->num_layers) != UPF_OK) {
+      CU_FAIL(upf_last_error());
+      continue;
+    }
+    const int32_t cu[5] = {0, 200, 224, 225, 345};
+    int32_t ids[345];
+    upf_model_seeded_ids(5, cfg->vocab, 345, ids);
+    upf_prefill_options o = options(cfg, UPF_PREFILL_UNIPREFILL);
+    o.select.p = 0.6f;
+    upf_prefill_result first, r;
+    char where[200] = "";
+    CU_ASSERT_EQUAL_FATAL(upf_model_prefill(&m, ids, cu, 4, &o, &first), UPF_OK);
+    int same = 1;
+    for (int k = 1; k < 100 && same; k++) {
+      CU_ASSERT_EQUAL_FATAL(upf_model_prefill(&m, ids, cu, 4, &o, &r), UPF_OK);
+      same = upf_prefill_result_identical(&first, &r, where, sizeof where);
+      if (!same)
+        printf("\n%s run %d: %s\n", cfg->name, k + 1, where);
+      upf_prefill_result_free(&r);
+    }
+    CU_ASSERT(same);
+    upf_prefill_result_free(&first);
+    upf_model_free(&m);
+  }
+}
+
 static CU_TestInfo model_tests[] = {
     {"uniprefill at p=1 equals dense bit for bit", test_p1_equals_dense},
     {"drops: kept counts, chained drops, replay", test_drops_and_replay},
@@ -425,6 +487,7 @@ static CU_TestInfo model_tests[] = {
     {"shared weights: one copy per mixer kind, the same prefill as distinct copies", test_shared_weights},
     {"distinct weight bytes in bf16 and FP8 (Llama-3.1-8B by hand)", test_weight_bytes},
     {"per-layer times from backend marks, with and without the host waiting", test_layer_times},
+    {"two runs compared bit for bit: a flipped logit or mask entry is named", test_results_identical},
     CU_TEST_INFO_NULL,
 };
 
@@ -434,4 +497,5 @@ void upf_register_model_tests(void) {
   CU_pSuite suite = upf_test_suite("model", NULL, NULL, model_tests);
   upf_test_add_gpu(suite, "model verify on CUDA", test_model_verify_cuda);
   upf_test_add_gpu(suite, "batch invariance on CUDA", test_batch_invariance_cuda);
+  upf_test_add_gpu(suite, "determinism on CUDA: 100 runs, bitwise-identical logits and masks", test_determinism_cuda);
 }

@@ -361,6 +361,10 @@ upf_status upf_model_memory_plan_batch(const upf_model *m, const int32_t *cu_seq
 upf_status upf_model_prefill(const upf_model *m, const int32_t *ids, const int32_t *cu_seqlens, int32_t num_reqs,
                              const upf_prefill_options *opt, upf_prefill_result *res);
 void upf_prefill_result_free(upf_prefill_result *res);
+/* 1 when two runs of the same batch gave bitwise-identical last-position logits and drop decisions
+ * (the drop layers, kept counts and token masks); else 0 with the first difference written to `where`
+ * (cap bytes): "logits of request 1 at id 17: 0.25 vs 0.2500001", "drop 0 (layer 7): mask entry 912". */
+int upf_prefill_result_identical(const upf_prefill_result *a, const upf_prefill_result *b, char *where, size_t cap);
 
 #ifdef __cplusplus
 }
