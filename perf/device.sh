@@ -22,7 +22,7 @@
 #                                         llama3.1-8b gemma3-12b) and run (a length, or a comma list: one
 #                                         batch; default "8192 32768 131072"), UniPrefill at each top-k keep
 #                                         ratio (default 0.5,0.3,0.2) with --ideal, which also times dense
-#     methods [MODELS...] [--runs "T1 T2"] [--alpha A] [--layers A:B] [--iters N]
+#     methods [MODELS...] [--runs "T1 T2"] [--alpha A[,A2...]] [--keep R1,R2] [--layers A:B] [--iters N] [--shared]
 #                                         the three methods end to end (upf prefill, bf16, cuda), per model
 #                                         (default llama3.1-8b gemma3-12b) and length (default "32768 131072"):
 #                                         dense, FlashPrefill V2 (--mode flashprefill; --alpha A, default the
@@ -306,9 +306,17 @@ do_methods() {
         ${LAYERS:+--layers "$LAYERS"} ${SHARED:+"$SHARED"})
       run "$base-dense.log" "$cap" -- "${common[@]}" --mode dense --json "$base-dense.json"
       note "$base-dense.log"
-      run "$base-flashprefill.log" "$cap" -- "${common[@]}" --mode flashprefill ${ALPHA:+--alpha "$ALPHA"} \
-        --json "$base-flashprefill.json"
-      note "$base-flashprefill.log"
+      # --alpha A1,A2,...: the first as "flashprefill", each other as "flashprefill-aA" (on seeded weights
+      # the published 0.18 keeps every block; a larger alpha reaches a realistic kept share)
+      local alphas=() a fp
+      IFS=, read -r -a alphas <<<"$ALPHA"
+      [ ${#alphas[@]} -gt 0 ] || alphas=("")
+      for a in "${alphas[@]}"; do
+        fp=flashprefill${a:+-a$a}
+        [ "$a" = "${alphas[0]}" ] && fp=flashprefill
+        run "$base-$fp.log" "$cap" -- "${common[@]}" --mode flashprefill ${a:+--alpha "$a"} --json "$base-$fp.json"
+        note "$base-$fp.log"
+      done
       run "$base-uniprefill-topp.log" "$cap" -- "${common[@]}" --mode uniprefill --json "$base-uniprefill-topp.json"
       note "$base-uniprefill-topp.log"
       share=$(python3 -c 'import json, sys; print("%.3f" % json.load(open(sys.argv[1]))["kept_share"])' \

@@ -5,7 +5,7 @@ the per-layer-kind time breakdown that explains them (from `upf prefill --json` 
   perf/methods_table.py DIR [--out table.md] [--json methods.json]
 
 DIR holds <model>-<length>-<method>.json as perf/device.sh's `methods` step writes them (method: dense,
-flashprefill, uniprefill-topp, uniprefill-keepR). Columns: TTFT (median of the iterations), speedup over
+flashprefill, flashprefill-aA for further alphas, uniprefill-topp, uniprefill-keepR). Columns: TTFT (median of the iterations), speedup over
 dense of the same run, the kept share (FlashPrefill: key blocks kept of those visible, over its
 full-attention layers; UniPrefill: tokens kept after the last drop layer), and the time of the last
 iteration's layers by kind: full attention (pre-norm + attention block), sliding-window attention, Gated
@@ -52,8 +52,8 @@ def kept_share(d):
 
 
 def method_key(name):
-    order = {"dense": 0, "flashprefill": 1, "uniprefill-topp": 2}
-    return (order.get(name, 3), name)
+    order = {"dense": 0, "flashprefill": 1, "uniprefill-topp": 3}
+    return (2 if name.startswith("flashprefill-a") else order.get(name, 4), name)
 
 
 def main():
@@ -63,7 +63,7 @@ def main():
     ap.add_argument("--json", help="write the rows as JSON here")
     a = ap.parse_args()
     runs = {}
-    pat = re.compile(r"^(?P<model>.+)-(?P<length>\d+)-(?P<method>dense|flashprefill|uniprefill-[a-z0-9.]+)\.json$")
+    pat = re.compile(r"^(?P<model>.+)-(?P<length>\d+)-(?P<method>dense|flashprefill(-a[0-9.]+)?|uniprefill-[a-z0-9.]+)\.json$")
     for path in sorted(glob.glob(os.path.join(a.dir, "*.json"))):
         m = pat.match(os.path.basename(path))
         if not m:
@@ -89,7 +89,7 @@ def main():
             b = breakdown(d)
             share = kept_share(d)
             label = name
-            if name == "flashprefill":
+            if name.startswith("flashprefill"):
                 fp = d.get("flashprefill", {})
                 label = f"flashprefill a={fp.get('alpha')} bn={fp.get('block_n')}" + (
                     " mc" if fp.get("mean_correction") else "")
