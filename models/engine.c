@@ -82,6 +82,7 @@ typedef struct {
   const char *s, *line_start;
   const char *name;
   int64_t line;
+  int64_t tokens; /* prompt tokens of the requests read so far */
 } json_cursor;
 
 static void skip_ws(json_cursor *c) {
@@ -273,6 +274,14 @@ static upf_status parse_line(json_cursor *c, int32_t vocab, int32_t default_max_
     return bad_line(c, "\"seed\" goes with \"prompt_len\"");
   if (r->max_new < 1)
     return bad_line(c, "\"max_new\" is required (no default was given)");
+  /* seeded prompts are made here: a few bytes of "prompt_len" must not ask for gigabytes */
+  if (r->prompt_len > UPF_TRACE_MAX_TOKENS - c->tokens) {
+    char msg[128];
+    snprintf(msg, sizeof msg, "%lld prompt tokens up to this line: a trace holds at most %lld",
+             (long long)(c->tokens + r->prompt_len), (long long)UPF_TRACE_MAX_TOKENS);
+    return bad_line(c, msg);
+  }
+  c->tokens += r->prompt_len;
   if (seen[K_PROMPT_LEN])
     return seeded_prompt(r, (uint64_t)seed, vocab);
   return UPF_OK;
@@ -313,7 +322,7 @@ upf_status upf_trace_parse_jsonl(upf_trace *t, const char *text, const char *nam
     t->reqs = NULL;
     return upf_fail(UPF_ERR_NOMEM, "trace %s: %lld lines", name, (long long)lines);
   }
-  json_cursor c = {text, text, name, 1};
+  json_cursor c = {text, text, name, 1, 0};
   upf_status st = UPF_OK;
   for (; st == UPF_OK && *c.s; c.line++) {
     upf_engine_request r = {0};

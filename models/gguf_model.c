@@ -214,6 +214,10 @@ upf_status upf_model_config_from_gguf(const upf_gguf *g, upf_gguf_model_config *
 
   UPF_TRY(get_i32(&k, "embedding_length", &c->hidden));
   UPF_TRY(get_i32(&k, "block_count", &c->num_layers));
+  /* before anything indexes the per-layer arrays (the default drop layers) */
+  if (c->num_layers < 1 || c->num_layers > UPF_MODEL_MAX_LAYERS)
+    return upf_fail(c->num_layers < 1 ? UPF_ERR_FORMAT : UPF_ERR_UNSUPPORTED,
+                    "%s: %s.block_count is %d: want 1 to %d layers", file, arch, c->num_layers, UPF_MODEL_MAX_LAYERS);
   UPF_TRY(get_i32(&k, "feed_forward_length", &c->inter));
   UPF_TRY(get_i32(&k, "attention.head_count", &c->q_heads));
   UPF_TRY(get_i32_or(&k, "attention.head_count_kv", c->q_heads, &c->kv_heads));

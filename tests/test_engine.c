@@ -493,6 +493,10 @@ static void test_trace_jsonl(void) {
       {"\n\n", "no requests"},
       {"{\"arrival\": 0, \"prompt\": [1, 2}", "line 1"},
       {"{\"arrival\": 0, \"prompt\": [1], \"seed\": 3}", "\"seed\" goes with"},
+      /* refused before its ids are made (the fuzzer's 3.9 GB line; the bound plus one) */
+      {"{\"arrival\": 0, \"prompt_len\": 965882184}", "a trace holds at most 67108864"},
+      {"{\"arrival\": 0, \"prompt\": [1]}\n{\"arrival\": 0, \"prompt_len\": 67108864}", "line 2 (column 39): "
+       "67108865 prompt tokens up to this line"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
     const upf_status st = upf_trace_parse_jsonl(&t, bad[i].text, "t.jsonl", 512, 4);

@@ -475,6 +475,48 @@ static void test_bad_files(void) {
   upf_model_free(&m);
 }
 
+/* block_count outside 1..UPF_MODEL_MAX_LAYERS is refused naming the key, before the default drop
+ * layers are placed: a Gemma-3 of 200 layers (the fuzzer's file, fuzz/corpus/gguf/regress-block-count.gguf)
+ * wrote a drop layer past the end of drop_layers. */
+static void test_block_count_bounds(void) {
+  static const uint32_t counts[] = {200, 65, 0, 64};
+  for (size_t i = 0; i < sizeof counts / sizeof *counts; i++) {
+    upf_gguf_writer *w;
+    CU_ASSERT_FATAL(upf_gguf_writer_create(&w) == UPF_OK);
+    upf_gguf_set_str(w, "general.architecture", "gemma3");
+    upf_gguf_set_u32(w, "gemma3.embedding_length", 128);
+    upf_gguf_set_u32(w, "gemma3.block_count", counts[i]);
+    upf_gguf_set_u32(w, "gemma3.feed_forward_length", 256);
+    upf_gguf_set_u32(w, "gemma3.attention.head_count", 4);
+    upf_gguf_set_u32(w, "gemma3.attention.head_count_kv", 2);
+    upf_gguf_set_u32(w, "gemma3.attention.sliding_window", 32);
+    upf_gguf_set_f32(w, "gemma3.attention.layer_norm_rms_epsilon", 1e-6f);
+    upf_gguf_set_u32(w, "gemma3.vocab_size", 4);
+    static float embd[128 * 4];
+    const int64_t ne[2] = {128, 4};
+    CU_ASSERT(upf_gguf_add_tensor_ref(w, "token_embd.weight", UPF_GGML_TYPE_F32, 2, ne, embd, sizeof embd) == UPF_OK);
+    void *img = NULL;
+    uint64_t size = 0;
+    upf_gguf *g = NULL;
+    CU_ASSERT_FATAL(upf_gguf_writer_to_memory(w, &img, &size) == UPF_OK);
+    upf_gguf_writer_free(w);
+    CU_ASSERT_FATAL(upf_gguf_open_memory(img, size, "layers.gguf", &g) == UPF_OK);
+    static upf_gguf_model_config gc;
+    const upf_status st = upf_model_config_from_gguf(g, &gc);
+    char want[96];
+    snprintf(want, sizeof want, "layers.gguf: gemma3.block_count is %u: want 1 to 64 layers", counts[i]);
+    if (counts[i] == 64) { /* the largest a build holds reads */
+      CU_ASSERT_EQUAL(st, UPF_OK);
+      CU_ASSERT(gc.cfg.num_layers == 64 && gc.cfg.num_drop_layers > 0 && gc.cfg.drop_layers[gc.cfg.num_drop_layers - 1] < 63);
+    } else {
+      CU_ASSERT_EQUAL(st, counts[i] ? UPF_ERR_UNSUPPORTED : UPF_ERR_FORMAT);
+      CU_ASSERT_PTR_NOT_NULL(strstr(upf_last_error(), want));
+    }
+    upf_gguf_close(g);
+    free(img);
+  }
+}
+
 /* Bytes of two descriptors' data, each downloaded through its own backend, equal. */
 static int same_bits(const upf_backend *ba, const upf_tensor *a, const upf_backend *bb, const upf_tensor *b) {
   const size_t bytes = (size_t)upf_tensor_numel(a) * upf_dtype_size(a->dtype);
@@ -529,6 +571,7 @@ void upf_register_gguf_model_tests(void) {
       {"real smollm2 logits", test_real_smollm2},
       {"real gemma3 logits", test_real_gemma3},
       {"bad files", test_bad_files},
+      {"block_count out of range (fuzz finding)", test_block_count_bounds},
       CU_TEST_INFO_NULL,
   };
   CU_pSuite s = upf_test_suite("gguf model", setup, teardown, tests);

@@ -25,6 +25,9 @@ extern "C" {
  * --max-live, not by the trace). */
 #define UPF_TRACE_MAX_ARRIVAL 1e9
 #define UPF_TRACE_MAX_REQUESTS (1 << 22)
+/* At most this many prompt tokens in a trace, all requests together (its seeded prompts are made when
+ * it is read: 256 MiB of ids). */
+#define UPF_TRACE_MAX_TOKENS ((int64_t)1 << 26)
 
 typedef struct {
   int64_t id;         /* the trace's id of the request (reported; unique in a trace) */
@@ -58,7 +61,8 @@ upf_status upf_trace_seeded(upf_trace *t, const upf_trace_spec *spec, int32_t vo
  *   number) for seeded ids,
  *   "max_new" (>= 1; default `default_max_new`), "id" (an integer; default the line number, from 1).
  * Blank lines are skipped. Requests are ordered by arrival (stable). A malformed line, an unknown key,
- * an id outside [0, vocab) or a repeated id fails naming the file and line. */
+ * an id outside [0, vocab), a repeated id or a line that takes the trace past UPF_TRACE_MAX_TOKENS
+ * prompt tokens fails naming the file and line. */
 upf_status upf_trace_read_jsonl(upf_trace *t, const char *path, int32_t vocab, int32_t default_max_new);
 /* The same from a string (the file's contents); `name` names it in messages. */
 upf_status upf_trace_parse_jsonl(upf_trace *t, const char *text, const char *name, int32_t vocab,
