@@ -23,10 +23,9 @@
 #include <string.h>
 
 #include "perf/bench.h"
+#include "perf/bench_planted.h"
 #include "uniprefill/backend.h"
-#include "uniprefill/bf16.h"
 #include "uniprefill/compact_attn.h"
-#include "uniprefill/rng.h"
 
 #define CB_CUDA_REPETITIONS 5
 #define CB_CUDA_MIN_TIME_S 0.1
@@ -149,72 +148,14 @@ static int same_shape(const cb_case *a, const cb_case *b) {
          a->hkv == b->hkv && a->d == b->d && a->page == b->page && a->block_n == b->block_n;
 }
 
-static uint64_t mix64(uint64_t x) {
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdull;
-  x ^= x >> 33;
-  x *= 0xc4ceb9fe1a85ec53ull;
-  x ^= x >> 33;
-  return x;
-}
+static double unit(uint64_t key) { return (double)(upf_bench_mix64(CB_SEED ^ key) >> 11) * 0x1.0p-53; }
 
-static double unit(uint64_t key) { return (double)(mix64(CB_SEED ^ key) >> 11) * 0x1.0p-53; }
-
-/* ---- Inputs ----
- * Each KV head has a direction u; q = noise + c u; a key of a hot block (30% of a head's blocks) noise +
- * c u, of the others noise - c u; v = noise. The noise comes from a pool indexed by element (fresh normals
- * for 10^8 elements a cache would take minutes of host time). */
-#define CB_POOL 65521
-
-static struct {
-  int ready;
-  float pool[CB_POOL];
-  float u[8 * 256]; /* (Hkv <= 8, D <= 256) */
-} gen;
-
-typedef enum { ROW_Q, ROW_K, ROW_V } row_kind;
-
-/* rows [t0, t1) of q (heads Hq; t is a chunk row, at key position total - chunk + t) or of the cache's
- * keys or values (heads Hkv; t a key position) into dst (dt). */
-static void gen_rows(const cb_case *c, row_kind kind, int64_t t0, int64_t t1, void *dst) {
-  const int64_t heads = kind == ROW_Q ? c->hq : c->hkv, g = c->hq / c->hkv, D = c->d;
-  const double mag = sqrt(2.0 / (1.4426950408889634 * sqrt((double)D)));
-  for (int64_t t = t0; t < t1; t++)
-    for (int64_t h = 0; h < heads; h++) {
-      const int64_t kvh = kind == ROW_Q ? h / g : h;
-      double sign = kind == ROW_Q ? 1.0 : 0.0;
-      if (kind == ROW_K)
-        sign = mix64(CB_SEED ^ ((uint64_t)kvh << 40) ^ (uint64_t)(t / c->block_n)) % 10 < 3 ? 1.0 : -1.0;
-      for (int64_t e = 0; e < D; e++) {
-        const int64_t i = (t * heads + h) * D + e, o = ((t - t0) * heads + h) * D + e;
-        const float noise = gen.pool[(uint64_t)(i + 7 * kind) * 40503u % CB_POOL];
-        const float x = noise + (float)(sign * mag) * gen.u[kvh * D + e];
-        if (c->dt == UPF_DTYPE_BF16)
-          ((uint16_t *)dst)[o] = upf_bf16_from_f32(x);
-        else
-          ((float *)dst)[o] = x;
-      }
-    }
-}
-
-/* rows [0, n) of kind into *dst (backend memory), generated and uploaded 1024 rows at a time. The cache's
- * pages are the identity (page i holds keys i P ..), so key row t is cache row t. */
-static upf_status put_rows(const cb_case *c, row_kind kind, int64_t n, void **dst) {
-  const upf_backend *be = live.be;
-  const int64_t heads = kind == ROW_Q ? c->hq : c->hkv, row = heads * c->d, es = (int64_t)upf_dtype_size(c->dt);
-  const int64_t step = 1024;
-  UPF_TRY(be->alloc(dst, (size_t)(n * row * es)));
-  void *host = malloc((size_t)(step * row * es));
-  if (!host)
-    return upf_fail(UPF_ERR_NOMEM, "bench compact: host staging");
-  upf_status st = UPF_OK;
-  for (int64_t t0 = 0; st == UPF_OK && t0 < n; t0 += step) {
-    const int64_t t1 = t0 + step < n ? t0 + step : n;
-    gen_rows(c, kind, t0, t1, host);
-    st = be->upload((char *)*dst + t0 * row * es, host, (size_t)((t1 - t0) * row * es));
-  }
-  free(host);
-  return st;
+/* ---- Inputs: perf/bench_planted.h's planted blocks; q rows are the chunk's (key positions total -
+ * chunk ..), k and v the cache's. The cache's pages are the identity (page i holds keys i P ..), so key
+ * row t is cache row t. ---- */
+static upf_status put_rows(const cb_case *c, upf_planted_kind kind, int64_t n, void **dst) {
+  const upf_planted in = {c->hq, c->hkv, c->d, c->block_n, c->dt, CB_SEED};
+  return upf_planted_upload(&in, live.be, kind, n, dst, "bench compact");
 }
 
 static upf_status put_ints(void **dst, const int32_t *vals, int64_t n) {
@@ -231,13 +172,6 @@ static void tensors(const cb_case *c, upf_tensor *q, upf_tensor *kc, upf_tensor 
 static upf_status build_shape(const cb_case *c, const upf_backend *be) {
   release_live();
   live.be = be, live.shape = c, live.keep = -1.0f;
-  if (!gen.ready) {
-    upf_rng rng;
-    upf_rng_seed(&rng, CB_SEED);
-    upf_rng_fill_normal(&rng, gen.pool, CB_POOL, 0.0f, 1.0f);
-    upf_rng_fill_normal(&rng, gen.u, 8 * 256, 0.0f, 1.0f);
-    gen.ready = 1;
-  }
   live.pages = (c->total + c->page - 1) / c->page, live.max_blocks = live.pages;
   if (!(live.bt_host = malloc((size_t)live.max_blocks * sizeof *live.bt_host)))
     return upf_fail(UPF_ERR_NOMEM, "bench compact: block table");
@@ -256,9 +190,9 @@ static upf_status build_shape(const cb_case *c, const upf_backend *be) {
   const upf_sparse_batch sb = {NULL, &live.batch};
   UPF_TRY(upf_sparse_plan_make(&sb, c->hq, c->hkv, &live.sp, &live.plan));
   const int64_t cache_rows = (int64_t)live.pages * c->page;
-  UPF_TRY(put_rows(c, ROW_Q, c->chunk, &live.q));
-  UPF_TRY(put_rows(c, ROW_K, cache_rows, &live.kc));
-  UPF_TRY(put_rows(c, ROW_V, cache_rows, &live.vc));
+  UPF_TRY(put_rows(c, UPF_PLANTED_Q, c->chunk, &live.q));
+  UPF_TRY(put_rows(c, UPF_PLANTED_K, cache_rows, &live.kc));
+  UPF_TRY(put_rows(c, UPF_PLANTED_V, cache_rows, &live.vc));
   return be->alloc(&live.out, (size_t)((int64_t)c->chunk * c->hq * c->d) * upf_dtype_size(c->dt));
 }
 

@@ -15,9 +15,8 @@
 #include <string.h>
 
 #include "perf/bench.h"
+#include "perf/bench_planted.h"
 #include "uniprefill/backend.h"
-#include "uniprefill/bf16.h"
-#include "uniprefill/rng.h"
 #include "uniprefill/variant.h"
 
 #define SB_CUDA_REPETITIONS 10
@@ -93,76 +92,9 @@ static void case_release(void *ctx) {
   c->be = NULL;
 }
 
-/* ---- Inputs ----
- * Each KV head has a direction u; q = noise + c u, keys of 30% of the blocks noise + c u, the others
- * noise - c u (c puts a hot block's score about 4 log2 units above a cold one's), v = noise. The noise comes
- * from a pool indexed by element, because fresh normals for 10^9 elements would take minutes of host time. */
-#define SB_POOL 65521
-
-static struct {
-  int ready;
-  float pool[SB_POOL];
-  float u[8 * 256]; /* (Hkv <= 8, D <= 256) */
-} gen;
-
-static void gen_init(void) {
-  if (gen.ready)
-    return;
-  upf_rng rng;
-  upf_rng_seed(&rng, SB_SEED);
-  upf_rng_fill_normal(&rng, gen.pool, SB_POOL, 0.0f, 1.0f);
-  upf_rng_fill_normal(&rng, gen.u, 8 * 256, 0.0f, 1.0f);
-  gen.ready = 1;
-}
-
-static uint64_t mix64(uint64_t x) {
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdull;
-  x ^= x >> 33;
-  x *= 0xc4ceb9fe1a85ec53ull;
-  x ^= x >> 33;
-  return x;
-}
-
-typedef enum { ROW_Q, ROW_K, ROW_V } row_kind;
-
-/* rows [t0, t1) of q (heads Hq) or k, v (heads Hkv) into dst (dt). */
-static void gen_rows(const sb_case *c, row_kind kind, int64_t t0, int64_t t1, void *dst) {
-  const int64_t heads = kind == ROW_Q ? c->hq : c->hkv, g = c->hq / c->hkv, D = c->d;
-  const double mag = sqrt(2.0 / (1.4426950408889634 * sqrt((double)D)));
-  for (int64_t t = t0; t < t1; t++)
-    for (int64_t h = 0; h < heads; h++) {
-      const int64_t kvh = kind == ROW_Q ? h / g : h;
-      double sign = kind == ROW_Q ? 1.0 : 0.0;
-      if (kind == ROW_K)
-        sign = mix64(SB_SEED ^ ((uint64_t)kvh << 40) ^ (uint64_t)(t / c->block_n)) % 10 < 3 ? 1.0 : -1.0;
-      for (int64_t e = 0; e < D; e++) {
-        const int64_t i = (t * heads + h) * D + e, o = ((t - t0) * heads + h) * D + e;
-        const float noise = gen.pool[(uint64_t)(i + 7 * kind) * 40503u % SB_POOL];
-        const float x = noise + (float)(sign * mag) * gen.u[kvh * D + e];
-        if (c->dt == UPF_DTYPE_BF16)
-          ((uint16_t *)dst)[o] = upf_bf16_from_f32(x);
-        else
-          ((float *)dst)[o] = x;
-      }
-    }
-}
-
-static upf_status put_rows(const sb_case *c, const upf_backend *be, row_kind kind, void **dst) {
-  const int64_t heads = kind == ROW_Q ? c->hq : c->hkv, row = heads * c->d, es = (int64_t)upf_dtype_size(c->dt);
-  const int64_t chunk = 1024;
-  UPF_TRY(be->alloc(dst, (size_t)(c->T * row * es)));
-  void *host = malloc((size_t)(chunk * row * es));
-  if (!host)
-    return upf_fail(UPF_ERR_NOMEM, "bench sparse: host staging");
-  upf_status st = UPF_OK;
-  for (int64_t t0 = 0; st == UPF_OK && t0 < c->T; t0 += chunk) {
-    const int64_t t1 = t0 + chunk < c->T ? t0 + chunk : c->T;
-    gen_rows(c, kind, t0, t1, host);
-    st = be->upload((char *)*dst + t0 * row * es, host, (size_t)((t1 - t0) * row * es));
-  }
-  free(host);
-  return st;
+/* ---- Inputs: perf/bench_planted.h's planted blocks (30% of each head's key blocks hot) ---- */
+static upf_planted planted(const sb_case *c) {
+  return (upf_planted){c->hq, c->hkv, c->d, c->block_n, c->dt, SB_SEED};
 }
 
 static upf_status put_ints(const upf_backend *be, void **dst, const int32_t *vals, int64_t n) {
@@ -195,7 +127,7 @@ static upf_status build_index(const sb_case *c, int32_t **row_ptr, int32_t **blo
       const double prob = want > 0.0 && cand > 0.0 ? want / cand : 0.0;
       rp[s] = (int32_t)n;
       for (int32_t b = 0; b <= t.last_k; b++) {
-        const double x = (double)(mix64(SB_SEED ^ ((uint64_t)s << 24) ^ (uint64_t)b) >> 11) * 0x1.0p-53;
+        const double x = (double)(upf_bench_mix64(SB_SEED ^ ((uint64_t)s << 24) ^ (uint64_t)b) >> 11) * 0x1.0p-53;
         if (forced_keep(&t, &c->p, b) || x < prob) {
           if (pass)
             bl[n] = b;
@@ -258,7 +190,6 @@ static upf_status case_prepare(sb_case *c, const upf_backend *be) {
   case_release(c);
   live_case = c;
   c->be = be;
-  gen_init();
   c->p = upf_sparse_params_default();
   c->p.alpha = SB_ALPHA, c->p.block_n = c->block_n, c->p.mean_correction = c->mean_correction;
   c->cu_host[0] = 0, c->cu_host[1] = c->T;
@@ -266,14 +197,15 @@ static upf_status case_prepare(sb_case *c, const upf_backend *be) {
   c->batch = (upf_attn_varlen){1, c->cu, c->cu_host, c->cu, c->cu_host};
   c->sb = (upf_sparse_batch){&c->batch, NULL};
   UPF_TRY(upf_sparse_plan_make(&c->sb, c->hq, c->hkv, &c->p, &c->plan));
-  UPF_TRY(put_rows(c, be, ROW_K, &c->k));
-  UPF_TRY(put_rows(c, be, ROW_V, &c->v));
+  const upf_planted in = planted(c);
+  UPF_TRY(upf_planted_upload(&in, be, UPF_PLANTED_K, c->T, &c->k, "bench sparse"));
+  UPF_TRY(upf_planted_upload(&in, be, UPF_PLANTED_V, c->T, &c->v, "bench sparse"));
   const size_t es = upf_dtype_size(c->dt), means = (size_t)c->plan.max_key_blocks * c->hkv * c->d * es;
   UPF_TRY(be->alloc(&c->kbar, means));
   UPF_TRY(be->alloc(&c->vbar, means));
   if (c->kind == SB_MEANS)
     return UPF_OK;
-  UPF_TRY(put_rows(c, be, ROW_Q, &c->q));
+  UPF_TRY(upf_planted_upload(&in, be, UPF_PLANTED_Q, c->T, &c->q, "bench sparse"));
   upf_tensor q, k, v, o, kb, vb;
   tensors(c, &q, &k, &v, &o, &kb, &vb);
   UPF_TRY(be->sparse_block_means(&c->sb, &k, &v, &c->p, &kb, &vb));
