@@ -11,6 +11,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "uniprefill/output.h"
+
 /* "upf select: <message> (see upf select --help)" on stderr; returns 0. */
 static int bad(const upf_arg_parser *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static int bad(const upf_arg_parser *p, const char *fmt, ...) {
@@ -136,31 +138,6 @@ upf_args_result upf_args_parse(upf_arg_parser *p, int argc, char **argv) {
 
 int upf_args_exit_code(upf_args_result r) { return r == UPF_ARGS_HELP ? 0 : 2; }
 
-/* The file `path` names, resolved through links, "." and "..": realpath of the path when it exists,
- * else realpath of its directory plus its last component. NULL when the directory does not exist
- * (errno says why). */
-static char *canonical(const char *path) {
-  char *whole = realpath(path, NULL);
-  if (whole)
-    return whole;
-  const char *slash = strrchr(path, '/');
-  const char *base = slash ? slash + 1 : path;
-  char *dir = slash ? strndup(path, slash == path ? 1 : (size_t)(slash - path)) : strdup(".");
-  char *rdir = dir ? realpath(dir, NULL) : NULL;
-  int saved = errno;
-  free(dir);
-  if (!rdir) {
-    errno = saved;
-    return NULL;
-  }
-  size_t len = strlen(rdir) + strlen(base) + 2;
-  char *out = malloc(len);
-  if (out)
-    snprintf(out, len, "%s/%s", strcmp(rdir, "/") ? rdir : "", base);
-  free(rdir);
-  return out;
-}
-
 /* 1 when canonical path `inner` lies under the folder `outer`. */
 static int inside(const char *inner, const char *outer) {
   const size_t n = strlen(outer);
@@ -181,7 +158,7 @@ int upf_args_check_paths(const char *command, const upf_arg_path *paths, int n) 
     const upf_arg_path *a = &paths[i];
     if (!a->path)
       continue;
-    canon[i] = canonical(a->path);
+    canon[i] = upf_path_canonical(a->path);
     has_id[i] = stat(a->path, &id[i]) == 0;
     /* What the writers accept (uniprefill/output.h): a new path, a regular file or a link to one, a
      * FIFO or a character device. */

@@ -42,8 +42,7 @@ static const char *file_kind(mode_t m) {
   return S_ISDIR(m) ? "a directory" : S_ISBLK(m) ? "a block device" : S_ISSOCK(m) ? "a socket" : "not a regular file";
 }
 
-/* realpath of the path when it exists, else realpath of its directory plus its last component. */
-static char *canonical(const char *path) {
+char *upf_path_canonical(const char *path) {
   char *whole = realpath(path, NULL);
   if (whole)
     return whole;
@@ -51,9 +50,12 @@ static char *canonical(const char *path) {
   const char *base = slash ? slash + 1 : path;
   char *dir = slash ? strndup(path, slash == path ? 1 : (size_t)(slash - path)) : strdup(".");
   char *rdir = dir ? realpath(dir, NULL) : NULL;
+  const int saved = errno;
   free(dir);
-  if (!rdir)
+  if (!rdir) {
+    errno = saved;
     return NULL;
+  }
   size_t len = strlen(rdir) + strlen(base) + 2;
   char *s = malloc(len);
   if (s)
@@ -151,7 +153,7 @@ static upf_status resolve(out_entry *e, const char *path, mode_t *mode, int *kee
   }
   if (!e->target)
     return upf_fail(UPF_ERR_NOMEM, "%s: out of memory", e->label);
-  if (!(e->canon = canonical(e->target)))
+  if (!(e->canon = upf_path_canonical(e->target)))
     return upf_fail(UPF_ERR_IO, "%s: its directory does not exist or cannot be searched: %s", e->label,
                     strerror(errno));
   return UPF_OK;

@@ -41,6 +41,10 @@ upf_status upf_outputs_commit(upf_outputs *o);
 
 /* Frees the set; a set never committed has its temporaries removed. NULL is fine. */
 void upf_outputs_free(upf_outputs *o);
+/* The file `path` names, resolved through links, "." and "..": realpath of the path when it exists, else
+ * realpath of its directory plus its last component (malloc'd). NULL when the directory does not exist
+ * (errno says why). */
+char *upf_path_canonical(const char *path);
 
 /* Writes all n bytes to f: UPF_ERR_IO naming `what` and the reason on failure. */
 upf_status upf_output_put(FILE *f, const void *bytes, size_t n, const char *what);
