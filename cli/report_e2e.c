@@ -351,8 +351,8 @@ void upf_report_e2e_run(const upf_report_e2e_options *o, upf_report_e2e *out) {
     note(out, "end to end skipped: cannot create %s: %s\n", runs, strerror(errno));
     return;
   }
-  /* Models and lengths. On a device: each family's real shapes (Qwen3-Next's first 12 layers: the whole
-   * model's weights do not fit one card); on the CPU: the tiny configs, which run in seconds. */
+  /* Models and lengths. On a device: each family's real shapes (Qwen3-Next at full depth on shared
+   * weights: its distinct weights do not fit one card); on the CPU: the tiny configs, which run in seconds. */
   char names[8][64], lens[8][64];
   int nm = split_list(o->models ? o->models
                       : o->on_device ? "llama3.1-8b,gemma3-12b,qwen3-next-80b-a3b"
@@ -364,16 +364,17 @@ void upf_report_e2e_run(const upf_report_e2e_options *o, upf_report_e2e *out) {
                       lens, 8);
   e2e_model models[9];
   char sources[9][1300];
+  int shared = 0;
   for (int i = 0; i < nm; i++) {
-    if (!strcmp(names[i], "qwen3-next-80b-a3b"))
-      snprintf(sources[i], sizeof sources[i], "--model %s --layers 0:12", names[i]);
-    else
-      snprintf(sources[i], sizeof sources[i], "--model %s", names[i]);
+    const int big = !strcmp(names[i], "qwen3-next-80b-a3b");
+    snprintf(sources[i], sizeof sources[i], "--model %s%s", names[i], big ? " --shared-weights" : "");
+    shared |= big;
     models[i] = (e2e_model){names[i], family_of(names[i]), sources[i]};
   }
-  if (!strcmp(names[0], "qwen3-next-80b-a3b") || (nm > 2 && !strcmp(names[2], "qwen3-next-80b-a3b")))
-    note(out, "Qwen3-Next-80B-A3B runs its first 12 layers (--layers 0:12): the whole model's weights do not fit "
-              "one card.\n");
+  if (shared)
+    note(out, "Qwen3-Next-80B-A3B runs all 48 layers on shared weights (--shared-weights: one layer's weights per "
+              "mixer kind, real shapes, routing and KV sizes; docs/shared-weights.md): its 148 GiB of distinct "
+              "weights do not fit one card.\n");
   const int real_smollm = !o->on_device && !o->quick && readable(o->smollm2);
   if (real_smollm) {
     snprintf(sources[nm], sizeof sources[nm], "--gguf %s", o->smollm2);
