@@ -39,9 +39,6 @@ extern const char upf_cli_generate_usage[];
 /* `upf eval` (cli/eval.c): accuracy of UniPrefill against dense. */
 int upf_cli_eval(int argc, char **argv);
 extern const char upf_cli_eval_usage[];
-/* The real-weight section of `upf report` (markdown, malloc'd): a short SmolLM2 check on the CPU from the
- * GGUF file at `gguf`, or a line saying why it was skipped or failed. */
-char *upf_cli_eval_report(const char *gguf);
 /* `upf block-sparse` (cli/block_sparse.c): one FlashPrefill V2 attention layer on .npy inputs. */
 int upf_cli_block_sparse(int argc, char **argv);
 extern const char upf_cli_block_sparse_usage[];
