@@ -18,25 +18,6 @@
 
 #define CA_MAXR 4
 
-static size_t esz(upf_dtype dt) { return dt == UPF_DTYPE_BF16 ? 2 : 4; }
-
-static double val(const void *data, upf_dtype dt, int64_t i) {
-  return dt == UPF_DTYPE_BF16 ? (double)upf_bf16_to_f32(((const uint16_t *)data)[i]) : (double)((const float *)data)[i];
-}
-
-static void store(void *data, upf_dtype dt, int64_t i, float x) {
-  if (dt == UPF_DTYPE_BF16)
-    ((uint16_t *)data)[i] = upf_bf16_from_f32(x);
-  else
-    ((float *)data)[i] = x;
-}
-
-static upf_tensor view_of(void *data, upf_dtype dt, int ndim, const int64_t *shape) {
-  upf_tensor t;
-  upf_tensor_init(&t, data, dt, ndim, shape);
-  return t;
-}
-
 /* ---- the hand-computed union ---- */
 
 /* hq 4, hkv 1 (g 4), block_m 16 (4 positions a tile), block_n 64, recent 2 (default).
@@ -64,7 +45,7 @@ static void test_union_by_hand(void) {
   uint8_t table[21];
   int32_t counts[3];
   const int64_t shape[3] = {3, 1, 7};
-  upf_tensor t = view_of(table, UPF_DTYPE_U8, 3, shape);
+  upf_tensor t = upf_test_view(table, UPF_DTYPE_U8, 3, shape);
   const upf_compact_params cp = upf_compact_params_default();
   CU_ASSERT_EQUAL(cp.recent, 2);
   CU_ASSERT_EQUAL_FATAL(be->compact_block_union(&sb, 4, &p, &idx, &cp, &t, counts), UPF_OK);
@@ -114,15 +95,15 @@ static void ca_init(ca_case *c, int B, const int32_t *q_lens, const int32_t *kv_
   upf_rng rng;
   upf_rng_seed(&rng, seed);
   const int64_t nq = c->Tq * hq * d, nc = c->npages * P * hkv * d;
-  c->q = malloc((size_t)nq * esz(dt));
-  c->kc = malloc((size_t)nc * esz(dt)), c->vc = malloc((size_t)nc * esz(dt));
+  c->q = malloc((size_t)nq * upf_dtype_size(dt));
+  c->kc = malloc((size_t)nc * upf_dtype_size(dt)), c->vc = malloc((size_t)nc * upf_dtype_size(dt));
   c->bt = malloc((size_t)B * c->max_blocks * sizeof *c->bt);
   /* q leans along dim 0, so the hot blocks below score far (about 2^6) above the cold ones */
   for (int64_t i = 0; i < nq; i++)
-    store(c->q, dt, i, 2.0f * (upf_rng_uniform(&rng) - 0.5f) + (i % d == 0 ? 4.0f : 0.0f));
+    upf_test_store(c->q, dt, i, 2.0f * (upf_rng_uniform(&rng) - 0.5f) + (i % d == 0 ? 4.0f : 0.0f));
   for (int64_t i = 0; i < nc; i++) {
-    store(c->kc, dt, i, NAN);
-    store(c->vc, dt, i, NAN);
+    upf_test_store(c->kc, dt, i, NAN);
+    upf_test_store(c->vc, dt, i, NAN);
   }
   /* pages handed out back to front, so the logical order differs from the physical */
   int32_t next = (int32_t)c->npages - 1;
@@ -137,15 +118,15 @@ static void ca_init(ca_case *c, int B, const int32_t *q_lens, const int32_t *kv_
       for (int64_t h = 0; h < hkv; h++)
         for (int64_t e = 0; e < d; e++) {
           const int64_t at = ((page * P + j % P) * hkv + h) * d + e;
-          store(c->kc, dt, at, 2.0f * (upf_rng_uniform(&rng) - 0.5f) + (e == 0 ? hot * 3.0f : 0.0f));
-          store(c->vc, dt, at, 2.0f * (upf_rng_uniform(&rng) - 0.5f) + hot);
+          upf_test_store(c->kc, dt, at, 2.0f * (upf_rng_uniform(&rng) - 0.5f) + (e == 0 ? hot * 3.0f : 0.0f));
+          upf_test_store(c->vc, dt, at, 2.0f * (upf_rng_uniform(&rng) - 0.5f) + hot);
         }
     }
   c->pb = (upf_attn_paged){B, c->cu_q, c->cu_q, c->kv_lens, c->kv_lens, c->bt, c->bt, c->max_blocks, (int32_t)P};
   c->sb = (upf_sparse_batch){NULL, &c->pb};
   const int64_t qs[3] = {c->Tq, hq, d}, cs[4] = {c->npages, P, hkv, d};
-  c->tq = view_of(c->q, dt, 3, qs);
-  c->tkc = view_of(c->kc, dt, 4, cs), c->tvc = view_of(c->vc, dt, 4, cs);
+  c->tq = upf_test_view(c->q, dt, 3, qs);
+  c->tkc = upf_test_view(c->kc, dt, 4, cs), c->tvc = upf_test_view(c->vc, dt, 4, cs);
 }
 
 static void ca_free(ca_case *c) { free(c->q), free(c->kc), free(c->vc), free(c->bt); }
@@ -166,12 +147,12 @@ static upf_status ca_select(const ca_case *c, const upf_sparse_params *p, const 
   UPF_TRY(upf_sparse_plan_make(&c->sb, (int32_t)c->hq, (int32_t)c->hkv, p, &s->plan));
   const int64_t S = s->plan.num_segments, nb = s->plan.max_key_blocks;
   s->nb = (int32_t)nb;
-  void *kbar = malloc((size_t)(c->B * nb * c->hkv * c->d) * esz(c->dt));
+  void *kbar = malloc((size_t)(c->B * nb * c->hkv * c->d) * upf_dtype_size(c->dt));
   s->row_ptr = malloc((size_t)(S + 1) * 4), s->blocks = malloc((size_t)(S * nb + 1) * 4);
   s->table = malloc((size_t)(c->B * c->hkv * nb)), s->counts = malloc((size_t)(c->B * c->hkv) * 4);
   s->tbt = malloc((size_t)(c->hkv * c->B * c->max_blocks) * 4), s->tkv = malloc((size_t)(c->hkv * c->B) * 4);
   const int64_t ks[4] = {c->B, nb, c->hkv, c->d}, ts[3] = {c->B, c->hkv, nb};
-  upf_tensor tk = view_of(kbar, c->dt, 4, ks), tt = view_of(s->table, UPF_DTYPE_U8, 3, ts);
+  upf_tensor tk = upf_test_view(kbar, c->dt, 4, ks), tt = upf_test_view(s->table, UPF_DTYPE_U8, 3, ts);
   upf_status st = be->sparse_block_means(&c->sb, &c->tkc, NULL, p, &tk, NULL);
   upf_sparse_index idx = {s->row_ptr, s->blocks, NULL, 0};
   if (st == UPF_OK)
@@ -258,7 +239,7 @@ static void oracle(const ca_case *c, const ca_sel *s, int32_t block_n, double sc
           const int64_t ko = ((c->bt[r * c->max_blocks + j / c->P] * c->P + j % c->P) * c->hkv + h) * d;
           double dot = 0.0;
           for (int64_t e = 0; e < d; e++)
-            dot += val(c->q, c->dt, qo + e) * val(c->kc, c->dt, ko + e);
+            dot += upf_test_value(c->q, c->dt, qo + e) * upf_test_value(c->kc, c->dt, ko + e);
           w[j] = scale * dot;
           mx = w[j] > mx ? w[j] : mx;
         }
@@ -271,7 +252,7 @@ static void oracle(const ca_case *c, const ca_sel *s, int32_t block_n, double sc
           sum += pj;
           const int64_t vo = ((c->bt[r * c->max_blocks + j / c->P] * c->P + j % c->P) * c->hkv + h) * d;
           for (int64_t e = 0; e < d; e++)
-            out[qo + e] += pj * val(c->vc, c->dt, vo + e);
+            out[qo + e] += pj * upf_test_value(c->vc, c->dt, vo + e);
         }
         for (int64_t e = 0; e < d; e++)
           out[qo + e] /= sum;
@@ -284,7 +265,7 @@ static void oracle(const ca_case *c, const ca_sel *s, int32_t block_n, double sc
 static double budget(const void *a, upf_dtype dt, const double *b, int64_t n, double rtol, double atol) {
   double worst = 0.0;
   for (int64_t i = 0; i < n; i++) {
-    const double x = val(a, dt, i), e = fabs(x - b[i]) / (atol + rtol * fabs(b[i]));
+    const double x = upf_test_value(a, dt, i), e = fabs(x - b[i]) / (atol + rtol * fabs(b[i]));
     worst = e > worst || isnan(e) ? (isnan(e) ? INFINITY : e) : worst;
   }
   return worst;
@@ -305,10 +286,10 @@ static double run_paths(int B, const int32_t *q_lens, const int32_t *kv_lens, in
   CU_ASSERT(union_matches(&c, &s, &p, cp.recent));
   CU_ASSERT(tables_match(&c, &s, p.block_n));
   const int64_t n = c.Tq * hq * c.d;
-  void *o1 = malloc((size_t)n * esz(dt)), *o2 = malloc((size_t)n * esz(dt));
+  void *o1 = malloc((size_t)n * upf_dtype_size(dt)), *o2 = malloc((size_t)n * upf_dtype_size(dt));
   double *truth = malloc((size_t)n * sizeof *truth);
   const int64_t os[3] = {c.Tq, hq, c.d};
-  upf_tensor t1 = view_of(o1, dt, 3, os), t2 = view_of(o2, dt, 3, os);
+  upf_tensor t1 = upf_test_view(o1, dt, 3, os), t2 = upf_test_view(o2, dt, 3, os);
   const upf_attn_params ap = {0.0f, 0.0f, 0};
   CU_ASSERT_EQUAL(upf_compact_attn_zero_copy(be, &c.pb, &s.tables, &c.tq, &c.tkc, &c.tvc, &ap, &t1), UPF_OK);
   CU_ASSERT_EQUAL(upf_compact_attn_copy(be, &c.pb, &s.tables, &c.tq, &c.tkc, &c.tvc, &ap, &t2), UPF_OK);
@@ -316,23 +297,23 @@ static double run_paths(int B, const int32_t *q_lens, const int32_t *kv_lens, in
   /* the two paths read the same keys in the same order: equal to the last f32 ulp or so */
   double *d1 = malloc((size_t)n * sizeof *d1);
   for (int64_t i = 0; i < n; i++)
-    d1[i] = val(o1, dt, i);
+    d1[i] = upf_test_value(o1, dt, i);
   CU_ASSERT(budget(o2, dt, d1, n, dt == UPF_DTYPE_BF16 ? 8e-3 : 1e-6, 1e-7) <= 1.0);
   CU_ASSERT(budget(o1, dt, truth, n, dt == UPF_DTYPE_BF16 ? 8e-3 : 2e-6, 1e-6) <= 1.0);
   CU_ASSERT(budget(o2, dt, truth, n, dt == UPF_DTYPE_BF16 ? 8e-3 : 2e-6, 1e-6) <= 1.0);
   /* upf_compact_attend runs the same ops end to end: the same bits, the same table */
-  void *o3 = malloc((size_t)n * esz(dt));
+  void *o3 = malloc((size_t)n * upf_dtype_size(dt));
   uint8_t *tab = malloc((size_t)(B * hkv * s.nb));
-  upf_tensor t3 = view_of(o3, dt, 3, os);
+  upf_tensor t3 = upf_test_view(o3, dt, 3, os);
   int64_t kept_sum = -1, want_sum = 0;
   for (int64_t i = 0; i < B * hkv; i++)
     want_sum += s.counts[i];
   CU_ASSERT_EQUAL(upf_compact_attend(be, &c.pb, &c.tq, &c.tkc, &c.tvc, &p, &cp, &ap, 0, &t3, tab, &kept_sum), UPF_OK);
-  CU_ASSERT_EQUAL(memcmp(o3, o1, (size_t)n * esz(dt)), 0);
+  CU_ASSERT_EQUAL(memcmp(o3, o1, (size_t)n * upf_dtype_size(dt)), 0);
   CU_ASSERT_EQUAL(memcmp(tab, s.table, (size_t)(B * hkv * s.nb)), 0);
   CU_ASSERT_EQUAL(kept_sum, want_sum);
   CU_ASSERT_EQUAL(upf_compact_attend(be, &c.pb, &c.tq, &c.tkc, &c.tvc, &p, &cp, &ap, 1, &t3, NULL, NULL), UPF_OK);
-  CU_ASSERT_EQUAL(memcmp(o3, o2, (size_t)n * esz(dt)), 0);
+  CU_ASSERT_EQUAL(memcmp(o3, o2, (size_t)n * upf_dtype_size(dt)), 0);
   /* a kept workspace: the same bits and table on every call, and no allocation after the first call of
    * each path (the copy path's gather buffers come with its first call) */
   upf_compact_workspace ws;
@@ -340,9 +321,9 @@ static double run_paths(int B, const int32_t *q_lens, const int32_t *kv_lens, in
   for (int path = 0; path < 2; path++)
     for (int rep = 0; rep < 2; rep++) {
       const int64_t before = ws.allocations;
-      memset(o3, 0xff, (size_t)n * esz(dt));
+      memset(o3, 0xff, (size_t)n * upf_dtype_size(dt));
       CU_ASSERT_EQUAL(upf_compact_attend_ws(be, &c.pb, &c.tq, &c.tkc, &c.tvc, &p, &cp, &ap, path, &t3, &ws), UPF_OK);
-      CU_ASSERT_EQUAL(memcmp(o3, path ? o2 : o1, (size_t)n * esz(dt)), 0);
+      CU_ASSERT_EQUAL(memcmp(o3, path ? o2 : o1, (size_t)n * upf_dtype_size(dt)), 0);
       CU_ASSERT_EQUAL(memcmp(ws.table_host.ptr, s.table, (size_t)(B * hkv * s.nb)), 0);
       CU_ASSERT_EQUAL(ws.kept_blocks, want_sum);
       CU_ASSERT(rep == 0 ? ws.allocations > before || path == 1 : ws.allocations == before);
@@ -402,7 +383,7 @@ static void test_bad_inputs(void) {
   const upf_attn_params ap = {0.0f, 0.0f, 0};
   float out[8 * 2 * 32];
   const int64_t os[3] = {8, 2, 32};
-  upf_tensor to = view_of(out, UPF_DTYPE_F32, 3, os);
+  upf_tensor to = upf_test_view(out, UPF_DTYPE_F32, 3, os);
   upf_compact_tables nohost = s.tables;
   nohost.kv_lens_host = NULL;
   CU_ASSERT_EQUAL(upf_compact_attn_zero_copy(be, &c.pb, &nohost, &c.tq, &c.tkc, &c.tvc, &ap, &to),
@@ -416,13 +397,13 @@ static void test_bad_inputs(void) {
   cp.recent = -1;
   upf_sparse_index idx = {s.row_ptr, s.blocks, NULL, 0};
   const int64_t ts[3] = {1, 1, s.nb};
-  upf_tensor tt = view_of(s.table, UPF_DTYPE_U8, 3, ts);
+  upf_tensor tt = upf_test_view(s.table, UPF_DTYPE_U8, 3, ts);
   CU_ASSERT_EQUAL(be->compact_block_union(&c.sb, 2, &p, &idx, &cp, &tt, s.counts), UPF_ERR_INVALID_ARG);
   CU_ASSERT_PTR_NOT_NULL(strstr(upf_last_error(), "recent=-1"));
   CU_ASSERT_EQUAL(be->compact_block_tables(&c.pb, &tt, 40, &s.tables), UPF_ERR_INVALID_ARG);
   CU_ASSERT_PTR_NOT_NULL(strstr(upf_last_error(), "block_n=40"));
   const int64_t wide[3] = {1, 1, s.nb + 1};
-  upf_tensor tw = view_of(s.table, UPF_DTYPE_U8, 3, wide);
+  upf_tensor tw = upf_test_view(s.table, UPF_DTYPE_U8, 3, wide);
   cp.recent = 2;
   CU_ASSERT_EQUAL(be->compact_block_union(&c.sb, 2, &p, &idx, &cp, &tw, s.counts), UPF_ERR_SHAPE);
   CU_ASSERT_PTR_NOT_NULL(strstr(upf_last_error(), "table"));
@@ -435,7 +416,6 @@ static void test_verify_twin(void) {
   upf_test_verify_op(UPF_OP_COMPACT_BLOCK_UNION, upf_test_cpu_twin(), 8);
   upf_test_verify_op(UPF_OP_COMPACT_BLOCK_TABLES, upf_test_cpu_twin(), 6);
 }
-
 
 /* ---- CUDA: both paths on the device over tables selected on the CPU ---- */
 
@@ -470,7 +450,7 @@ static void cuda_paths(int64_t hq, int64_t hkv, int64_t d, int64_t P, upf_dtype 
   const upf_compact_params cp = upf_compact_params_default();
   ca_sel s;
   CU_ASSERT_EQUAL_FATAL(ca_select(&c, &p, &cp, &s), UPF_OK);
-  const int64_t n = c.Tq * hq * d, es = (int64_t)esz(dt), nc = c.npages * P * hkv * d;
+  const int64_t n = c.Tq * hq * d, es = (int64_t)upf_dtype_size(dt), nc = c.npages * P * hkv * d;
   dev_bufs m = {be, {0}, 0};
   void *q = dev_put(&m, c.q, (size_t)(n * es)), *kc = dev_put(&m, c.kc, (size_t)(nc * es));
   void *vc = dev_put(&m, c.vc, (size_t)(nc * es)), *cu = dev_put(&m, c.cu_q, (size_t)(c.B + 1) * 4);
@@ -483,8 +463,8 @@ static void cuda_paths(int64_t hq, int64_t hkv, int64_t d, int64_t P, upf_dtype 
   const upf_attn_paged pb = {c.B, cu, c.cu_q, kl, c.kv_lens, NULL, c.bt, c.max_blocks, (int32_t)P};
   const upf_compact_tables t = {tbt, tkv, s.tbt, s.tkv, c.max_blocks};
   const int64_t qs[3] = {c.Tq, hq, d}, cs[4] = {c.npages, P, hkv, d};
-  const upf_tensor tq = view_of(q, dt, 3, qs), tkc = view_of(kc, dt, 4, cs), tvc = view_of(vc, dt, 4, cs);
-  const upf_tensor o1 = view_of(o, dt, 3, qs), o2 = view_of((char *)o + n * es, dt, 3, qs);
+  const upf_tensor tq = upf_test_view(q, dt, 3, qs), tkc = upf_test_view(kc, dt, 4, cs), tvc = upf_test_view(vc, dt, 4, cs);
+  const upf_tensor o1 = upf_test_view(o, dt, 3, qs), o2 = upf_test_view((char *)o + n * es, dt, 3, qs);
   const upf_attn_params ap = {0.0f, 0.0f, 0};
   CU_ASSERT_EQUAL(upf_compact_attn_zero_copy(be, &pb, &t, &tq, &tkc, &tvc, &ap, &o1), UPF_OK);
   CU_ASSERT_EQUAL(upf_compact_attn_copy(be, &pb, &t, &tq, &tkc, &tvc, &ap, &o2), UPF_OK);
@@ -495,7 +475,7 @@ static void cuda_paths(int64_t hq, int64_t hkv, int64_t d, int64_t P, upf_dtype 
   oracle(&c, &s, p.block_n, 1.0 / sqrt((double)d), truth);
   const double rtol = dt == UPF_DTYPE_BF16 ? 1.6e-2 : 1e-4, atol = dt == UPF_DTYPE_BF16 ? 1e-2 : 1e-5;
   for (int64_t i = 0; i < n; i++)
-    d1[i] = val(host, dt, i);
+    d1[i] = upf_test_value(host, dt, i);
   CU_ASSERT(budget(host, dt, truth, n, rtol, atol) <= 1.0);
   CU_ASSERT(budget((char *)host + n * es, dt, truth, n, rtol, atol) <= 1.0);
   CU_ASSERT(budget((char *)host + n * es, dt, d1, n, rtol, atol) <= 1.0);

@@ -34,25 +34,6 @@ typedef struct {
   upf_tensor tq, tk, tv, tkc, tvc;
 } sp_case;
 
-static size_t esz(upf_dtype dt) { return dt == UPF_DTYPE_BF16 ? 2 : 4; }
-
-static double val(const void *data, upf_dtype dt, int64_t i) {
-  return dt == UPF_DTYPE_BF16 ? (double)upf_bf16_to_f32(((const uint16_t *)data)[i]) : (double)((const float *)data)[i];
-}
-
-static void store(void *data, upf_dtype dt, int64_t i, float x) {
-  if (dt == UPF_DTYPE_BF16)
-    ((uint16_t *)data)[i] = upf_bf16_from_f32(x);
-  else
-    ((float *)data)[i] = x;
-}
-
-static upf_tensor view_of(void *data, upf_dtype dt, int ndim, const int64_t *shape) {
-  upf_tensor t;
-  upf_tensor_init(&t, data, dt, ndim, shape);
-  return t;
-}
-
 /* Lengths and random normal values; sp_build makes the storage after any edits of qf, kf, vf. */
 static void sp_alloc(sp_case *c, int nreq, const int32_t *q_lens, const int32_t *kv_lens, int64_t hq, int64_t hkv,
                      int64_t d, upf_dtype dt, int64_t P, uint64_t seed) {
@@ -76,13 +57,13 @@ static void sp_alloc(sp_case *c, int nreq, const int32_t *q_lens, const int32_t 
 
 static void sp_build(sp_case *c) {
   const int64_t nq = c->Tq * c->hq * c->d, nk = c->Tkv * c->hkv * c->d, row = c->hkv * c->d;
-  c->q = malloc((size_t)(nq + 1) * esz(c->dt));
-  c->k = malloc((size_t)(nk + 1) * esz(c->dt)), c->v = malloc((size_t)(nk + 1) * esz(c->dt));
+  c->q = malloc((size_t)(nq + 1) * upf_dtype_size(c->dt));
+  c->k = malloc((size_t)(nk + 1) * upf_dtype_size(c->dt)), c->v = malloc((size_t)(nk + 1) * upf_dtype_size(c->dt));
   for (int64_t i = 0; i < nq; i++)
-    store(c->q, c->dt, i, c->qf[i]), c->qf[i] = (float)val(c->q, c->dt, i);
+    upf_test_store(c->q, c->dt, i, c->qf[i]), c->qf[i] = (float)upf_test_value(c->q, c->dt, i);
   for (int64_t i = 0; i < nk; i++) {
-    store(c->k, c->dt, i, c->kf[i]), c->kf[i] = (float)val(c->k, c->dt, i);
-    store(c->v, c->dt, i, c->vf[i]), c->vf[i] = (float)val(c->v, c->dt, i);
+    upf_test_store(c->k, c->dt, i, c->kf[i]), c->kf[i] = (float)upf_test_value(c->k, c->dt, i);
+    upf_test_store(c->v, c->dt, i, c->vf[i]), c->vf[i] = (float)upf_test_value(c->v, c->dt, i);
   }
   c->max_blocks = 1, c->npages = 0;
   for (int r = 0; r < c->nreq; r++) {
@@ -92,22 +73,22 @@ static void sp_build(sp_case *c) {
   }
   const int64_t cache = (c->npages + 1) * c->P * row;
   c->bt = calloc((size_t)(c->nreq * c->max_blocks), sizeof *c->bt);
-  c->kc = malloc((size_t)cache * esz(c->dt)), c->vc = malloc((size_t)cache * esz(c->dt));
+  c->kc = malloc((size_t)cache * upf_dtype_size(c->dt)), c->vc = malloc((size_t)cache * upf_dtype_size(c->dt));
   for (int64_t i = 0; i < cache; i++)
-    store(c->kc, c->dt, i, NAN), store(c->vc, c->dt, i, NAN);
+    upf_test_store(c->kc, c->dt, i, NAN), upf_test_store(c->vc, c->dt, i, NAN);
   int32_t next = c->npages;
   for (int r = 0; r < c->nreq; r++)
     for (int32_t j = 0; j < c->kv_lens[r]; j++) {
       if (j % c->P == 0)
         c->bt[r * c->max_blocks + j / c->P] = next--;
       const int64_t dst = ((int64_t)c->bt[r * c->max_blocks + j / c->P] * c->P + j % c->P) * row;
-      memcpy((char *)c->kc + dst * esz(c->dt), (char *)c->k + (c->cu_kv[r] + j) * row * esz(c->dt), (size_t)row * esz(c->dt));
-      memcpy((char *)c->vc + dst * esz(c->dt), (char *)c->v + (c->cu_kv[r] + j) * row * esz(c->dt), (size_t)row * esz(c->dt));
+      memcpy((char *)c->kc + dst * upf_dtype_size(c->dt), (char *)c->k + (c->cu_kv[r] + j) * row * upf_dtype_size(c->dt), (size_t)row * upf_dtype_size(c->dt));
+      memcpy((char *)c->vc + dst * upf_dtype_size(c->dt), (char *)c->v + (c->cu_kv[r] + j) * row * upf_dtype_size(c->dt), (size_t)row * upf_dtype_size(c->dt));
     }
   const int64_t sq[3] = {c->Tq, c->hq, c->d}, sk[3] = {c->Tkv, c->hkv, c->d}, sc[4] = {c->npages + 1, c->P, c->hkv, c->d};
-  c->tq = view_of(c->q, c->dt, 3, sq);
-  c->tk = view_of(c->k, c->dt, 3, sk), c->tv = view_of(c->v, c->dt, 3, sk);
-  c->tkc = view_of(c->kc, c->dt, 4, sc), c->tvc = view_of(c->vc, c->dt, 4, sc);
+  c->tq = upf_test_view(c->q, c->dt, 3, sq);
+  c->tk = upf_test_view(c->k, c->dt, 3, sk), c->tv = upf_test_view(c->v, c->dt, 3, sk);
+  c->tkc = upf_test_view(c->kc, c->dt, 4, sc), c->tvc = upf_test_view(c->vc, c->dt, 4, sc);
   c->vb = (upf_attn_varlen){c->nreq, c->cu_q, c->cu_q, c->cu_kv, c->cu_kv};
   c->pb = (upf_attn_paged){c->nreq, c->cu_q, c->cu_q, c->kv_lens, c->kv_lens, c->bt, c->bt, c->max_blocks, (int32_t)c->P};
   c->bc = (upf_sparse_batch){&c->vb, NULL};
@@ -133,14 +114,14 @@ static upf_status sp_res_init(sp_res *o, sp_case *c, const upf_sparse_params *p)
   UPF_TRY(upf_sparse_plan_make(&c->bc, (int32_t)c->hq, (int32_t)c->hkv, p, &o->plan));
   const int64_t mkb = o->plan.max_key_blocks, S = o->plan.num_segments;
   const int64_t sm[4] = {c->nreq, mkb, c->hkv, c->d}, so[3] = {c->Tq, c->hq, c->d};
-  o->kbar = calloc((size_t)(c->nreq * mkb * c->hkv * c->d), esz(c->dt));
-  o->vbar = calloc((size_t)(c->nreq * mkb * c->hkv * c->d), esz(c->dt));
-  o->out = calloc((size_t)(c->Tq * c->hq * c->d + 1), esz(c->dt));
+  o->kbar = calloc((size_t)(c->nreq * mkb * c->hkv * c->d), upf_dtype_size(c->dt));
+  o->vbar = calloc((size_t)(c->nreq * mkb * c->hkv * c->d), upf_dtype_size(c->dt));
+  o->out = calloc((size_t)(c->Tq * c->hq * c->d + 1), upf_dtype_size(c->dt));
   o->row_ptr = calloc((size_t)(S + 1), sizeof(int32_t));
   o->blocks = calloc((size_t)(S * mkb + 1), sizeof(int32_t));
   o->scores = calloc((size_t)(S * mkb + 1), sizeof(float));
-  o->tkb = view_of(o->kbar, c->dt, 4, sm), o->tvb = view_of(o->vbar, c->dt, 4, sm);
-  o->tout = view_of(o->out, c->dt, 3, so);
+  o->tkb = upf_test_view(o->kbar, c->dt, 4, sm), o->tvb = upf_test_view(o->vbar, c->dt, 4, sm);
+  o->tout = upf_test_view(o->out, c->dt, 3, so);
   o->idx = (upf_sparse_index){o->row_ptr, o->blocks, o->scores, 0};
   return UPF_OK;
 }
@@ -255,31 +236,31 @@ static void test_sparse_block_means_by_hand(void) {
     const double want[2][3][2] = {{{31.5, 22.0 / 64}, {95.5, 21.0 / 64}, {bf ? 138.0 : 138.5, bf ? 0.318359375 : (double)(float)(7.0 / 22)}},
                                   {{31.5, 22.0 / 64}, {0, 0}, {0, 0}}};
     for (int paged = 0; paged < 2; paged++) {
-      memset(o.kbar, 0x7f, (size_t)(2 * 3 * 2) * esz(c.dt)); /* garbage: every entry is written */
-      memset(o.vbar, 0x7f, (size_t)(2 * 3 * 2) * esz(c.dt));
+      memset(o.kbar, 0x7f, (size_t)(2 * 3 * 2) * upf_dtype_size(c.dt)); /* garbage: every entry is written */
+      memset(o.vbar, 0x7f, (size_t)(2 * 3 * 2) * upf_dtype_size(c.dt));
       CU_ASSERT_EQUAL_FATAL(cpu_sparse_block_means(paged ? &c.bp : &c.bc, paged ? &c.tkc : &c.tk,
                                                    paged ? &c.tvc : &c.tv, &p, &o.tkb, &o.tvb), UPF_OK);
       for (int r = 0; r < 2; r++)
         for (int b = 0; b < 3; b++)
           for (int e = 0; e < 2; e++) {
-            CU_ASSERT_EQUAL(val(o.kbar, c.dt, (r * 3 + b) * 2 + e), want[r][b][e]);
-            CU_ASSERT_EQUAL(val(o.vbar, c.dt, (r * 3 + b) * 2 + e), -want[r][b][e]);
+            CU_ASSERT_EQUAL(upf_test_value(o.kbar, c.dt, (r * 3 + b) * 2 + e), want[r][b][e]);
+            CU_ASSERT_EQUAL(upf_test_value(o.vbar, c.dt, (r * 3 + b) * 2 + e), -want[r][b][e]);
           }
     }
     /* vbar NULL: v is not read, and may be NULL */
-    memset(o.kbar, 0, (size_t)(2 * 3 * 2) * esz(c.dt));
+    memset(o.kbar, 0, (size_t)(2 * 3 * 2) * upf_dtype_size(c.dt));
     CU_ASSERT_EQUAL(cpu_sparse_block_means(&c.bc, &c.tk, NULL, &p, &o.tkb, NULL), UPF_OK);
-    CU_ASSERT_EQUAL(val(o.kbar, c.dt, 2 * 2), want[0][2][0]);
+    CU_ASSERT_EQUAL(upf_test_value(o.kbar, c.dt, 2 * 2), want[0][2][0]);
     /* block_n 128: block 0 = keys 0..127 (63.5, 43/128), the tail block 128..149 as above */
     p.block_n = 128;
     sp_res o2;
     CU_ASSERT_EQUAL_FATAL(sp_res_init(&o2, &c, &p), UPF_OK);
     CU_ASSERT_EQUAL_FATAL(cpu_sparse_block_means(&c.bc, &c.tk, &c.tv, &p, &o2.tkb, &o2.tvb), UPF_OK);
-    CU_ASSERT_EQUAL(val(o2.kbar, c.dt, 0), 63.5);
-    CU_ASSERT_EQUAL(val(o2.kbar, c.dt, 1), 43.0 / 128);
-    CU_ASSERT_EQUAL(val(o2.kbar, c.dt, 2), want[0][2][0]);
-    CU_ASSERT_EQUAL(val(o2.kbar, c.dt, 4), 31.5); /* request 1: 64 keys, one partial block */
-    CU_ASSERT_EQUAL(val(o2.kbar, c.dt, 6), 0.0);
+    CU_ASSERT_EQUAL(upf_test_value(o2.kbar, c.dt, 0), 63.5);
+    CU_ASSERT_EQUAL(upf_test_value(o2.kbar, c.dt, 1), 43.0 / 128);
+    CU_ASSERT_EQUAL(upf_test_value(o2.kbar, c.dt, 2), want[0][2][0]);
+    CU_ASSERT_EQUAL(upf_test_value(o2.kbar, c.dt, 4), 31.5); /* request 1: 64 keys, one partial block */
+    CU_ASSERT_EQUAL(upf_test_value(o2.kbar, c.dt, 6), 0.0);
     sp_res_free(&o2);
     sp_res_free(&o);
     sp_free(&c);
@@ -319,7 +300,7 @@ static int check_index(const sp_case *c, const upf_sparse_params *p, const sp_re
               double dot = 0.0;
               for (int64_t e = 0; e < c->d; e++)
                 dot += (double)c->qf[((c->cu_q[r] + i / g) * c->hq + h * g + i % g) * c->d + e] *
-                       val(o->kbar, c->dt, ((r * mkb + b) * c->hkv + h) * c->d + e);
+                       upf_test_value(o->kbar, c->dt, ((r * mkb + b) * c->hkv + h) * c->d + e);
               const double l = c2 * dot;
               if (pass == 0)
                 mt = l > mt ? l : mt;
@@ -403,7 +384,7 @@ static int out_matches(const sp_case *c, const void *out, const double *truth, d
   const double ulp = c->dt == UPF_DTYPE_BF16 ? 1.0 / 128 : 1.2e-7;
   int bad = 0;
   for (int64_t i = 0; i < nout(c); i++) {
-    const double err = fabs(val(out, c->dt, i) - truth[i]), tol = ulp * fabs(truth[i]) + 1e-12;
+    const double err = fabs(upf_test_value(out, c->dt, i) - truth[i]), tol = ulp * fabs(truth[i]) + 1e-12;
     bad += !(err <= tol);
     if (worst && err > *worst)
       *worst = err;
@@ -486,13 +467,13 @@ static void test_sparse_fast_naive_paged(void) {
       CU_ASSERT_EQUAL_FATAL(sp_run(&c, 0, &p, &a), UPF_OK);
       CU_ASSERT_EQUAL_FATAL(sp_run(&c, 1, &p, &b), UPF_OK);
       const int64_t S = a.plan.num_segments, mkb = a.plan.max_key_blocks;
-      const size_t nm = (size_t)(c.nreq * mkb * c.hkv * c.d) * esz(c.dt);
+      const size_t nm = (size_t)(c.nreq * mkb * c.hkv * c.d) * upf_dtype_size(c.dt);
       CU_ASSERT(memcmp(a.kbar, b.kbar, nm) == 0);
       CU_ASSERT(memcmp(a.vbar, b.vbar, nm) == 0);
       CU_ASSERT(memcmp(a.row_ptr, b.row_ptr, (size_t)(S + 1) * sizeof(int32_t)) == 0);
       CU_ASSERT(memcmp(a.blocks, b.blocks, (size_t)a.row_ptr[S] * sizeof(int32_t)) == 0);
       CU_ASSERT(memcmp(a.scores, b.scores, (size_t)(S * mkb) * sizeof(float)) == 0);
-      CU_ASSERT(memcmp(a.out, b.out, (size_t)nout(&c) * esz(c.dt)) == 0);
+      CU_ASSERT(memcmp(a.out, b.out, (size_t)nout(&c) * upf_dtype_size(c.dt)) == 0);
       /* the index is sparse (else the comparisons below prove little about it) */
       CU_ASSERT(a.idx.kept_total < upf_sparse_visible_blocks(&c.bc, &a.plan, &p));
       double *truth = malloc((size_t)nout(&c) * sizeof *truth);
@@ -505,7 +486,7 @@ static void test_sparse_fast_naive_paged(void) {
         printf("\n  %s mc=%d: %d outputs off the naive truth (worst %g)\n", k->name, mc, bad, worst);
       /* the naive path through the paged cache and rounded into out: the same rounded values */
       if (!upf_test_quick()) {
-        void *o2 = malloc((size_t)nout(&c) * esz(c.dt));
+        void *o2 = malloc((size_t)nout(&c) * upf_dtype_size(c.dt));
         upf_tensor t2 = a.tout;
         t2.data = o2;
         CU_ASSERT_EQUAL_FATAL(ref_attn_block_sparse_naive(&c.bp, &c.tq, &c.tkc, &c.tvc, &p, &a.idx, &a.tkb, &a.tvb,
@@ -692,7 +673,7 @@ static void test_sparse_bad_inputs(void) {
   /* Hq % Hkv != 0: q of 3 heads over kbar / k of 2 */
   {
     const int64_t s3[3] = {c.Tq, 3, c.d};
-    upf_tensor q3 = view_of(c.q, UPF_DTYPE_F32, 3, s3);
+    upf_tensor q3 = upf_test_view(c.q, UPF_DTYPE_F32, 3, s3);
     CU_ASSERT(fails_with(cpu_sparse_index(&c.bc, &q3, &o.tkb, &good, &o.idx), UPF_ERR_SHAPE, "Hq"));
     CU_ASSERT(fails_with(cpu_attn_block_sparse(&c.bc, &q3, &c.tk, &c.tv, &good, &o.idx, NULL, NULL, &o.tout),
                          UPF_ERR_SHAPE, "Hq"));
@@ -703,7 +684,7 @@ static void test_sparse_bad_inputs(void) {
     upf_attn_varlen vb = {2, c.cu_q, c.cu_q, cu_kv, cu_kv};
     const upf_sparse_batch bb = {&vb, NULL};
     const int64_t sk[3] = {104, c.hkv, c.d};
-    upf_tensor tk = view_of(c.k, UPF_DTYPE_F32, 3, sk), tv = view_of(c.v, UPF_DTYPE_F32, 3, sk);
+    upf_tensor tk = upf_test_view(c.k, UPF_DTYPE_F32, 3, sk), tv = upf_test_view(c.v, UPF_DTYPE_F32, 3, sk);
     CU_ASSERT(fails_with(cpu_sparse_index(&bb, &c.tq, &o.tkb, &good, &o.idx), UPF_ERR_CU_SEQLENS, "kv_len"));
     CU_ASSERT(fails_with(cpu_sparse_block_means(&bb, &tk, &tv, &good, &o.tkb, &o.tvb), UPF_ERR_CU_SEQLENS, "kv_len"));
     CU_ASSERT(fails_with(cpu_attn_block_sparse(&bb, &c.tq, &tk, &tv, &good, &o.idx, NULL, NULL, &o.tout),
@@ -712,7 +693,7 @@ static void test_sparse_bad_inputs(void) {
   /* wrong kbar shape: one key block too few, and a D that is not q's */
   {
     const int64_t sm[4] = {c.nreq, o.plan.max_key_blocks - 1, c.hkv, c.d}, sd[4] = {c.nreq, o.plan.max_key_blocks, c.hkv, 4};
-    upf_tensor kb = view_of(o.kbar, UPF_DTYPE_F32, 4, sm), kd = view_of(o.kbar, UPF_DTYPE_F32, 4, sd);
+    upf_tensor kb = upf_test_view(o.kbar, UPF_DTYPE_F32, 4, sm), kd = upf_test_view(o.kbar, UPF_DTYPE_F32, 4, sd);
     CU_ASSERT(fails_with(cpu_sparse_index(&c.bc, &c.tq, &kb, &good, &o.idx), UPF_ERR_SHAPE, "kbar"));
     CU_ASSERT(fails_with(cpu_sparse_index(&c.bc, &c.tq, &kd, &good, &o.idx), UPF_ERR_SHAPE, "kbar"));
     CU_ASSERT(fails_with(cpu_sparse_block_means(&c.bc, &c.tk, &c.tv, &good, &kb, NULL), UPF_ERR_SHAPE, "kbar"));
@@ -743,7 +724,7 @@ static void test_sparse_bad_inputs(void) {
   /* bf16 kbar under f32 q */
   {
     const int64_t sm[4] = {c.nreq, o.plan.max_key_blocks, c.hkv, c.d};
-    upf_tensor kb = view_of(o.kbar, UPF_DTYPE_BF16, 4, sm);
+    upf_tensor kb = upf_test_view(o.kbar, UPF_DTYPE_BF16, 4, sm);
     CU_ASSERT(fails_with(cpu_sparse_index(&c.bc, &c.tq, &kb, &good, &o.idx), UPF_ERR_DTYPE, "kbar"));
   }
   /* the good call still passes */

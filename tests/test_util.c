@@ -10,6 +10,8 @@
 
 #include "tests/test_util.h"
 
+#include "uniprefill/bf16.h"
+
 void upf_test_skip(const char *suite, const char *test, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
@@ -75,4 +77,21 @@ int upf_test_count_entries(const char *dir) {
     n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
   closedir(d);
   return n;
+}
+
+double upf_test_value(const void *data, upf_dtype dt, int64_t i) {
+  return dt == UPF_DTYPE_BF16 ? (double)upf_bf16_to_f32(((const uint16_t *)data)[i]) : (double)((const float *)data)[i];
+}
+
+void upf_test_store(void *data, upf_dtype dt, int64_t i, float x) {
+  if (dt == UPF_DTYPE_BF16)
+    ((uint16_t *)data)[i] = upf_bf16_from_f32(x);
+  else
+    ((float *)data)[i] = x;
+}
+
+upf_tensor upf_test_view(void *data, upf_dtype dt, int ndim, const int64_t *shape) {
+  upf_tensor t;
+  upf_tensor_init(&t, data, dt, ndim, shape);
+  return t;
 }

@@ -46,6 +46,12 @@ int upf_test_count_entries(const char *dir);
  * a backend under test, so its seeded cases run without a GPU. */
 const upf_backend *upf_test_cpu_twin(void);
 
+/* Element i of f32 or bf16 data, as a double; x stored into element i (bf16 rounded to nearest even). */
+double upf_test_value(const void *data, upf_dtype dt, int64_t i);
+void upf_test_store(void *data, upf_dtype dt, int64_t i, float x);
+/* A tensor descriptor over host data (shapes the test chose: valid by construction). */
+upf_tensor upf_test_view(void *data, upf_dtype dt, int ndim, const int64_t *shape);
+
 /* Runs op's quick verify set on `be` and asserts that no check failed and that more than `min_passed`
  * passed; after a failure it runs the set again with every check printed. */
 void upf_test_verify_op(upf_op op, const upf_backend *be, int min_passed);
