@@ -380,11 +380,13 @@ extern "C" upf_status upf_cuda_attn_block_sparse(const upf_sparse_batch *b, cons
   const bool paged = b->paged != NULL;
   const bool hopper_ok = q->dtype == UPF_DTYPE_BF16 && bs_hopper_takes((int)d) && rows16(q) && rows16(k) &&
                          rows16(v) && rows16(out) && (!p->mean_correction || (rows16(kbar) && rows16(vbar)));
-  /* attn.block_sparse's variants: wgmma (the default: the tensor cores) where it takes the call, or generic */
+  /* attn.block_sparse's variants: wgmma (the default: the tensor cores) where it takes the call, or generic;
+   * fp8 where its kernel takes the call (D = 128), the default's choice elsewhere */
   upf_variant variant = UPF_VARIANT_ATTN_BLOCK_SPARSE_WGMMA;
   if (st == UPF_OK)
     st = upf_variant_current(UPF_OP_ATTN_BLOCK_SPARSE, &variant);
-  const bool hopper = hopper_ok && variant == UPF_VARIANT_ATTN_BLOCK_SPARSE_WGMMA;
+  const bool fp8 = hopper_ok && variant == UPF_VARIANT_ATTN_BLOCK_SPARSE_FP8 && bs_fp8_takes((int)d);
+  const bool hopper = hopper_ok && !fp8 && variant != UPF_VARIANT_ATTN_BLOCK_SPARSE_GENERIC;
 
   bs_args a = {};
   a.q = q->data, a.q_s0 = q->stride[0], a.q_s1 = q->stride[1];
@@ -400,7 +402,7 @@ extern "C" upf_status upf_cuda_attn_block_sparse(const upf_sparse_batch *b, cons
   a.max_key_blocks = plan.max_key_blocks;
   a.row_ptr = index->row_ptr, a.blocks = index->blocks;
   a.total_q_tiles = plan.total_q_tiles;
-  const int rows_cta = hopper ? BS_WG_ROWS : BS_GEN_ROWS;
+  const int rows_cta = hopper || fp8 ? BS_WG_ROWS : BS_GEN_ROWS;
   a.chunks = (p->block_m + rows_cta - 1) / rows_cta;
   a.hq = (int32_t)hq, a.hkv = (int32_t)hkv, a.group = plan.group, a.d = (int32_t)d, a.block_n = p->block_n;
   a.scale = upf_sparse_scale(p, d);
@@ -411,7 +413,20 @@ extern "C" upf_status upf_cuda_attn_block_sparse(const upf_sparse_batch *b, cons
   if (st == UPF_OK)
     st = make_tiles(b, &plan, p, &tiles);
   const int ntiles = plan.total_q_tiles;
+  const int32_t nreq = plan.num_reqs;
   upf_sparse_plan_free(&plan);
+  if (fp8 && st == UPF_OK) {
+    int32_t *kv_len = (int32_t *)malloc((size_t)nreq * sizeof *kv_len);
+    st = kv_len ? UPF_OK : upf_fail(UPF_ERR_NOMEM, "%s (cuda, fp8): %d requests", op, nreq);
+    for (int32_t r = 0; st == UPF_OK && r < nreq; r++)
+      kv_len[r] = upf_sparse_kv_len_host(b, r);
+    if (st == UPF_OK)
+      st = bs_run_fp8(a, paged, tiles, ntiles, nreq, kv_len, b->contiguous ? b->contiguous->cu_seqlens_kv_host : NULL,
+                      q->shape[0]);
+    free(kv_len);
+    free(tiles);
+    return st;
+  }
   void *ws = NULL;
   if (st == UPF_OK)
     st = upf_cuda_workspace((size_t)ntiles * sizeof(bs_tile), &ws);

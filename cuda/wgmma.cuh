@@ -213,6 +213,41 @@ __device__ __forceinline__ void wgmma_m64n256k16_tb(float (&d)[32][4], const uin
                : UPF_WGMMA_D32(d, 0), UPF_WGMMA_D32(d, 8), UPF_WGMMA_D32(d, 16), UPF_WGMMA_D32(d, 24)
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d));
 }
+/* E4M3 (attn.block_sparse's fp8 variant). FP8 operands are K-major only (no imm-trans), 32 K-elements (32
+ * bytes) a step: the K-major descriptors above serve unchanged, one 128-byte row holding 128 elements.
+ * S: D (64 x 128, f32) (+)= A (64 x 32, descriptor) * B (128 x 32, descriptor)^T. */
+__device__ __forceinline__ void wgmma_m64n128k32_e4m3_ss(float (&d)[16][4], uint64_t desc_a, uint64_t desc_b,
+                                                         int scale_d) {
+  asm volatile("{\n"
+               ".reg .pred p;\n"
+               "setp.ne.b32 p, %66, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
+               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+               "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+               "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+               "%64, %65, p, 1, 1;\n"
+               "}\n"
+               : UPF_WGMMA_D32(d, 0), UPF_WGMMA_D32(d, 8)
+               : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+/* O: D (64 x 128, f32) (+)= A (64 x 32 e4m3, registers: a[0] row g k 4t..4t+3, a[1] row g + 8, a[2] and a[3]
+ * the same at k + 16, low byte first) * B (128 x 32, K-major descriptor)^T. */
+__device__ __forceinline__ void wgmma_m64n128k32_e4m3_rs(float (&d)[16][4], const uint32_t (&a)[4], uint64_t desc,
+                                                         int scale_d) {
+  asm volatile("{\n"
+               ".reg .pred p;\n"
+               "setp.ne.b32 p, %69, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
+               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+               "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+               "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+               "{%64, %65, %66, %67}, %68, p, 1, 1;\n"
+               "}\n"
+               : UPF_WGMMA_D32(d, 0), UPF_WGMMA_D32(d, 8)
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d));
+}
 #undef UPF_WGMMA_D32
 #undef UPF_WGMMA_D4
 #endif

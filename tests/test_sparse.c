@@ -13,6 +13,7 @@
 #include "ref_cpu/sparse.h"
 #include "tests/test_util.h"
 #include "uniprefill/bf16.h"
+#include "uniprefill/fp8.h"
 #include "uniprefill/rng.h"
 
 #define SP_MAXR 4
@@ -761,6 +762,40 @@ static void test_sparse_plan_scale(void) {
   upf_sparse_plan_free(&plan);
 }
 
+/* The fp8 variant's host rounding and scales (uniprefill/fp8.h), by hand: E4M3 has 3 mantissa bits, normals
+ * from 2^-6, subnormals in steps of 2^-9, 448 the largest finite value; ties go to the even mantissa. */
+static void test_fp8_e4m3_by_hand(void) {
+  const struct {
+    float x, want;
+  } cases[] = {
+      {0.0f, 0.0f},          {1.0f, 1.0f},           {1.0625f, 1.0f} /* tie: 1.000 even */,
+      {1.1875f, 1.25f} /* tie: 1.010 even */,        {-3.3f, -3.25f} /* step 1/4 in [2, 4) */,
+      {448.0f, 448.0f},      {470.0f, 448.0f} /* saturates */, {-1e9f, -448.0f},
+      {0x1p-9f, 0x1p-9f} /* smallest subnormal */,    {0x1p-10f, 0.0f} /* tie with 0: even */,
+      {0x3p-10f, 0x1p-8f} /* 1.5 steps: tie to 2 */,  {0x1.1p-6f, 0x1p-6f} /* 8.5 steps of 2^-9 */,
+      {0x1.3p-6f, 0x1.4p-6f} /* 9.5 steps: 10 */,     {240.0f, 240.0f} /* step 16 in [128, 256) */,
+      {232.0f, 224.0f} /* tie between 224 and 240: 224 (mantissa 110) */,
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    const float got = upf_fp8_e4m3_round(cases[i].x);
+    if (got != cases[i].want)
+      printf("\n  e4m3(%a) = %a, want %a\n", cases[i].x, got, cases[i].want);
+    CU_ASSERT_EQUAL(got, cases[i].want);
+  }
+  CU_ASSERT(isnan(upf_fp8_e4m3_round(NAN)));
+  /* the scale: the least power of two s with amax <= 448 s */
+  CU_ASSERT_EQUAL(upf_fp8_pow2_scale(448.0f), 1.0f);
+  CU_ASSERT_EQUAL(upf_fp8_pow2_scale(448.5f), 2.0f);
+  CU_ASSERT_EQUAL(upf_fp8_pow2_scale(224.0f), 0.5f);
+  CU_ASSERT_EQUAL(upf_fp8_pow2_scale(224.5f), 1.0f);
+  CU_ASSERT_EQUAL(upf_fp8_pow2_scale(1.0f), 0x1p-8f);
+  CU_ASSERT_EQUAL(upf_fp8_pow2_scale(0.0f), 1.0f);
+  CU_ASSERT_EQUAL(upf_fp8_pow2_scale(INFINITY), 1.0f);
+  /* a value on the grid of scale s is on the grid of s / 2 as well (x / s doubled stays E4M3): lossless */
+  for (float m = 0x1p-9f; m <= 224.0f; m = upf_fp8_e4m3_round(m * 1.07f) > m ? upf_fp8_e4m3_round(m * 1.07f) : m * 2)
+    CU_ASSERT_EQUAL(upf_fp8_e4m3_round(2.0f * m), 2.0f * m);
+}
+
 static CU_TestInfo sparse_tests[] = {
     {"index by hand: kept blocks and S (g 2, D 2, partial contribution, sink, window, dense tile)",
      test_sparse_index_by_hand},
@@ -774,6 +809,7 @@ static CU_TestInfo sparse_tests[] = {
     {"mean correction is closer to dense than plain sparse (hot blocks)", test_sparse_mean_correction},
     {"bad inputs: status and a message naming the input", test_sparse_bad_inputs},
     {"scale: 512K tokens planned in 64 bits, 1M refused naming the index cells", test_sparse_plan_scale},
+    {"fp8 variant: E4M3 rounding and power-of-two scales by hand", test_fp8_e4m3_by_hand},
     CU_TEST_INFO_NULL,
 };
 

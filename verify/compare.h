@@ -20,6 +20,12 @@ typedef struct {
 /* SPEC table: f32 inputs 1e-5/1e-5/1e-7, bf16 inputs 1.6e-2/1e-2/5e-4. */
 upf_tolerance upf_tolerance_for(upf_dtype input_dtype);
 
+/* An attention that rounds P to E4M3 (attn.block_sparse's fp8 variant), against the reference on the same
+ * E4M3-grid inputs: each p off by at most 2^-4 relative (3 mantissa bits), so an output moves by at most
+ * 2^-4 of its spread of values, in practice much less (the errors of many keys average out); rtol 2^-4,
+ * atol 2^-3 for values of spread ~2, NMSE 2e-3 (a mislaid key or dim shows at 1e-1 and above). */
+upf_tolerance upf_tolerance_fp8_attention(void);
+
 typedef struct {
   char op[48];
   char variant[64];

@@ -244,7 +244,7 @@ static void compare_view(upf_verify_ctx *ctx, const upf_dcase *dc, int bi, int j
     base[e] = elem_f(ref_parent, b->dtype, ix[e]);
     ref[e] = base[e];
   }
-  upf_tolerance tol = upf_tolerance_for(dc->in_dtype);
+  upf_tolerance tol = dc->tol ? *dc->tol : upf_tolerance_for(dc->in_dtype);
   upf_compare_f32(got, ref, count, tol, &check);
   int first_out = 0;
   while (first_out < dc->nbufs && !dc->buf[first_out].output)

@@ -46,6 +46,7 @@ typedef struct {
   int nbufs;
   upf_dbuf buf[UPF_DCASE_BUFS];
   upf_dtype in_dtype; /* picks the tolerance (SPEC 7: by input dtype) */
+  const upf_tolerance *tol; /* a kernel that rounds below its input dtype (FP8): this instead; NULL: none */
 } upf_dcase;
 
 /* Views bound to one set of parent pointers: v[buf][view]. */

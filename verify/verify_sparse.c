@@ -19,7 +19,9 @@
 #include "ref_cpu/attn.h"
 #include "ref_cpu/sparse.h"
 #include "uniprefill/bf16.h"
+#include "uniprefill/fp8.h"
 #include "uniprefill/rng.h"
+#include "uniprefill/variant.h"
 #include "verify/select_checks.h" /* upf_select_tau: the SPEC section 2 margin */
 #include "verify/harness.h"
 #include "verify/verify.h"
@@ -1484,6 +1486,46 @@ static void means_case(upf_verify_ctx *ctx, sparse_run *sr) {
   upf_dcase_free(&dc);
 }
 
+/* The fp8 variant's kernel takes the case (bf16, D = 128, attn.block_sparse=fp8 in effect). */
+static int fp8_case(const sparse_run *sr) {
+  upf_variant v;
+  return sr->dt == UPF_DTYPE_BF16 && sr->c->d == 128 && upf_variant_current(UPF_OP_ATTN_BLOCK_SPARSE, &v) == UPF_OK &&
+         v == UPF_VARIANT_ATTN_BLOCK_SPARSE_FP8;
+}
+
+/* max |x| of n bf16 values from x, stride 1, NaN (the cache's unowned slots) skipped. */
+static float bf16_amax(const uint16_t *x, int64_t n, float m) {
+  for (int64_t i = 0; i < n; i++) {
+    const float a = fabsf(upf_bf16_to_f32(x[i]));
+    m = a > m ? a : m;
+  }
+  return m;
+}
+
+static void bf16_snap(uint16_t *x, int64_t n, float s) {
+  for (int64_t i = 0; i < n; i++)
+    x[i] = upf_bf16_from_f32(s * upf_fp8_e4m3_round(upf_bf16_to_f32(x[i]) / s));
+}
+
+/* Puts the case's q, k, v and means on the E4M3 grid of the power-of-two scales the fp8 kernel will take
+ * (q; k with the means of each request's blocks; v with theirs): its quantisation then loses nothing, and
+ * the check sees the FP8 products alone. */
+static void fp8_snap(upf_dcase *dc, const dcase_map *x, const sparse_run *sr) {
+  const sparse_case *c = sr->c;
+  const int64_t nq = sr->tq * c->hq * c->d, row = (int64_t)c->hkv * c->d, nkb = run_nkb(sr);
+  uint16_t *q = dc->buf[x->q].host, *k = dc->buf[x->k].host, *v = dc->buf[x->v].host;
+  uint16_t *kb = x->means >= 0 ? dc->buf[x->means].host : NULL, *vb = kb ? kb + sr->means_numel : NULL;
+  float mk = bf16_amax(k, sr->kv_numel, 0.0f), mv = bf16_amax(v, sr->kv_numel, 0.0f);
+  for (int r = 0; kb && r < sr->nreq; r++) {
+    const int64_t at = (int64_t)r * nkb * row, n = (sr->kv_lens[r] + c->block_n - 1) / c->block_n * row;
+    mk = bf16_amax(kb + at, n, mk), mv = bf16_amax(vb + at, n, mv);
+  }
+  bf16_snap(q, nq, upf_fp8_pow2_scale(bf16_amax(q, nq, 0.0f)));
+  bf16_snap(k, sr->kv_numel, upf_fp8_pow2_scale(mk)), bf16_snap(v, sr->kv_numel, upf_fp8_pow2_scale(mv));
+  if (kb)
+    bf16_snap(kb, sr->means_numel, upf_fp8_pow2_scale(mk)), bf16_snap(vb, sr->means_numel, upf_fp8_pow2_scale(mv));
+}
+
 static void attention_case(upf_verify_ctx *ctx, sparse_run *sr) {
   const char *op = "attn.block_sparse";
   const sparse_case *c = sr->c;
@@ -1529,10 +1571,17 @@ static void attention_case(upf_verify_ctx *ctx, sparse_run *sr) {
   int64_t max_kv = 0;
   for (int r = 0; r < sr->nreq; r++)
     max_kv = sr->kv_lens[r] > max_kv ? sr->kv_lens[r] : max_kv;
+  /* fp8: inputs on the E4M3 grid, the FP8 tolerance, no long-reduction rule (P's rounding dominates) */
+  const int fp8 = ok && fp8_case(sr);
+  const upf_tolerance fp8_tol = upf_tolerance_fp8_attention();
+  if (fp8) {
+    fp8_snap(&dc, &x, sr);
+    dc.tol = &fp8_tol;
+  }
   if (!ok)
     record_run_failure(ctx, sr, op, "setup", upf_fail(UPF_ERR_NOMEM, "case buffers"));
   else
-    upf_dcase_verify(ctx, &dc, attn_fn, max_kv >= 4096 ? attn_truth : NULL, &x, &proto);
+    upf_dcase_verify(ctx, &dc, attn_fn, max_kv >= 4096 && !fp8 ? attn_truth : NULL, &x, &proto);
   upf_dcase_free(&dc);
 }
 
