@@ -1,5 +1,5 @@
 /* The FP8 variant of attn.block_sparse (attn.block_sparse=fp8; bf16 in and out, D = 128): the E4M3 copies its
- * kernel (cuda/attn_sparse_hopper.cu, bs_fp8_kernel) reads, made on the stream before it runs, with no host
+ * kernel (cuda/attn_sparse_hopper.cu, bs_wgmma_kernel<128, false, true>) reads, made on the stream before it runs, with no host
  * round trip. Two passes over q, the requests' K/V rows (contiguous or through the page table; a cache slot
  * no request owns is never read) and, with mean correction, the means of each request's key blocks: the
  * first takes max |x| per tensor (q; k with kbar; v with vbar) into device words, the second reads the
@@ -255,7 +255,6 @@ upf_status bs_run_fp8(bs_args a, bool paged, bs_tile *tiles, int ntiles, int32_t
   char *ws = nullptr;
   upf_status st = upf_cuda_workspace(b_tiles + b_ints + b_amax + b_q8 + 2 * b_kv + 2 * b_means, (void **)&ws);
   fp8_prep f = {};
-  bs_fp8_args fa = {};
   if (st == UPF_OK) {
     char *p = ws + b_tiles;
     f.base8 = (const int32_t *)p, f.kv_start = f.base8 + nreq + 1, f.kv_len = f.kv_start + nreq;
@@ -277,9 +276,8 @@ upf_status bs_run_fp8(bs_args a, bool paged, bs_tile *tiles, int ntiles, int32_t
   UPF_TRY(launch_passes<false>(a, f, paged, means));
   UPF_TRY(launch_passes<true>(a, f, paged, means));
   a.tiles = (const bs_tile *)ws;
-  fa.q8 = f.q8, fa.k8 = f.k8, fa.vt8 = f.vt8, fa.kbar8 = f.kbar8, fa.vbart8 = f.vbart8, fa.amax = f.amax;
-  fa.kvp = kvp, fa.mkbp = mkbp;
-  return bs_launch_fp8(a, fa, ntiles);
+  a.f8 = bs_fp8_args{f.q8, f.k8, f.vt8, f.kbar8, f.vbart8, f.amax, kvp, mkbp};
+  return bs_launch_fp8(a, ntiles);
 }
 
 } // namespace upf_bsattn

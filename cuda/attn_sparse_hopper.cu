@@ -51,29 +51,34 @@ namespace {
 typedef __nv_bfloat16 bf16_t;
 
 constexpr int BW_THREADS = 3 * 128; /* 2 consumer warpgroups + the producer's */
-constexpr int BW_CONSUMER_REGS = 240, BW_PRODUCER_REGS = 24;
 constexpr uint64_t BW_WAIT_LIMIT_NS = 4000000000ull; /* a wait takes microseconds; 4 s: something is wrong */
 constexpr size_t BW_SMEM_MAX = 232448;
 constexpr int BW_NOKEY = 0x3fff0000; /* the key base of a padding or dropped sub-block: past every position */
 constexpr float BW_LOG2E = 1.4426950408889634f;
-static_assert(2 * 128 * BW_CONSUMER_REGS + 128 * BW_PRODUCER_REGS == BW_THREADS * 168, "setmaxnreg budget");
 static_assert(BS_WG_ROWS == 2 * 64, "two consumer warpgroups of 64 rows");
 
-template <int D> struct bw_shape {
-  static constexpr int BN = D == 128 ? 128 : 64; /* keys a tile */
-  static constexpr int NS = D == 128 ? 3 : 2;    /* ring stages */
-  static constexpr int SUBS = BN / 64;           /* 64-key sub-blocks a tile */
-  static constexpr int DB = D / 64;              /* 64-dim (128-byte) blocks of a row */
-  static constexpr int NJ = BN / 16;             /* rows a producer lane copies of a tile */
-  static constexpr uint32_t Q_WG_BYTES = 64 * D * 2;
+/* FP8: the E4M3 form (D = 128), one byte an element, so one 128-byte row holds a whole row of Q or K. */
+template <int D, bool FP8 = false> struct bw_shape {
+  static constexpr int EB = FP8 ? 1 : 2;           /* bytes an element */
+  static constexpr int BN = D == 128 ? 128 : 64;   /* keys a tile */
+  static constexpr int NS = FP8 ? 4 : D == 128 ? 3 : 2; /* ring stages */
+  static constexpr int SUBS = BN / 64;             /* 64-key sub-blocks a tile */
+  static constexpr int DB = D * EB / 128;          /* 128-byte blocks of a row */
+  static constexpr int NJ = BN / 16;               /* rows a producer lane copies of a tile */
+  static constexpr uint32_t Q_WG_BYTES = 64 * D * EB;
   static constexpr uint32_t Q_BYTES = 2 * Q_WG_BYTES;
   static constexpr uint32_t BLOCK_BYTES = BN * 128;
-  static constexpr uint32_t TILE_BYTES = BN * D * 2;
+  static constexpr uint32_t TILE_BYTES = BN * D * EB;
   static constexpr uint32_t STAGE_BYTES = 2 * TILE_BYTES;
+  /* setmaxnreg: the FP8 producer's extra pointers and lookups spill at 24 registers; its consumers, with
+   * half the P operand of bf16, fit in fewer */
+  static constexpr int CONSUMER_REGS = FP8 ? 232 : 240, PRODUCER_REGS = FP8 ? 40 : 24;
   static constexpr size_t SMEM = 1024 + Q_BYTES + (size_t)NS * STAGE_BYTES + 4 * NS * 8 + 16;
   static_assert(D == 128 || D == 256, "the wgmma shapes below");
+  static_assert(!FP8 || D == 128, "the FP8 form: D = 128");
   static_assert(SMEM <= BW_SMEM_MAX, "shared memory");
   static_assert(1024 + SMEM <= (1u << 18), "descriptor address field");
+  static_assert(2 * 128 * CONSUMER_REGS + 128 * PRODUCER_REGS == BW_THREADS * 168, "setmaxnreg budget");
 };
 
 template <typename F, int... B> __device__ __forceinline__ void bw_each_impl(F &&f, std::integer_sequence<int, B...>) {
@@ -124,15 +129,38 @@ __device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[8][4], uint64_t de
 }
 #endif
 
-template <int D, bool PAGED>
+/* Four floats times BS_FP8_P_SCALE as E4M3 bytes, x0 in the low byte. */
+__device__ __forceinline__ uint32_t f8x4(float x0, float x1, float x2, float x3) {
+  const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(x0 * BS_FP8_P_SCALE, x1 * BS_FP8_P_SCALE), __NV_SATFINITE,
+                                               __NV_E4M3);
+  const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(x2 * BS_FP8_P_SCALE, x3 * BS_FP8_P_SCALE), __NV_SATFINITE,
+                                               __NV_E4M3);
+  return (lo & 0xffffu) | (hi << 16);
+}
+
+/* The softmax's base-2 exponent per raw logit, and the output's factor: FP8 takes the scales of q and k,
+ * and of v over BS_FP8_P_SCALE, from the words the quantising pass wrote. */
+template <bool FP8> __device__ __forceinline__ float bw_logit_mul(const bs_args &a) {
+  if constexpr (FP8)
+    return a.scale * upf_fp8_pow2_scale(__uint_as_float(a.f8.amax[0])) *
+           upf_fp8_pow2_scale(__uint_as_float(a.f8.amax[1])) * BW_LOG2E;
+  return a.scale * BW_LOG2E;
+}
+template <bool FP8> __device__ __forceinline__ float bw_out_mul(const bs_args &a) {
+  if constexpr (FP8)
+    return upf_fp8_pow2_scale(__uint_as_float(a.f8.amax[2])) / BS_FP8_P_SCALE;
+  return 1.0f;
+}
+
+template <int D, bool PAGED, bool FP8 = false>
 __global__ void __launch_bounds__(BW_THREADS, 1) bs_wgmma_kernel(const __grid_constant__ bs_args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace upf_wgmma;
-  using W = bw_shape<D>;
+  using W = bw_shape<D, FP8>;
   constexpr int BN = W::BN, NS = W::NS, SUBS = W::SUBS, DB = W::DB, NJ = W::NJ;
   constexpr uint32_t Q_WG_BYTES = W::Q_WG_BYTES, Q_BYTES = W::Q_BYTES, BLOCK_BYTES = W::BLOCK_BYTES;
   constexpr uint32_t TILE_BYTES = W::TILE_BYTES, STAGE_BYTES = W::STAGE_BYTES;
-  constexpr int KS = D / 16, NT = BN / 8, DT = D / 8, PK = BN / 16, KW = BN / 32;
+  constexpr int KS = D * W::EB / 32, NT = BN / 8, DT = D / 8, PK = BN * W::EB / 32, KW = BN / 32;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const uint32_t sraw = (uint32_t)__cvta_generic_to_shared(smem_raw);
   const uint32_t sbase = (sraw + 1023u) & ~1023u;
@@ -180,7 +208,7 @@ __global__ void __launch_bounds__(BW_THREADS, 1) bs_wgmma_kernel(const __grid_co
   const int64_t mbase = ((int64_t)tile.req * a.max_key_blocks * a.hkv + hk) * D;
 
   if (warp >= 8) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(BW_PRODUCER_REGS));
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(W::PRODUCER_REGS));
     if (ntiles == 0)
       return;
     /* Lane pl copies rows r + 16 j and of each row the 16-byte chunks c + 8 b (the dense kernel's
@@ -191,10 +219,16 @@ __global__ void __launch_bounds__(BW_THREADS, 1) bs_wgmma_kernel(const __grid_co
     for (int j = 0; j < 8; j++) { /* Q: packed row crow0 + r + 16 j, gathered from its position and head */
       const int P = crow0 + r + 16 * j;
       const bool ok = P < crow_end;
-      const char *qp = (const char *)(Q + (int64_t)(tile.q0 + P / G) * a.q_s0 + (int64_t)(hk * G + P % G) * a.q_s1 +
-                                      c * 8);
-      const uint32_t qdst = qbase + (uint32_t)(j >> 2) * Q_WG_BYTES + (uint32_t)(j & 3) * 2048 + kvoff;
-      bw_each<DB>([&](auto b) { cp_async16_to(qdst + b * (64 * 128), ok ? qp + b * 128 : (const char *)Q, ok); });
+      if constexpr (FP8) {
+        const uint8_t *qp = a.f8.q8 + ((int64_t)(tile.q0 + P / G) * a.hq + hk * G + P % G) * 128 + c * 16;
+        cp_async16_to(qbase + (uint32_t)(j >> 2) * Q_WG_BYTES + (uint32_t)(j & 3) * 2048 + kvoff, ok ? qp : a.f8.q8,
+                      ok);
+      } else {
+        const char *qp = (const char *)(Q + (int64_t)(tile.q0 + P / G) * a.q_s0 + (int64_t)(hk * G + P % G) * a.q_s1 +
+                                        c * 8);
+        const uint32_t qdst = qbase + (uint32_t)(j >> 2) * Q_WG_BYTES + (uint32_t)(j & 3) * 2048 + kvoff;
+        bw_each<DB>([&](auto b) { cp_async16_to(qdst + b * (64 * 128), ok ? qp + b * 128 : (const char *)Q, ok); });
+      }
     }
     /* Rows jj (< 4) of a 64-key sub-block from key kb of K (is_v: V) into dst + jj 2048. */
     auto copy_sub = [&](uint32_t dst, int kb, bool is_v) {
@@ -258,15 +292,75 @@ __global__ void __launch_bounds__(BW_THREADS, 1) bs_wgmma_kernel(const __grid_co
         bw_each<DB>([&](auto b) { cp_async16_to(dst + j * 2048 + b * BLOCK_BYTES, in ? pr + b * 128 : pr, in); });
       }
     };
-    auto copy_tile = [&](uint32_t dst, int t, bool is_v) {
-      if (t < ntr) {
+    /* FP8: K rows from k8 at the tile's kv_base (padded per request to 64 keys, zero past kv_len: no
+     * predicate but a dropped sub-block); V^T dim rows dr0 + 32 i, each sub-block's 64 keys into bytes
+     * 64 hh .. 64 hh + 63 (16-byte chunk cc of four); a mean tile: kbar8 rows (zero from corr_hi) and 128
+     * candidates of every dim row of vbart8 (chunk c8 of eight, rows dr0 + 16 i). */
+    const int64_t krow8 = (int64_t)a.hkv * 128; /* k8, kbar8: one row (key or block) to the next */
+    auto copy_k8_sub = [&](uint32_t dst, int kb) {
+      const bool in = kb != BW_NOKEY;
+      const uint8_t *p = a.f8.k8 + ((int64_t)tile.kv_base + (in ? kb + r : 0)) * krow8 + (int64_t)hk * 128 + c * 16;
 #pragma unroll
-        for (int hh = 0; hh < SUBS; hh++) {
-          const int u = t * SUBS + hh;
-          copy_sub(dst + hh * 4 * 2048, u < nsub ? bw_sub_kb(a, e0, u, maxpos) : BW_NOKEY, is_v);
+      for (int jj = 0; jj < 4; jj++)
+        cp_async16_to(dst + jj * 2048, in ? p + jj * 16 * krow8 : a.f8.k8, in);
+    };
+    auto copy_v8_sub = [&](uint32_t tdst, int hh, int kb) {
+      const bool in = kb != BW_NOKEY;
+      const int cc = pl & 3, dr0 = pl >> 2;
+      const uint8_t *p = a.f8.vt8 + ((int64_t)hk * 128 + dr0) * a.f8.kvp + tile.kv_base + (in ? kb : 0) + cc * 16;
+#pragma unroll
+      for (int i = 0; i < 4; i++) {
+        const int dr = dr0 + 32 * i;
+        const uint32_t dst = tdst + (uint32_t)(dr >> 3) * 1024 + (uint32_t)(dr & 7) * 128 +
+                             ((uint32_t)((4 * hh + cc) ^ (dr & 7)) << 4);
+        cp_async16_to(dst, in ? p + (int64_t)32 * i * a.f8.kvp : a.f8.vt8, in);
+      }
+    };
+    auto copy_k8_means = [&](uint32_t dst, int c0) {
+      const uint8_t *p = a.f8.kbar8 + ((int64_t)tile.req * a.f8.mkbp + c0 + r) * krow8 + (int64_t)hk * 128 + c * 16;
+#pragma unroll
+      for (int j = 0; j < 8; j++) {
+        const bool in = c0 + r + 16 * j < tile.corr_hi;
+        cp_async16_to(dst + j * 2048, in ? p + j * 16 * krow8 : a.f8.kbar8, in);
+      }
+    };
+    auto copy_v8_means = [&](uint32_t tdst, int c0) {
+      const int c8 = pl & 7, dr0 = pl >> 3;
+      const uint8_t *p = a.f8.vbart8 + (((int64_t)tile.req * a.hkv + hk) * 128 + dr0) * a.f8.mkbp + c0 + c8 * 16;
+#pragma unroll
+      for (int i = 0; i < 8; i++) {
+        const int dr = dr0 + 16 * i;
+        cp_async16_full(tdst + (uint32_t)(dr >> 3) * 1024 + (uint32_t)(dr & 7) * 128 + ((uint32_t)(c8 ^ (dr & 7)) << 4),
+                        p + (int64_t)16 * i * a.f8.mkbp);
+      }
+    };
+    auto copy_tile = [&](uint32_t dst, int t, bool is_v) {
+      if constexpr (FP8) {
+        if (t < ntr) {
+#pragma unroll
+          for (int hh = 0; hh < SUBS; hh++) {
+            const int u = t * SUBS + hh;
+            const int kb = u < nsub ? bw_sub_kb(a, e0, u, maxpos) : BW_NOKEY;
+            if (is_v)
+              copy_v8_sub(dst - kvoff, hh, kb);
+            else
+              copy_k8_sub(dst + hh * 4 * 2048, kb);
+          }
+        } else if (is_v) {
+          copy_v8_means(dst - kvoff, (t - ntr) * BN);
+        } else {
+          copy_k8_means(dst, (t - ntr) * BN);
         }
       } else {
-        copy_means(dst, (t - ntr) * BN, is_v);
+        if (t < ntr) {
+#pragma unroll
+          for (int hh = 0; hh < SUBS; hh++) {
+            const int u = t * SUBS + hh;
+            copy_sub(dst + hh * 4 * 2048, u < nsub ? bw_sub_kb(a, e0, u, maxpos) : BW_NOKEY, is_v);
+          }
+        } else {
+          copy_means(dst, (t - ntr) * BN, is_v);
+        }
       }
     };
     uint32_t st = 0, eph = 0;
@@ -290,7 +384,7 @@ __global__ void __launch_bounds__(BW_THREADS, 1) bs_wgmma_kernel(const __grid_co
     return;
   }
 
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(BW_CONSUMER_REGS));
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(W::CONSUMER_REGS));
   const int wg = warp >> 2, w4 = warp & 3, g = lane >> 2, t4 = lane & 3;
   const int wrow0 = crow0 + wg * 64 + w4 * 16; /* the warp's first packed row */
   int pos[2];
@@ -300,7 +394,7 @@ __global__ void __launch_bounds__(BW_THREADS, 1) bs_wgmma_kernel(const __grid_co
     pos[i] = prefix + P / G;
   }
   const int wpos_first = prefix + min(wrow0, crow_end - 1) / G;
-  const float mul2 = a.scale * BW_LOG2E;                /* raw logit -> base-2 exponent */
+  const float mul2 = bw_logit_mul<FP8>(a);             /* raw logit -> base-2 exponent */
   const float biasr = log2f((float)a.block_n) / mul2;   /* ln(block_n) in raw-logit units */
   const uint32_t qwg = qbase + (uint32_t)wg * Q_WG_BYTES;
 
@@ -331,7 +425,9 @@ __global__ void __launch_bounds__(BW_THREADS, 1) bs_wgmma_kernel(const __grid_co
       for (int ks = 0; ks < KS; ks++) {
         const uint64_t dq = desc_q + (uint64_t)(((ks >> 2) * (64 * 128) + (ks & 3) * 32) >> 4);
         const uint64_t dk = desc_k + (uint64_t)(((ks >> 2) * BLOCK_BYTES + (ks & 3) * 32) >> 4);
-        if constexpr (D == 128)
+        if constexpr (FP8)
+          wgmma_m64n128k32_e4m3_ss(s, dq, dk, ks);
+        else if constexpr (D == 128)
           wgmma_m64n128k16_ss(s, dq, dk, ks);
         else
           wgmma_m64n64k16_ss(s, dq, dk, ks);
@@ -339,13 +435,20 @@ __global__ void __launch_bounds__(BW_THREADS, 1) bs_wgmma_kernel(const __grid_co
       wg_commit();
     };
     auto issue_pv = [&](uint32_t st) {
-      const uint64_t desc_v = desc_mnmajor_sw128(ring + st * STAGE_BYTES + TILE_BYTES, BLOCK_BYTES);
+      if constexpr (FP8) { /* V^T K-major: 32 keys (bytes) a step */
+        const uint64_t desc_v = desc_kmajor_sw128(ring + st * STAGE_BYTES + TILE_BYTES);
 #pragma unroll
-      for (int kk = 0; kk < PK; kk++) {
-        if constexpr (D == 128)
-          wgmma_m64n128k16_tb(o, pa[kk], desc_v + (uint64_t)((kk * 2048) >> 4), 1);
-        else
-          wgmma_m64n256k16_tb(o, pa[kk], desc_v + (uint64_t)((kk * 2048) >> 4), 1);
+        for (int kk = 0; kk < PK; kk++)
+          wgmma_m64n128k32_e4m3_rs(o, pa[kk], desc_v + (uint64_t)((kk * 32) >> 4), 1);
+      } else {
+        const uint64_t desc_v = desc_mnmajor_sw128(ring + st * STAGE_BYTES + TILE_BYTES, BLOCK_BYTES);
+#pragma unroll
+        for (int kk = 0; kk < PK; kk++) {
+          if constexpr (D == 128)
+            wgmma_m64n128k16_tb(o, pa[kk], desc_v + (uint64_t)((kk * 2048) >> 4), 1);
+          else
+            wgmma_m64n256k16_tb(o, pa[kk], desc_v + (uint64_t)((kk * 2048) >> 4), 1);
+        }
       }
       wg_commit();
     };
@@ -442,13 +545,22 @@ __global__ void __launch_bounds__(BW_THREADS, 1) bs_wgmma_kernel(const __grid_co
       for (int i = 0; i < 2; i++)
         l[i] = fmaf(l[i], alpha[i], rs[i]);
     };
+    /* FP8: the A operand of k-step kk (keys 32 kk ..): bytes 4t .. 4t + 3 of row g are the accumulator's
+     * columns 2t, 2t + 1 of n-blocks 4 kk and 4 kk + 1 (bs_fp8_key_at: V^T holds its keys in that order) */
     auto pack_p = [&] {
 #pragma unroll
       for (int kk = 0; kk < PK; kk++) {
-        pa[kk][0] = upf_mma::pack_bf16(s[2 * kk][0], s[2 * kk][1]);
-        pa[kk][1] = upf_mma::pack_bf16(s[2 * kk][2], s[2 * kk][3]);
-        pa[kk][2] = upf_mma::pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-        pa[kk][3] = upf_mma::pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+        if constexpr (FP8) {
+          pa[kk][0] = f8x4(s[4 * kk][0], s[4 * kk][1], s[4 * kk + 1][0], s[4 * kk + 1][1]);
+          pa[kk][1] = f8x4(s[4 * kk][2], s[4 * kk][3], s[4 * kk + 1][2], s[4 * kk + 1][3]);
+          pa[kk][2] = f8x4(s[4 * kk + 2][0], s[4 * kk + 2][1], s[4 * kk + 3][0], s[4 * kk + 3][1]);
+          pa[kk][3] = f8x4(s[4 * kk + 2][2], s[4 * kk + 2][3], s[4 * kk + 3][2], s[4 * kk + 3][3]);
+        } else {
+          pa[kk][0] = upf_mma::pack_bf16(s[2 * kk][0], s[2 * kk][1]);
+          pa[kk][1] = upf_mma::pack_bf16(s[2 * kk][2], s[2 * kk][3]);
+          pa[kk][2] = upf_mma::pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+          pa[kk][3] = upf_mma::pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+        }
       }
     };
     auto rescale_o = [&] {
@@ -513,7 +625,7 @@ __global__ void __launch_bounds__(BW_THREADS, 1) bs_wgmma_kernel(const __grid_co
     const int P = wrow0 + g + 8 * i;
     if (P >= crow_end)
       continue;
-    const float inv = !live ? NAN : l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
+    const float inv = !live ? NAN : l[i] > 0.0f ? bw_out_mul<FP8>(a) / l[i] : 0.0f;
     bf16_t *orow = (bf16_t *)a.out + (int64_t)(tile.q0 + P / G) * a.o_s0 + (int64_t)(hk * G + P % G) * a.o_s1;
 #pragma unroll
     for (int n = 0; n < DT; n++)
@@ -522,393 +634,6 @@ __global__ void __launch_bounds__(BW_THREADS, 1) bs_wgmma_kernel(const __grid_co
   }
 #else
   __trap(); /* built without sm_90a: the host never launches this */
-#endif
-}
-
-/* The FP8 form (attn.block_sparse=fp8, D = 128; inputs quantised by cuda/attn_sparse_fp8.cu). What differs
- * from bs_wgmma_kernel<128, *>: one 128-byte row holds a whole E4M3 row of Q or K, so Q is 16 KB and a
- * stage 32 KB (K tile and the transposed V tile: 128 dims x 128 keys), 4 stages; both products are
- * m64n128k32 in E4M3 (S from two descriptors, P V with P from registers and V^T K-major); the logit scale
- * takes q's and k's scales, the output v's over BS_FP8_P_SCALE. The producer copies K rows from k8 at the
- * tile's kv_base (padded per request to 64 keys, zero past kv_len: no predicate but a dropped sub-block)
- * and, for V, each sub-block's 64 keys of every dim row of vt8 into bytes 64 hh .. 64 hh + 63 of the tile
- * row; a mean tile copies kbar8 rows (zero from corr_hi) and 128 candidates of every dim row of vbart8. */
-constexpr int F8_NS = 4;
-/* The producer's more pointers and lookups spill at 24 registers; the consumers, with half the P operand
- * of the bf16 kernel, fit in fewer. */
-constexpr int F8_CONSUMER_REGS = 232, F8_PRODUCER_REGS = 40;
-static_assert(2 * 128 * F8_CONSUMER_REGS + 128 * F8_PRODUCER_REGS == BW_THREADS * 168, "setmaxnreg budget");
-constexpr uint32_t F8_Q_WG_BYTES = 64 * 128, F8_Q_BYTES = 2 * F8_Q_WG_BYTES, F8_TILE_BYTES = 128 * 128;
-constexpr uint32_t F8_STAGE_BYTES = 2 * F8_TILE_BYTES;
-constexpr size_t F8_SMEM = 1024 + F8_Q_BYTES + (size_t)F8_NS * F8_STAGE_BYTES + 4 * F8_NS * 8 + 16;
-static_assert(F8_SMEM <= BW_SMEM_MAX, "shared memory");
-
-/* Four floats times BS_FP8_P_SCALE as E4M3 bytes, x0 in the low byte. */
-__device__ __forceinline__ uint32_t f8x4(float x0, float x1, float x2, float x3) {
-  const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(x0 * BS_FP8_P_SCALE, x1 * BS_FP8_P_SCALE), __NV_SATFINITE,
-                                               __NV_E4M3);
-  const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(x2 * BS_FP8_P_SCALE, x3 * BS_FP8_P_SCALE), __NV_SATFINITE,
-                                               __NV_E4M3);
-  return (lo & 0xffffu) | (hi << 16);
-}
-
-__global__ void __launch_bounds__(BW_THREADS, 1)
-    bs_fp8_kernel(const __grid_constant__ bs_args a, const __grid_constant__ bs_fp8_args f) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using namespace upf_wgmma;
-  constexpr int BN = 128, NS = F8_NS, SUBS = 2, NT = 16, DT = 16, PK = 4, KW = 4;
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  const uint32_t sraw = (uint32_t)__cvta_generic_to_shared(smem_raw);
-  const uint32_t sbase = (sraw + 1023u) & ~1023u;
-  const uint32_t qbase = sbase, ring = sbase + F8_Q_BYTES;
-  const uint32_t fullk = ring + NS * F8_STAGE_BYTES, fullv = fullk + NS * 8;
-  const uint32_t emptyk = fullv + NS * 8, emptyv = emptyk + NS * 8;
-  int *info = (int *)(smem_raw + (emptyv + NS * 8 - sraw));
-
-  const int chunk = blockIdx.x % a.chunks, hk = (blockIdx.x / a.chunks) % a.hkv;
-  const bs_tile tile = a.tiles[blockIdx.x / (a.chunks * a.hkv)];
-  const int crow0 = tile.row0 + chunk * BS_WG_ROWS;
-  if (crow0 >= tile.row_end)
-    return;
-  const int crow_end = min(crow0 + BS_WG_ROWS, tile.row_end);
-  const int G = a.group, prefix = tile.kv_len - tile.q_len;
-  const int maxpos = prefix + (crow_end - 1) / G;
-  const int64_t seg = (int64_t)hk * a.total_q_tiles + tile.tile;
-  const int e0 = a.row_ptr[seg], e1 = a.row_ptr[seg + 1];
-
-  if (threadIdx.x == 0) {
-#pragma unroll
-    for (int i = 0; i < NS; i++) {
-      mbar_init(fullk + 8 * i, 128);
-      mbar_init(fullv + 8 * i, 128);
-      mbar_init(emptyk + 8 * i, 8);
-      mbar_init(emptyv + 8 * i, 8);
-    }
-    const int spb = a.block_n >> 6;
-    int nsub = (e1 - e0) * spb;
-    while (nsub > 0 &&
-           (int64_t)a.blocks[e0 + (nsub - 1) / spb] * a.block_n + (int64_t)((nsub - 1) % spb) * 64 > maxpos)
-      nsub--;
-    info[0] = nsub;
-  }
-  __syncthreads();
-  const int warp = __shfl_sync(0xffffffffu, (int)(threadIdx.x >> 5), 0), lane = threadIdx.x & 31;
-  const int nsub = __shfl_sync(0xffffffffu, info[0], 0);
-  const int ntr = (nsub + SUBS - 1) / SUBS;
-  const int ntm = tile.corr_hi > 0 ? (tile.corr_hi + BN - 1) / BN : 0;
-  const int ntiles = __shfl_sync(0xffffffffu, ntr + ntm, 0);
-
-  if (warp >= 8) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(F8_PRODUCER_REGS));
-    if (ntiles == 0)
-      return;
-    /* Row-wise copies (Q, K, kbar): lane pl takes rows r + 16 j, 16-byte chunk c; dim-row copies (V^T,
-     * vbar^T): rows dr0 + 32 i (chunk cc of a sub-block) or dr0 + 16 i (chunk c8 of a mean tile). */
-    const int pl = (int)threadIdx.x - 256, c = pl & 7, r = pl >> 3;
-    const uint32_t kvoff = (uint32_t)(r >> 3) * 1024 + (uint32_t)(r & 7) * 128 + ((uint32_t)(c ^ (r & 7)) << 4);
-    const int64_t krow = (int64_t)a.hkv * 128; /* k8, kbar8: one row (key or block) to the next */
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-      const int P = crow0 + r + 16 * j;
-      const bool ok = P < crow_end;
-      const uint8_t *qp = f.q8 + ((int64_t)(tile.q0 + P / G) * a.hq + hk * G + P % G) * 128 + c * 16;
-      cp_async16_to(qbase + (uint32_t)(j >> 2) * F8_Q_WG_BYTES + (uint32_t)(j & 3) * 2048 + kvoff, ok ? qp : f.q8,
-                    ok);
-    }
-    auto copy_k_sub = [&](uint32_t dst, int kb) {
-      const bool in = kb != BW_NOKEY;
-      const uint8_t *p = f.k8 + ((int64_t)tile.kv_base + (in ? kb + r : 0)) * krow + (int64_t)hk * 128 + c * 16;
-#pragma unroll
-      for (int jj = 0; jj < 4; jj++)
-        cp_async16_to(dst + jj * 2048, in ? p + jj * 16 * krow : f.k8, in);
-    };
-    auto copy_v_sub = [&](uint32_t tdst, int hh, int kb) {
-      const bool in = kb != BW_NOKEY;
-      const int cc = pl & 3, dr0 = pl >> 2;
-      const uint8_t *p = f.vt8 + ((int64_t)hk * 128 + dr0) * f.kvp + tile.kv_base + (in ? kb : 0) + cc * 16;
-#pragma unroll
-      for (int i = 0; i < 4; i++) {
-        const int dr = dr0 + 32 * i;
-        const uint32_t dst = tdst + (uint32_t)(dr >> 3) * 1024 + (uint32_t)(dr & 7) * 128 +
-                             ((uint32_t)((4 * hh + cc) ^ (dr & 7)) << 4);
-        cp_async16_to(dst, in ? p + (int64_t)32 * i * f.kvp : f.vt8, in);
-      }
-    };
-    auto copy_k_means = [&](uint32_t dst, int c0) {
-      const uint8_t *p = f.kbar8 + ((int64_t)tile.req * f.mkbp + c0 + r) * krow + (int64_t)hk * 128 + c * 16;
-#pragma unroll
-      for (int j = 0; j < 8; j++) {
-        const bool in = c0 + r + 16 * j < tile.corr_hi;
-        cp_async16_to(dst + j * 2048, in ? p + j * 16 * krow : f.kbar8, in);
-      }
-    };
-    auto copy_v_means = [&](uint32_t tdst, int c0) {
-      const int c8 = pl & 7, dr0 = pl >> 3;
-      const uint8_t *p = f.vbart8 + (((int64_t)tile.req * a.hkv + hk) * 128 + dr0) * f.mkbp + c0 + c8 * 16;
-#pragma unroll
-      for (int i = 0; i < 8; i++) {
-        const int dr = dr0 + 16 * i;
-        cp_async16_full(tdst + (uint32_t)(dr >> 3) * 1024 + (uint32_t)(dr & 7) * 128 + ((uint32_t)(c8 ^ (dr & 7)) << 4),
-                        p + (int64_t)16 * i * f.mkbp);
-      }
-    };
-    auto copy_tile = [&](uint32_t kt, int t, bool is_v) {
-      if (t < ntr) {
-#pragma unroll
-        for (int hh = 0; hh < SUBS; hh++) {
-          const int u = t * SUBS + hh;
-          const int kb = u < nsub ? bw_sub_kb(a, e0, u, maxpos) : BW_NOKEY;
-          if (is_v)
-            copy_v_sub(kt + F8_TILE_BYTES, hh, kb);
-          else
-            copy_k_sub(kt + hh * 8192 + kvoff, kb);
-        }
-      } else if (is_v) {
-        copy_v_means(kt + F8_TILE_BYTES, (t - ntr) * BN);
-      } else {
-        copy_k_means(kt + kvoff, (t - ntr) * BN);
-      }
-    };
-    uint32_t st = 0, eph = 0;
-    bool live = true;
-    for (int t = 0; t < ntiles; t++) {
-      if (st == 0)
-        eph ^= 1;
-      const bool wait = t >= NS && live;
-      if (wait)
-        live = mbar_wait_bounded(emptyk + 8 * st, eph, BW_WAIT_LIMIT_NS);
-      const uint32_t kt = ring + st * F8_STAGE_BYTES;
-      copy_tile(kt, t, false);
-      cp_async_mbar_arrive(fullk + 8 * st);
-      if (wait && live)
-        live = mbar_wait_bounded(emptyv + 8 * st, eph, BW_WAIT_LIMIT_NS);
-      copy_tile(kt, t, true);
-      cp_async_mbar_arrive(fullv + 8 * st);
-      st = st == NS - 1 ? 0 : st + 1;
-    }
-    cp_async_wait_all();
-    return;
-  }
-
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(F8_CONSUMER_REGS));
-  const int wg = warp >> 2, w4 = warp & 3, g = lane >> 2, t4 = lane & 3;
-  const int wrow0 = crow0 + wg * 64 + w4 * 16;
-  int pos[2];
-#pragma unroll
-  for (int i = 0; i < 2; i++) {
-    const int P = min(wrow0 + g + 8 * i, crow_end - 1);
-    pos[i] = prefix + P / G;
-  }
-  const int wpos_first = prefix + min(wrow0, crow_end - 1) / G;
-  const float sq = upf_fp8_pow2_scale(__uint_as_float(f.amax[0]));
-  const float sk = upf_fp8_pow2_scale(__uint_as_float(f.amax[1]));
-  const float mul2 = a.scale * sq * sk * BW_LOG2E; /* E4M3 logit -> base-2 exponent */
-  const float biasr = log2f((float)a.block_n) / mul2;
-  const uint32_t qwg = qbase + (uint32_t)wg * F8_Q_WG_BYTES;
-
-  float m[2] = {-INFINITY, -INFINITY}, msc[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-  float o[DT][4];
-#pragma unroll
-  for (int n = 0; n < DT; n++)
-    o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-  float s[NT][4];
-  uint32_t pa[PK][4];
-  float alpha[2];
-  bool live = true;
-  int mcur = e0;
-
-  if (ntiles > 0) {
-    auto wait_k = [&](uint32_t st, uint32_t ph) {
-      if (live)
-        live = mbar_wait_bounded(fullk + 8 * st, ph, BW_WAIT_LIMIT_NS);
-    };
-    auto wait_v = [&](uint32_t st, uint32_t ph) {
-      if (live)
-        live = mbar_wait_bounded(fullv + 8 * st, ph, BW_WAIT_LIMIT_NS);
-    };
-    const uint64_t desc_q = desc_kmajor_sw128(qwg);
-    auto issue_s = [&](uint32_t st) {
-      const uint64_t desc_k = desc_kmajor_sw128(ring + st * F8_STAGE_BYTES);
-#pragma unroll
-      for (int ks = 0; ks < 4; ks++)
-        wgmma_m64n128k32_e4m3_ss(s, desc_q + (uint64_t)((ks * 32) >> 4), desc_k + (uint64_t)((ks * 32) >> 4), ks);
-      wg_commit();
-    };
-    auto issue_pv = [&](uint32_t st) {
-      const uint64_t desc_v = desc_kmajor_sw128(ring + st * F8_STAGE_BYTES + F8_TILE_BYTES);
-#pragma unroll
-      for (int kk = 0; kk < PK; kk++)
-        wgmma_m64n128k32_e4m3_rs(o, pa[kk], desc_v + (uint64_t)((kk * 32) >> 4), 1);
-      wg_commit();
-    };
-    auto release = [&](uint32_t bars, uint32_t st) {
-      __syncwarp();
-      if (lane == 0)
-        mbar_arrive(bars + 8 * st);
-    };
-    auto tile_kb = [&](int t, int (&kb)[SUBS]) {
-#pragma unroll
-      for (int hh = 0; hh < SUBS; hh++) {
-        const int u = t * SUBS + hh;
-        kb[hh] = t < ntr && u < nsub ? bw_sub_kb(a, e0, u, maxpos) : BW_NOKEY;
-      }
-    };
-    auto mask_tile = [&](int t, const int (&kb)[SUBS]) {
-      if (t < ntr) {
-        bool masked = false;
-#pragma unroll
-        for (int hh = 0; hh < SUBS; hh++)
-          masked |= kb[hh] + 63 > wpos_first;
-        if (masked) {
-#pragma unroll
-          for (int j = 0; j < NT; j++)
-#pragma unroll
-            for (int cc = 0; cc < 4; cc++) {
-              const int key = kb[j / 8] + (j % 8) * 8 + t4 * 2 + (cc & 1);
-              s[j][cc] = key <= pos[cc >> 1] ? s[j][cc] : -INFINITY;
-            }
-        }
-      } else {
-        const int c0 = (t - ntr) * BN;
-        uint32_t kw[KW];
-#pragma unroll
-        for (int w = 0; w < KW; w++)
-          kw[w] = 0u;
-        for (;;) {
-          const int idx = mcur + lane;
-          const int b = idx < e1 ? a.blocks[idx] : INT32_MAX;
-          const bool below = b < c0 + BN;
-          if (below && b >= c0) {
-#pragma unroll
-            for (int w = 0; w < KW; w++)
-              kw[w] |= (b - c0) >> 5 == w ? 1u << ((b - c0) & 31) : 0u;
-          }
-          const int n = __popc(__ballot_sync(0xffffffffu, below));
-          mcur += n;
-          if (n < 32)
-            break;
-        }
-#pragma unroll
-        for (int w = 0; w < KW; w++)
-          kw[w] = __reduce_or_sync(0xffffffffu, kw[w]);
-#pragma unroll
-        for (int j = 0; j < NT; j++)
-#pragma unroll
-          for (int cc = 0; cc < 4; cc++) {
-            const int col = j * 8 + t4 * 2 + (cc & 1);
-            const bool ok = c0 + col < tile.corr_hi && !((kw[j >> 2] >> (col & 31)) & 1u);
-            s[j][cc] = ok ? s[j][cc] + biasr : -INFINITY;
-          }
-      }
-    };
-    auto softmax = [&](int t, const int (&kb)[SUBS]) {
-      mask_tile(t, kb);
-      float mt[2] = {m[0], m[1]};
-#pragma unroll
-      for (int j = 0; j < NT; j++)
-#pragma unroll
-        for (int cc = 0; cc < 4; cc++)
-          mt[cc >> 1] = fmaxf(mt[cc >> 1], s[j][cc]);
-      float ref[2], rs[2] = {0.0f, 0.0f};
-#pragma unroll
-      for (int i = 0; i < 2; i++) {
-        mt[i] = quad_max(mt[i]);
-        const float mn = mt[i] * mul2;
-        ref[i] = mn == -INFINITY ? 0.0f : mn;
-        alpha[i] = ex2_approx(msc[i] - ref[i]);
-        m[i] = mt[i];
-        msc[i] = mn;
-      }
-#pragma unroll
-      for (int j = 0; j < NT; j++)
-#pragma unroll
-        for (int cc = 0; cc < 4; cc++) {
-          s[j][cc] = ex2_approx(fmaf(s[j][cc], mul2, -ref[cc >> 1]));
-          rs[cc >> 1] += s[j][cc];
-        }
-#pragma unroll
-      for (int i = 0; i < 2; i++)
-        l[i] = fmaf(l[i], alpha[i], rs[i]);
-    };
-    /* A operand of k-step kk (keys 32 kk ..): bytes 4t .. 4t + 3 of row g are the accumulator's columns 2t,
-     * 2t + 1 of n-block 4 kk and of 4 kk + 1 (bs_fp8_key_at: V^T holds its keys in that order). */
-    auto pack_p = [&] {
-#pragma unroll
-      for (int kk = 0; kk < PK; kk++) {
-        pa[kk][0] = f8x4(s[4 * kk][0], s[4 * kk][1], s[4 * kk + 1][0], s[4 * kk + 1][1]);
-        pa[kk][1] = f8x4(s[4 * kk][2], s[4 * kk][3], s[4 * kk + 1][2], s[4 * kk + 1][3]);
-        pa[kk][2] = f8x4(s[4 * kk + 2][0], s[4 * kk + 2][1], s[4 * kk + 3][0], s[4 * kk + 3][1]);
-        pa[kk][3] = f8x4(s[4 * kk + 2][2], s[4 * kk + 2][3], s[4 * kk + 3][2], s[4 * kk + 3][3]);
-      }
-    };
-    auto rescale_o = [&] {
-#pragma unroll
-      for (int n = 0; n < DT; n++) {
-        o[n][0] *= alpha[0], o[n][1] *= alpha[0];
-        o[n][2] *= alpha[1], o[n][3] *= alpha[1];
-      }
-    };
-
-    uint32_t st = 0, ph = 0;
-    int kb[SUBS];
-    tile_kb(0, kb);
-    wait_k(st, ph);
-    fence_proxy_async();
-    wg_fence();
-    issue_s(st);
-    wg_wait<0>();
-    release(emptyk, st);
-    softmax(0, kb);
-    pack_p();
-    for (int t = 1; t < ntiles; t++) {
-      const uint32_t sp = st, pp = ph;
-      tile_kb(t, kb);
-      st = st == NS - 1 ? 0 : st + 1;
-      ph ^= st == 0 ? 1u : 0u;
-      wait_k(st, ph);
-      wait_v(sp, pp);
-      fence_proxy_async();
-      wg_fence();
-      issue_s(st);
-      issue_pv(sp);
-      wg_wait<1>();
-      release(emptyk, st);
-      softmax(t, kb);
-      const bool rescale = named_bar_any(1 + wg, 128, alpha[0] != 1.0f || alpha[1] != 1.0f);
-      if (rescale) {
-        wg_wait<0>();
-        rescale_o();
-      } else {
-        wg_wait<0>();
-      }
-      release(emptyv, sp);
-      pack_p();
-    }
-    wait_v(st, ph);
-    fence_proxy_async();
-    wg_fence();
-    issue_pv(st);
-    wg_wait<0>();
-    release(emptyv, st);
-  }
-
-  const float oscale = upf_fp8_pow2_scale(__uint_as_float(f.amax[2])) / BS_FP8_P_SCALE; /* read late: a register less */
-#pragma unroll
-  for (int i = 0; i < 2; i++) {
-    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
-    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
-    const int P = wrow0 + g + 8 * i;
-    if (P >= crow_end)
-      continue;
-    const float inv = !live ? NAN : l[i] > 0.0f ? oscale / l[i] : 0.0f;
-    bf16_t *orow = (bf16_t *)a.out + (int64_t)(tile.q0 + P / G) * a.o_s0 + (int64_t)(hk * G + P % G) * a.o_s1;
-#pragma unroll
-    for (int n = 0; n < DT; n++)
-      *reinterpret_cast<__nv_bfloat162 *>(orow + n * 8 + t4 * 2) =
-          __floats2bfloat162_rn(o[n][2 * i] * inv, o[n][2 * i + 1] * inv);
-  }
-#else
-  __trap();
 #endif
 }
 
@@ -929,14 +654,15 @@ bool bs_hopper_takes(int d) { return d == 128 || d == 256; }
 
 bool bs_fp8_takes(int d) { return d == 128; }
 
-upf_status bs_launch_fp8(const bs_args &a, const bs_fp8_args &f, int ntiles) {
+upf_status bs_launch_fp8(const bs_args &a, int ntiles) {
   static bool attr_set;
   const int64_t grid = (int64_t)ntiles * a.hkv * a.chunks;
   if (grid > INT32_MAX)
     return upf_fail(UPF_ERR_SHAPE, "attn.block_sparse (cuda, fp8): %lld CTAs exceed the grid", (long long)grid);
-  UPF_TRY(upf_cuda_smem_prepare(bs_fp8_kernel, F8_SMEM, false, &attr_set, "bs_fp8_kernel"));
-  bs_fp8_kernel<<<(unsigned)grid, BW_THREADS, F8_SMEM, upf_cuda_stream()>>>(a, f);
-  UPF_CUDA_LAUNCH_TRY("bs_fp8_kernel");
+  using W = bw_shape<128, true>;
+  UPF_TRY(upf_cuda_smem_prepare(bs_wgmma_kernel<128, false, true>, W::SMEM, false, &attr_set, "bs_wgmma_kernel (fp8)"));
+  bs_wgmma_kernel<128, false, true><<<(unsigned)grid, BW_THREADS, W::SMEM, upf_cuda_stream()>>>(a);
+  UPF_CUDA_LAUNCH_TRY("bs_wgmma_kernel (fp8)");
   return UPF_OK;
 }
 
