@@ -23,6 +23,12 @@
  *    units: log2(block_n) / (scale log2 e)) and mask the blocks the list keeps (each warp reads the list's
  *    run of [c0, c0 + BN) from a cursor: ascending entries, a ballot of 32 a step).
  *  - no soft-cap, no window, no LSE (the op has none).
+ *  - the FP8 form (FP8 = true, the fp8 variant; inputs quantised by cuda/attn_sparse_fp8.cu): one 128-byte
+ *    row holds a whole E4M3 row of Q or K, so Q is 16 KB and a stage 32 KB (the K tile and the transposed
+ *    V tile, 128 dims x 128 keys), 4 stages; both products are m64n128k32 in E4M3 (S from two descriptors,
+ *    P V with P from registers and V^T K-major); the logit scale takes q's and k's scales, the output v's
+ *    over BS_FP8_P_SCALE. Its producer copies K rows from k8 at the tile's kv_base, and for V each
+ *    sub-block's 64 keys of every dim row of vt8; the bf16 forms' code is untouched by it (same SASS).
  * Shared memory: D = 128: Q 32 KB + 3 stages x 64 KB + barriers = 230,512 bytes; D = 256 (BN = 64 keeps O
  * 128 + S 32 + P 16 accumulator registers): Q 64 KB + 2 stages x 64 KB + barriers = 197,712 bytes.
  * Measured (H100 SXM, Llama-3.1-8B shapes, one request, synthetic indices): every block kept, 1.25x the
