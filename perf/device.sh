@@ -7,7 +7,7 @@
 #   here:   perf/device.sh stage [--as NAME]          build (make all), pack .devbin/NAME.tar.xz (default bundle)
 #   there:  bash perf/device.sh COMMAND [options]     (carry [".devbin"]; [".devbin", ".whl"] for the FLA peer)
 #     verify [OPS...] [--quick]           upf verify of each op or prefix (default: every family), side by side
-#     sanitize [OPS...] [--tools LIST]    compute-sanitizer (memcheck,racecheck,synccheck) over `upf verify OP --quick`
+#     sanitize [OPS...] [--tools LIST]    compute-sanitizer (memcheck,racecheck,initcheck,synccheck) over `upf verify OP --quick`
 #     test                                test_upf, every CUnit suite with the device
 #     bench [--filter REGEX] [--reps N] [--ab VAR=a,b | --base BUNDLE]
 #                                         bench_upf JSON; --ab times A, B, A (A again: drift shows as A != A) with
@@ -720,7 +720,7 @@ verify | sanitize | test | bench | peers | profile | prefill | methods | serve |
 esac
 
 NAME=$CMD BUNDLE="" CAP="" ENVS=() ARGS=()
-QUICK="" TOOLS=memcheck,racecheck,synccheck FILTER="" REPS="" AB="" BASE=""
+QUICK="" TOOLS=memcheck,racecheck,initcheck,synccheck FILTER="" REPS="" AB="" BASE=""
 KERNEL="" SKIP=0 COUNT=1 NCUARGS=() RUNS="8192 32768 131072" RUNS_SET="" KEEPS=0.5,0.3,0.2 KEEPS_SET="" LAYERS="" ITERS=1 ALPHA="" SHARED=""
 while [ $# -gt 0 ]; do
   case $1 in

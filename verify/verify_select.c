@@ -24,6 +24,7 @@ typedef struct {
   int32_t block, sink, last_q, topk; /* 0: default */
   float p;                           /* 0: default */
   unsigned flags;
+  int32_t gen_max; /* > 0: num_reqs (up to MAX_GEN_REQS) lengths made by case_lens, lens unused */
 } select_case;
 
 /* The shape set of the issue: n = 1, n <= sink+L, n not a multiple of G, ragged batches mixing
@@ -48,10 +49,26 @@ static const select_case select_cases[] = {
     {"long n=16384 random", {16384}, 1, 8, 2, 128, UPF_DIST_RANDOM},
     {"batch of 8 mixed", {513, 1, 129, 2049, 1, 4096, 300, 1}, 8, 8, 2, 64, UPF_DIST_LOCAL},
     {"llama 128K one request", {131072}, 1, 32, 8, 128, UPF_DIST_HEAVY, .flags = CASE_LARGE},
+    /* scale (issue 28): 2^20 tokens in one request (score and index arithmetic past 2^31 elements of the
+     * keys' head-major view), and a batch of 256 requests of 1-2048 tokens */
+    {"llama 1M one request", {1048576}, 1, 32, 8, 128, UPF_DIST_HEAVY, .flags = CASE_LARGE},
+    {"256 requests of 1-2048", {0}, 256, 32, 8, 128, UPF_DIST_LOCAL, .flags = CASE_LARGE, .gen_max = 2048},
 };
 #define NUM_SELECT_CASES ((int)(sizeof select_cases / sizeof select_cases[0]))
 
 static const upf_dtype case_dtypes[] = {UPF_DTYPE_F32, UPF_DTYPE_BF16};
+
+enum { MAX_GEN_REQS = 256 };
+
+/* The case's lengths: its lens, or for a generated batch every fourth request a decode row (1) and the
+ * others spread over 2 .. gen_max by a fixed stride (no randomness: the case is the same everywhere). */
+static const int32_t *case_lens(const select_case *c, int32_t (*buf)[MAX_GEN_REQS]) {
+  if (!c->gen_max)
+    return c->lens;
+  for (int32_t r = 0; r < c->num_reqs && r < MAX_GEN_REQS; r++)
+    (*buf)[r] = r % 4 == 3 ? 1 : 2 + (int32_t)(((int64_t)r * 7919) % (c->gen_max - 1));
+  return *buf;
+}
 
 static upf_select_params case_params(const select_case *c) {
   upf_select_params p = upf_select_params_default();
@@ -110,7 +127,9 @@ static upf_status case_setup(const upf_backend *be, const select_case *c, upf_dt
   cr->c = c;
   cr->params = case_params(c);
   uint64_t seed = 0x5e1ec7ull * 1315423911ull + (uint64_t)(c - select_cases) * 7919u + (uint64_t)dtype;
-  UPF_TRY(upf_select_problem_make(&cr->pb, c->lens, c->num_reqs, c->hq, c->hkv, c->d, dtype, c->dist, seed));
+  int32_t gen[MAX_GEN_REQS];
+  UPF_TRY(upf_select_problem_make(&cr->pb, case_lens(c, &gen), c->num_reqs, c->hq, c->hkv, c->d, dtype, c->dist,
+                                  seed));
   cr->host = upf_select_problem_inputs(&cr->pb);
   cr->num_tokens = cr->pb.q.shape[0];
   cr->block_offset = malloc((size_t)(c->num_reqs + 1) * sizeof *cr->block_offset);
@@ -727,17 +746,28 @@ void upf_verify_compact_rows(upf_verify_ctx *ctx) {
     return;
   /* Row sizes that exercise the vector and the byte paths: hidden states (bf16 4096), fp32 rows,
    * odd byte counts. */
-  static const int64_t row_bytes_set[] = {8192, 4 * 128, 6, 1};
+  /* The last (full set only): 2^20 rows of 4096 bytes, 4 GiB, byte offsets past 2^32 (issue 28's scale). */
+  static const int64_t row_bytes_set[] = {8192, 4 * 128, 6, 1, 4096};
+  const int nsets = ctx->quick ? 4 : 5;
   const upf_backend *be = ctx->backend;
   upf_rng rng;
   upf_rng_seed(&rng, 77);
-  for (size_t s = 0; s < sizeof row_bytes_set / sizeof row_bytes_set[0]; s++) {
-    int64_t rows = 3001, row_bytes = row_bytes_set[s], kept = 0;
+  for (int s = 0; s < nsets; s++) {
+    int64_t rows = s == 4 ? (int64_t)1 << 20 : 3001, row_bytes = row_bytes_set[s], kept = 0;
     unsigned char *src = malloc((size_t)(rows * row_bytes)), *ref = malloc((size_t)(rows * row_bytes));
     unsigned char *got = malloc((size_t)(rows * row_bytes));
     int32_t *idx = malloc((size_t)rows * sizeof *idx);
-    for (int64_t i = 0; i < rows * row_bytes; i++)
-      src[i] = (unsigned char)upf_rng_next(&rng);
+    if (!src || !ref || !got || !idx) {
+      upf_check check;
+      memset(&check, 0, sizeof check);
+      snprintf(check.op, sizeof check.op, "%s", op);
+      snprintf(check.variant, sizeof check.variant, "setup");
+      record_status(ctx, &check, upf_fail(UPF_ERR_NOMEM, "host buffers of %lld rows", (long long)rows), "compact_rows");
+      free(src), free(ref), free(got), free(idx);
+      continue;
+    }
+    for (int64_t i = 0; i < rows * row_bytes; i++) /* 4 GiB: a hash of the byte's offset, cheaper than the generator */
+      src[i] = s < 4 ? (unsigned char)upf_rng_next(&rng) : (unsigned char)(((uint64_t)i * 0x9E3779B97F4A7C15ull) >> 56);
     for (int64_t i = 0; i < rows; i++)
       if (upf_rng_uniform(&rng) < 0.4f || i == rows - 1)
         idx[kept++] = (int32_t)i;
