@@ -307,6 +307,33 @@ static void test_bad_inputs(void) {
   upf_select_problem_free(&pb);
 }
 
+/* Scale (issue 28): the offsets of a 2^20-token request at Llama-3.1-8B heads (32 q heads, last_q 64)
+ * reach 2^31 scores exactly, past int32, and of 256 requests with one of 2^31 - 257 tokens the block
+ * offsets pass 2^25; both are 64-bit sums of the per-request sizes. */
+static void test_offsets_past_2_31(void) {
+  const upf_select_params p = upf_select_params_default();
+  const int32_t cu1[2] = {0, 1 << 20};
+  int64_t so[2], bo[2];
+  upf_select_score_offsets(cu1, 1, 32, &p, so);
+  upf_select_block_offsets(cu1, 1, p.block, bo);
+  CU_ASSERT_EQUAL(so[1], (int64_t)32 * p.last_q * (1 << 20));
+  CU_ASSERT(so[1] >= ((int64_t)1 << 31));
+  CU_ASSERT_EQUAL(bo[1], ((int64_t)1 << 20) / p.block);
+  int32_t cu[257];
+  int64_t so256[257], bo256[257];
+  cu[0] = 0;
+  for (int r = 0; r < 256; r++)
+    cu[r + 1] = cu[r] + (r == 255 ? INT32_MAX - 257 - cu[r] : 1);
+  upf_select_score_offsets(cu, 256, 32, &p, so256);
+  upf_select_block_offsets(cu, 256, p.block, bo256);
+  const int64_t n = (int64_t)cu[256] - cu[255];
+  CU_ASSERT_EQUAL(so256[256] - so256[255], (int64_t)32 * p.last_q * n);
+  CU_ASSERT(so256[256] > ((int64_t)1 << 40));
+  CU_ASSERT_EQUAL(bo256[256] - bo256[255], (n + p.block - 1) / p.block);
+  for (int r = 0; r < 255; r++) /* one-token requests: a decode row, no scores, one block */
+    CU_ASSERT(so256[r + 1] == so256[r] && bo256[r + 1] == bo256[r] + 1);
+}
+
 static CU_TestInfo select_tests[] = {
     {"golden part_gemm", test_golden_part_gemm},
     {"golden block_softmax", test_golden_block_softmax},
@@ -323,6 +350,7 @@ static CU_TestInfo select_tests[] = {
     {"deterministic", test_deterministic},
     {"golden regression (frozen mask)", test_golden_regression},
     {"bad inputs return their status", test_bad_inputs},
+    {"scale: score and block offsets past 2^31 in 64 bits (1M tokens, 256 requests)", test_offsets_past_2_31},
     CU_TEST_INFO_NULL,
 };
 
