@@ -32,7 +32,7 @@ CXXFLAGS += $(SAN)
 
 ifeq ($(CUDA),1)
 CPPFLAGS += -DUPF_HAVE_CUDA=1 -I$(CUDA_HOME)/include
-LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart_static -ldl -lrt -lstdc++
+LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcublasLt -lcudart_static -ldl -lrt -lstdc++
 CUDA_SRC := $(wildcard cuda/*.cu)
 else
 CUDA_SRC :=

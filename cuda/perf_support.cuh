@@ -48,6 +48,21 @@ upf_status upf_cuda_copy_bandwidth(size_t bytes, int reps, double *bytes_per_sec
  * equivalent of the MoE layer, its weights in the layer's (out, in) layout. */
 upf_status upf_cuda_gemm_bf16_nt(int64_t M, int64_t N, int64_t K, const void *A, const void *B, void *C);
 
+/* The projections' GEMM (upf_cuda_gemm_raw's NN form: c (M, N) = a (M, K) . b (K, N), bf16, fp32
+ * accumulation) through cublasLt, every algorithm its heuristic offers (up to 32) timed on the case's own
+ * buffers (3 warm-up calls, the median of 10, each alone between events), beside cublasGemmEx's own pick
+ * timed the same way; the plan keeps the fastest for _run. The question it answers: does the library pick
+ * the fastest kernel it has for our shapes (issue 25, perf/NOTES.md). */
+typedef struct upf_gemm_lt_plan upf_gemm_lt_plan;
+upf_status upf_cuda_gemm_lt_plan_create(int64_t M, int64_t K, int64_t N, const void *a, const void *b, void *c,
+                                        upf_gemm_lt_plan **plan);
+upf_status upf_cuda_gemm_lt_plan_run(const upf_gemm_lt_plan *plan); /* no wait */
+/* algorithms tried, the best one's heuristic rank (0: the heuristic's first), the best median and the
+ * cublasGemmEx median, seconds */
+void upf_cuda_gemm_lt_plan_stats(const upf_gemm_lt_plan *plan, int *algos, int *best_rank, double *best_s,
+                                 double *gemmex_s);
+void upf_cuda_gemm_lt_plan_destroy(upf_gemm_lt_plan *plan);
+
 #ifdef __cplusplus
 }
 #endif

@@ -2,7 +2,9 @@
  * projections and SwiGLU FFN at T = 8K..128K (TFLOP/s and the share of the measured cuBLAS ceiling),
  * Gemma-3's GeGLU FFN, and the memory-bound ops (activation-and-multiply, the norms, RoPE, the gated
  * output, embedding, last-token logits: TB/s and the share of the measured copy bandwidth). Also
- * "gemm_ceiling", the ceiling itself: one large square bf16 cublasGemmEx (8192^3, backend->gemm).
+ * "gemm_ceiling", the ceiling itself: one large square bf16 cublasGemmEx (8192^3, backend->gemm), and
+ * "gemm_lt_best", each projection shape through the fastest of cublasLt's algorithms for it, with
+ * cublasGemmEx's time for the same shape in the same sweep (does cuBLAS pick its fastest kernel for us?).
  * CUDA cases verify their op against the CPU reference (the op's quick verify set) before any
  * timing, warm up, time each iteration with device events and flush L2 before each iteration when
  * the working set is under three L2s. CPU cases are a few small shapes, wall clock. */
@@ -33,6 +35,7 @@
 typedef enum {
   K_CEILING,
   K_GEMM,
+  K_GEMM_LT, /* the same GEMM through cublasLt's fastest algorithm for the shape (a sweep on first use) */
   K_FFN,
   K_ACT,
   K_RMS,
@@ -62,6 +65,7 @@ typedef struct {
   size_t bytes[MAX_BUFS];
   int32_t *cu_host; /* logits: (B+1) */
   int flush;        /* flush L2 before each timed iteration */
+  void *lt_plan;    /* K_GEMM_LT: upf_gemm_lt_plan */
 } dense_case;
 
 /* ---- the cases ---- */
@@ -88,6 +92,13 @@ static dense_case cases[] = {
     CU("gemm/cuda/bf16/llama_down", K_GEMM, 8192, L_I, L_H),
     CU("gemm/cuda/bf16/llama_down", K_GEMM, 32768, L_I, L_H),
     CU("gemm/cuda/bf16/llama_down", K_GEMM, 131072, L_I, L_H),
+    /* cublasLt's algorithms for the projections, the fastest of each shape against cublasGemmEx's pick */
+    CU("gemm_lt_best/cuda/bf16/llama_qkv", K_GEMM_LT, 8192, L_H, 6144),
+    CU("gemm_lt_best/cuda/bf16/llama_o", K_GEMM_LT, 8192, L_H, L_H),
+    CU("gemm_lt_best/cuda/bf16/llama_gate_up", K_GEMM_LT, 8192, L_H, 2 * L_I),
+    CU("gemm_lt_best/cuda/bf16/llama_down", K_GEMM_LT, 8192, L_I, L_H),
+    CU("gemm_lt_best/cuda/bf16/llama_gate_up", K_GEMM_LT, 32768, L_H, 2 * L_I),
+    CU("gemm_lt_best/cuda/bf16/llama_down", K_GEMM_LT, 32768, L_I, L_H),
     /* the whole FFN, activation included */
     CU("ffn/cuda/bf16/llama_swiglu", K_FFN, 8192, L_H, L_I),
     CU("ffn/cuda/bf16/llama_swiglu", K_FFN, 16384, L_H, L_I),
@@ -170,6 +181,7 @@ static int case_buffers(const dense_case *c, size_t *bytes) {
   switch (c->kind) {
   case K_CEILING:
   case K_GEMM: /* a (T, K), b (K, N), c (T, N) */
+  case K_GEMM_LT:
     bytes[0] = T * a * es, bytes[1] = a * b * es, bytes[2] = T * b * es;
     return 3;
   case K_FFN: /* x, w_gate_up, w_down, y */
@@ -220,6 +232,7 @@ static dense_work case_work(const dense_case *c) {
   switch (c->kind) {
   case K_CEILING:
   case K_GEMM:
+  case K_GEMM_LT:
     w.flops = 2.0 * T * a * b;
     w.bytes = (T * a + a * b + T * b) * es;
     break;
@@ -262,6 +275,7 @@ static upf_op case_op(bench_kind k) {
   switch (k) {
   case K_CEILING:
   case K_GEMM:
+  case K_GEMM_LT:
     return UPF_OP_GEMM;
   case K_FFN:
     return UPF_OP_FFN_GATED;
@@ -323,6 +337,10 @@ static void case_release(void *ctx) {
   free(c->cu_host);
   c->cu_host = NULL;
   c->ready = 0;
+#ifdef UPF_HAVE_CUDA
+  upf_cuda_gemm_lt_plan_destroy(c->lt_plan);
+#endif
+  c->lt_plan = NULL;
 }
 
 static dense_case *live_case; /* one case holds its (up to tens of GB of) buffers at a time */
@@ -361,7 +379,7 @@ static upf_status case_prepare(dense_case *c, const upf_backend *be) {
     } else if (!(c->kind == K_LOGITS && i == 3)) {
       /* weights scaled 1/sqrt(fan-in) so activations stay O(1); norms' weights near 1 */
       float std = 1.0f;
-      if ((c->kind == K_GEMM || c->kind == K_CEILING) && i == 1)
+      if ((c->kind == K_GEMM || c->kind == K_GEMM_LT || c->kind == K_CEILING) && i == 1)
         std = 1.0f / sqrtf((float)c->a);
       if (c->kind == K_FFN && i == 1)
         std = 1.0f / sqrtf((float)c->a);
@@ -405,6 +423,12 @@ static upf_status case_call(const dense_case *c, const upf_backend *be) {
     upf_tensor_init(&t1, c->buf[1], dt, 2, (const int64_t[2]){a, b});
     upf_tensor_init(&t2, c->buf[2], dt, 2, (const int64_t[2]){T, b});
     return be->gemm(&t0, &t1, &t2);
+  case K_GEMM_LT:
+#ifdef UPF_HAVE_CUDA
+    return upf_cuda_gemm_lt_plan_run(c->lt_plan);
+#else
+    return upf_fail(UPF_ERR_UNSUPPORTED, "gemm_lt_best: built without CUDA");
+#endif
   case K_FFN:
     upf_tensor_init(&t0, c->buf[0], dt, 2, (const int64_t[2]){T, a});
     upf_tensor_init(&t1, c->buf[1], dt, 2, (const int64_t[2]){a, 2 * b});
@@ -535,7 +559,7 @@ static void bench_cuda(upf_bench_state *st, void *ctx) {
     upf_bench_skip_with_error(st, "not timed, verification against the CPU reference failed: %s", why);
     return;
   }
-  int compute_bound = c->kind == K_GEMM || c->kind == K_FFN || c->kind == K_CEILING;
+  int compute_bound = c->kind == K_GEMM || c->kind == K_GEMM_LT || c->kind == K_FFN || c->kind == K_CEILING;
   if (compute_bound && c->kind != K_CEILING && gemm_ceiling(&gemm_peak) != UPF_OK) {
     upf_bench_skip_with_error(st, "%s", upf_last_error());
     return;
@@ -546,6 +570,12 @@ static void bench_cuda(upf_bench_state *st, void *ctx) {
   }
   if (case_prepare(c, be) != UPF_OK) {
     upf_bench_skip_with_error(st, "preparing inputs: %s", upf_last_error());
+    return;
+  }
+  if (c->kind == K_GEMM_LT && !c->lt_plan &&
+      upf_cuda_gemm_lt_plan_create(c->T, c->a, c->b, c->buf[0], c->buf[1], c->buf[2],
+                                   (upf_gemm_lt_plan **)&c->lt_plan) != UPF_OK) {
+    upf_bench_skip_with_error(st, "cublasLt sweep: %s", upf_last_error());
     return;
   }
   dense_work w = case_work(c);
@@ -560,6 +590,15 @@ static void bench_cuda(upf_bench_state *st, void *ctx) {
     upf_bench_set_counter(st, UPF_BENCH_CUBLAS_SHARE, w.flops * per_second / gemm_peak, UPF_BENCH_COUNTER_VALUE);
   if (per_second > 0.0 && !compute_bound)
     upf_bench_set_counter(st, UPF_BENCH_COPY_SHARE, w.bytes * per_second / copy_bw, UPF_BENCH_COUNTER_VALUE);
+  if (c->kind == K_GEMM_LT) { /* the sweep's own medians: the best algorithm and cublasGemmEx, same buffers */
+    int algos = 0, rank = 0;
+    double best_s = 0.0, gemmex_s = 0.0;
+    upf_cuda_gemm_lt_plan_stats(c->lt_plan, &algos, &rank, &best_s, &gemmex_s);
+    upf_bench_set_counter(st, "lt_algos", algos, UPF_BENCH_COUNTER_VALUE);
+    upf_bench_set_counter(st, "lt_best_rank", rank, UPF_BENCH_COUNTER_VALUE);
+    upf_bench_set_counter(st, "gemmex_ms", 1e3 * gemmex_s, UPF_BENCH_COUNTER_VALUE);
+    upf_bench_set_counter(st, "gemmex_over_best", best_s > 0.0 ? gemmex_s / best_s : 0.0, UPF_BENCH_COUNTER_VALUE);
+  }
 #endif
 }
 
