@@ -62,3 +62,12 @@ void upf_rng_fill_uniform(upf_rng *rng, float *x, int64_t n, float lo, float hi)
   for (int64_t i = 0; i < n; i++)
     x[i] = lo + (hi - lo) * upf_rng_uniform(rng);
 }
+
+uint64_t upf_mix64(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ull;
+  x ^= x >> 33;
+  return x;
+}

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fuzz/spm_vocab.h"
 #include "uniprefill/tokenizer.h"
 
 static upf_tokenizer *toks[3];
@@ -59,23 +60,11 @@ static upf_tokenizer *build_bpe(upf_tokenizer_pre pre) {
 static upf_tokenizer *build_spm(void) {
   static const char *const words[] = {"\xe2\x96\x81", "\xe2\x96\x81hello", "\xe2\x96\x81world", "h", "e", "l", "o",
                                       "\xe2\x96\x81w", "or", "ld", "ll", "he", "<|im_start|>"};
-  enum { NW = sizeof words / sizeof *words, N = 3 + 256 + NW };
+  enum { NW = sizeof words / sizeof *words, N = FUZZ_SPM_FIXED + NW };
   char *texts[N];
   int32_t types[N];
   float scores[N];
-  for (int i = 0; i < N; i++) {
-    char buf[32];
-    if (i < 3)
-      snprintf(buf, sizeof buf, "%s", i == 0 ? "<unk>" : i == 1 ? "<s>" : "</s>");
-    else if (i < 259)
-      snprintf(buf, sizeof buf, "<0x%02X>", i - 3);
-    else
-      snprintf(buf, sizeof buf, "%s", words[i - 259]);
-    texts[i] = strdup(buf);
-    types[i] = i == 0 ? UPF_TOKEN_UNKNOWN : i < 3 || i == N - 1 ? UPF_TOKEN_CONTROL : i < 259 ? UPF_TOKEN_BYTE
-                                                                                               : UPF_TOKEN_NORMAL;
-    scores[i] = i < 259 ? 0.0f : -(float)(i - 259);
-  }
+  fuzz_spm_vocab(words, NW, UPF_TOKEN_CONTROL, texts, types, scores);
   upf_tokenizer_vocab v = {.model = UPF_TOKENIZER_SPM, .n_tokens = N, .tokens = (const char *const *)texts,
                            .scores = scores, .types = types, .bos_id = 1, .eos_id = 2, .unk_id = 0, .pad_id = -1,
                            .add_bos = 1, .add_space_prefix = 1};

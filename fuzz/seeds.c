@@ -10,6 +10,7 @@
 
 #include "uniprefill/gguf.h"
 #include "uniprefill/npy.h"
+#include "fuzz/spm_vocab.h"
 #include "uniprefill/tokenizer.h"
 
 static const char *root;
@@ -116,25 +117,13 @@ static void gguf_seeds(void) {
   gguf("llama-bpe.gguf", w);
 
   /* SentencePiece: <unk>, <s>, </s>, the 256 byte tokens, a few words with scores */
-  enum { NW = 6, N = 3 + 256 + NW };
+  enum { NW = 6, N = FUZZ_SPM_FIXED + NW };
   static const char *const words[NW] = {"\xe2\x96\x81", "\xe2\x96\x81hello", "\xe2\x96\x81world", "he", "llo",
                                         "<|im_start|>"};
   char *texts[N];
   int32_t types[N];
   float scores[N];
-  for (int i = 0; i < N; i++) {
-    char buf[32];
-    if (i < 3)
-      snprintf(buf, sizeof buf, "%s", i == 0 ? "<unk>" : i == 1 ? "<s>" : "</s>");
-    else if (i < 259)
-      snprintf(buf, sizeof buf, "<0x%02X>", i - 3);
-    else
-      snprintf(buf, sizeof buf, "%s", words[i - 259]);
-    texts[i] = strdup(buf);
-    types[i] = i == 0 ? UPF_TOKEN_UNKNOWN : i < 3 ? UPF_TOKEN_CONTROL : i < 259 ? UPF_TOKEN_BYTE
-               : i == N - 1 ? UPF_TOKEN_USER_DEFINED : UPF_TOKEN_NORMAL;
-    scores[i] = i < 259 ? 0.0f : -(float)i;
-  }
+  fuzz_spm_vocab(words, NW, UPF_TOKEN_USER_DEFINED, texts, types, scores);
   OK(upf_gguf_writer_create(&w));
   OK(upf_gguf_writer_set_version(w, 2));
   OK(upf_gguf_set_str(w, "general.architecture", "llama"));

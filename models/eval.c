@@ -206,6 +206,15 @@ upf_status upf_eval_prefill_nll(const upf_model *m, const int32_t *ids, int64_t 
 
 /* The answer check of upf_eval_check_answer (sel: UniPrefill) and upf_eval_check_answer_sparse (sparse:
  * FlashPrefill); both NULL: dense. */
+/* The run's kept share of key blocks, overall and per sparse layer (1 where a layer saw none). */
+static void sparse_shares(const upf_prefill_result *res, upf_eval_answer *out) {
+  out->kept_share = upf_prefill_kept_share(res);
+  out->num_sparse = res->num_sparse;
+  for (int32_t i = 0; i < res->num_sparse; i++)
+    out->layer_kept_share[i] =
+        res->sparse[i].visible_blocks ? (double)res->sparse[i].kept_blocks / (double)res->sparse[i].visible_blocks : 1.0;
+}
+
 static upf_status check_answer(const upf_model *m, const int32_t *prompt, int64_t P, const int32_t *answer, int64_t A,
                                const upf_select_params *sel, const upf_sparse_params *sparse, upf_eval_answer *out) {
   memset(out, 0, sizeof *out);
@@ -254,12 +263,7 @@ static upf_status check_answer(const upf_model *m, const int32_t *prompt, int64_
     out->correct = upf_eval_answer_correct(argmax, answer, A);
     if (sparse) {
       out->prompt_first = out->first; /* one run: nothing to disagree with */
-      out->kept_share = upf_prefill_kept_share(&res);
-      out->num_sparse = res.num_sparse;
-      for (int32_t i = 0; i < res.num_sparse; i++)
-        out->layer_kept_share[i] = res.sparse[i].visible_blocks
-                                       ? (double)res.sparse[i].kept_blocks / (double)res.sparse[i].visible_blocks
-                                       : 1.0;
+      sparse_shares(&res, out);
     }
   }
   upf_prefill_result_free(&res);
@@ -411,12 +415,7 @@ upf_status upf_eval_check_answer_chunked(const upf_model *m, const int32_t *prom
     out->first = out->prompt_first = argmax[0];
     out->num_drops = res.num_drops;
     upf_eval_keep_ratios(&res, P, out->keep);
-    out->kept_share = upf_prefill_kept_share(&res);
-    out->num_sparse = res.num_sparse;
-    for (int32_t i = 0; i < res.num_sparse; i++)
-      out->layer_kept_share[i] = res.sparse[i].visible_blocks
-                                     ? (double)res.sparse[i].kept_blocks / (double)res.sparse[i].visible_blocks
-                                     : 1.0;
+    sparse_shares(&res, out);
   }
   /* teacher forcing, as decode would run it: each answer token fed after the prompt's cache */
   for (int64_t i = 1; st == UPF_OK && i < A; i++) {

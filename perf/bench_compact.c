@@ -148,7 +148,7 @@ static int same_shape(const cb_case *a, const cb_case *b) {
          a->hkv == b->hkv && a->d == b->d && a->page == b->page && a->block_n == b->block_n;
 }
 
-static double unit(uint64_t key) { return (double)(upf_bench_mix64(CB_SEED ^ key) >> 11) * 0x1.0p-53; }
+static double unit(uint64_t key) { return (double)(upf_mix64(CB_SEED ^ key) >> 11) * 0x1.0p-53; }
 
 /* ---- Inputs: perf/bench_planted.h's planted blocks; q rows are the chunk's (key positions total -
  * chunk ..), k and v the cache's. The cache's pages are the identity (page i holds keys i P ..), so key

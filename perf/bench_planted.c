@@ -17,15 +17,6 @@ static struct {
   float u[8 * 256]; /* (Hkv <= 8, D <= 256) */
 } gen;
 
-uint64_t upf_bench_mix64(uint64_t x) {
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdull;
-  x ^= x >> 33;
-  x *= 0xc4ceb9fe1a85ec53ull;
-  x ^= x >> 33;
-  return x;
-}
-
 static void gen_init(uint64_t seed) {
   if (gen.ready && gen.seed == seed)
     return;
@@ -45,7 +36,7 @@ void upf_planted_rows(const upf_planted *p, upf_planted_kind kind, int64_t t0, i
       const int64_t kvh = kind == UPF_PLANTED_Q ? h / g : h;
       double sign = kind == UPF_PLANTED_Q ? 1.0 : 0.0;
       if (kind == UPF_PLANTED_K)
-        sign = upf_bench_mix64(p->seed ^ ((uint64_t)kvh << 40) ^ (uint64_t)(t / p->block_n)) % 10 < 3 ? 1.0 : -1.0;
+        sign = upf_mix64(p->seed ^ ((uint64_t)kvh << 40) ^ (uint64_t)(t / p->block_n)) % 10 < 3 ? 1.0 : -1.0;
       for (int64_t e = 0; e < D; e++) {
         const int64_t i = (t * heads + h) * D + e, o = ((t - t0) * heads + h) * D + e;
         const float noise = gen.pool[(uint64_t)(i + 7 * kind) * 40503u % POOL];

@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "uniprefill/backend.h"
+#include "uniprefill/rng.h" /* upf_mix64: the benchmarks' deterministic choices */
 
 #ifdef __cplusplus
 extern "C" {
@@ -23,8 +24,6 @@ typedef struct {
   uint64_t seed;
 } upf_planted;
 
-/* A 64-bit finaliser (murmur3's): the benchmarks' deterministic choices. */
-uint64_t upf_bench_mix64(uint64_t x);
 /* Rows [t0, t1) of `kind` into dst ((t1 - t0), heads, d) in p->dt: q rows have hq heads, k and v rows hkv;
  * key row t is key position t (block t / block_n). */
 void upf_planted_rows(const upf_planted *p, upf_planted_kind kind, int64_t t0, int64_t t1, void *dst);

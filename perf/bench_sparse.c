@@ -127,7 +127,7 @@ static upf_status build_index(const sb_case *c, int32_t **row_ptr, int32_t **blo
       const double prob = want > 0.0 && cand > 0.0 ? want / cand : 0.0;
       rp[s] = (int32_t)n;
       for (int32_t b = 0; b <= t.last_k; b++) {
-        const double x = (double)(upf_bench_mix64(SB_SEED ^ ((uint64_t)s << 24) ^ (uint64_t)b) >> 11) * 0x1.0p-53;
+        const double x = (double)(upf_mix64(SB_SEED ^ ((uint64_t)s << 24) ^ (uint64_t)b) >> 11) * 0x1.0p-53;
         if (forced_keep(&t, &c->p, b) || x < prob) {
           if (pass)
             bl[n] = b;

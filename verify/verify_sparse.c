@@ -169,20 +169,11 @@ static void run_means_tensor(const sparse_run *sr, void *data, upf_tensor *t) {
   upf_tensor_init(t, data, sr->dt, 4, s);
 }
 
-static uint64_t mix64(uint64_t x) {
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdull;
-  x ^= x >> 33;
-  x *= 0xc4ceb9fe1a85ec53ull;
-  x ^= x >> 33;
-  return x;
-}
-
 /* 30% of the (request, KV head, block)s are hot: 3 of every 10 consecutive blocks (7 b runs through every
  * residue mod 10), at an offset of the seed, the request and the head, so that no short request is left
  * all cold or all hot. */
 static int hot_block(uint64_t seed, int32_t r, int64_t h, int64_t b) {
-  return (mix64(seed ^ ((uint64_t)r << 48) ^ ((uint64_t)h << 32)) + (uint64_t)b * 7) % 10 < 3;
+  return (upf_mix64(seed ^ ((uint64_t)r << 48) ^ ((uint64_t)h << 32)) + (uint64_t)b * 7) % 10 < 3;
 }
 
 /* Normals from a pool by random index, one generator step each: the long cases hold 10^8 values. */

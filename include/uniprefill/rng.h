@@ -23,6 +23,10 @@ float upf_rng_normal(upf_rng *rng);
 /* Uniform integer in [0, n). */
 uint64_t upf_rng_below(upf_rng *rng, uint64_t n);
 
+/* A stateless 64-bit mix (MurmurHash3's finalizer): a well-spread hash of a key, for values that must
+ * depend only on their coordinates (a hot block, a planted score), not on the order they are drawn in. */
+uint64_t upf_mix64(uint64_t x);
+
 void upf_rng_fill_normal(upf_rng *rng, float *x, int64_t n, float mean, float std);
 void upf_rng_fill_uniform(upf_rng *rng, float *x, int64_t n, float lo, float hi);
 
