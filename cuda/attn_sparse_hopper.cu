@@ -31,10 +31,9 @@
  *    sub-block's 64 keys of every dim row of vt8; the bf16 forms' code is untouched by it (same SASS).
  * Shared memory: D = 128: Q 32 KB + 3 stages x 64 KB + barriers = 230,512 bytes; D = 256 (BN = 64 keeps O
  * 128 + S 32 + P 16 accumulator registers): Q 64 KB + 2 stages x 64 KB + barriers = 197,712 bytes.
- * Measured (H100 SXM, Llama-3.1-8B shapes, one request, synthetic indices): every block kept, 1.25x the
- * dense kernel's time at 128K (480 against 602 TFLOP/s) and bit-equal output; about 10% kept, 1.37-1.57x
- * of (dense time x kept share) at 128K, 1.43-1.81x at 32K, where each CTA has few tiles to spread its
- * fixed costs (barrier setup, Q, the first tile's wait, the store) over. */
+ * Its distance from (dense time x kept share) grows as the share falls and at shorter prompts: each CTA
+ * then has few tiles to spread its fixed costs (barrier setup, Q, the first tile's wait, the store) over
+ * (numbers: perf/NOTES.md, the FlashPrefill V2 outcome). */
 #include <math.h>
 
 #include <type_traits>
