@@ -1,6 +1,6 @@
-/* The FP8 variant of attn.block_sparse (attn.block_sparse=fp8; bf16 in and out, D = 128): the E4M3 copies its
- * kernel (cuda/attn_sparse_hopper.cu, bs_wgmma_kernel<128, false, true>) reads, made on the stream before it runs, with no host
- * round trip. Two passes over q, the requests' K/V rows (contiguous or through the page table; a cache slot
+/* The FP8 variant of attn.block_sparse (attn.block_sparse=fp8; bf16 in and out, D = 128): the E4M3 copies
+ * its kernel (cuda/attn_sparse_hopper.cu, bs_wgmma_kernel<128, false, true>) reads, made on the stream
+ * before it runs, with no host round trip. Two passes over q, the requests' K/V rows (contiguous or through the page table; a cache slot
  * no request owns is never read) and, with mean correction, the means of each request's key blocks: the
  * first takes max |x| per tensor (q; k with kbar; v with vbar) into device words, the second reads the
  * power-of-two scales from them (uniprefill/fp8.h) and writes x / scale rounded to E4M3 (saturating):
@@ -89,7 +89,8 @@ __device__ __forceinline__ float inv_scale(const uint32_t *amax, int i) {
 }
 
 /* q: 16 elements a thread (8 a row of D = 128). QUANT = false: max |q| into amax[0]. */
-template <bool QUANT> __global__ void fp8_q_kernel(const __grid_constant__ bs_args a, const __grid_constant__ fp8_prep f) {
+template <bool QUANT>
+__global__ void fp8_q_kernel(const __grid_constant__ bs_args a, const __grid_constant__ fp8_prep f) {
   const int64_t n = f.tq * a.hq * 8;
   const float inv = QUANT ? inv_scale(f.amax, 0) : 0.0f;
   float m = 0.0f;
@@ -201,7 +202,8 @@ __global__ void __launch_bounds__(QZ_THREADS) fp8_rows_kernel(const __grid_const
 
 template <bool QUANT> upf_status launch_passes(const bs_args &a, const fp8_prep &f, bool paged, bool means) {
   const int64_t qchunks = f.tq * a.hq * 8;
-  const unsigned qgrid = (unsigned)std::min<int64_t>((qchunks + QZ_THREADS - 1) / QZ_THREADS, 8 * 132);
+  const unsigned qgrid =
+      (unsigned)std::min<int64_t>((qchunks + QZ_THREADS - 1) / QZ_THREADS, 8 * (int64_t)upf_cuda_num_sms());
   if (qchunks > 0) {
     fp8_q_kernel<QUANT><<<qgrid, QZ_THREADS, 0, upf_cuda_stream()>>>(a, f);
     UPF_CUDA_LAUNCH_TRY("fp8_q_kernel");

@@ -210,9 +210,10 @@ upf_status upf_eval_prefill_nll(const upf_model *m, const int32_t *ids, int64_t 
 static void sparse_shares(const upf_prefill_result *res, upf_eval_answer *out) {
   out->kept_share = upf_prefill_kept_share(res);
   out->num_sparse = res->num_sparse;
-  for (int32_t i = 0; i < res->num_sparse; i++)
-    out->layer_kept_share[i] =
-        res->sparse[i].visible_blocks ? (double)res->sparse[i].kept_blocks / (double)res->sparse[i].visible_blocks : 1.0;
+  for (int32_t i = 0; i < res->num_sparse; i++) {
+    const upf_sparse_record *l = &res->sparse[i];
+    out->layer_kept_share[i] = l->visible_blocks ? (double)l->kept_blocks / (double)l->visible_blocks : 1.0;
+  }
 }
 
 static upf_status check_answer(const upf_model *m, const int32_t *prompt, int64_t P, const int32_t *answer, int64_t A,
