@@ -157,6 +157,12 @@ extern "C" cublasHandle_t upf_cuda_cublas(void) {
   return g.cublas;
 }
 
+extern "C" void *upf_cuda_cublas_workspace(size_t *bytes) {
+  std::lock_guard<std::mutex> guard(g.lock);
+  *bytes = g.cublas_workspace ? CUBLAS_WORKSPACE_BYTES : 0;
+  return g.cublas_workspace;
+}
+
 extern "C" int upf_cuda_num_sms(void) { return g.num_sms; }
 extern "C" size_t upf_cuda_smem_optin(void) { return g.smem_optin; }
 

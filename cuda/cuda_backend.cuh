@@ -28,6 +28,9 @@ upf_status upf_cuda_init(void);
  * error recorded) when the device or cuBLAS cannot be initialised. Callers that change its math or
  * pointer mode put the previous setting back. */
 cublasHandle_t upf_cuda_cublas(void);
+/* The device workspace of that handle (NULL with 0 bytes when cuBLAS runs on its own default), for
+ * cublasLt calls on the same stream. Valid after upf_cuda_cublas() succeeded. */
+void *upf_cuda_cublas_workspace(size_t *bytes);
 
 /* Multiprocessor count and opt-in shared memory per block of the current device (after init). */
 int upf_cuda_num_sms(void);

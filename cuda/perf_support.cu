@@ -2,7 +2,7 @@
  * backend's stream, so timers and flushes order with the kernels they measure. */
 #include "cuda/perf_support.cuh"
 
-#include <cublasLt.h>
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cuda/cuda_backend.cuh"
+#include "cuda/gemm.cuh"
 
 #define PERF_CUDA_TRY(call)                                                                          \
   do {                                                                                               \
@@ -222,11 +223,12 @@ extern "C" upf_status upf_cuda_gemm_bf16_nt(int64_t M, int64_t N, int64_t K, con
   return UPF_OK;
 }
 
-namespace {
-
-constexpr int LT_MAX_ALGOS = 32;
-constexpr size_t LT_WORKSPACE = (size_t)32 << 20; /* as the cuBLAS handle's (cuda_backend.cu) */
-constexpr int LT_WARM = 3, LT_REPS = 10;
+struct upf_gemm_lt_plan {
+  const upf_gemm_lt_choice *choice; /* owned by the lt-tuned variant's cache (cuda/gemm.cu) */
+  const void *a, *b;
+  void *c;
+  int64_t M, K, N;
+};
 
 #define PERF_LT_TRY(call)                                                                                     \
   do {                                                                                                        \
@@ -235,62 +237,6 @@ constexpr int LT_WARM = 3, LT_REPS = 10;
       return upf_fail(UPF_ERR_CUDA, "perf_support: %s failed: %s (%d)", #call, cublasGetStatusString(perf_lt_), \
                       (int)perf_lt_);                                                                         \
   } while (0)
-
-/* The median device time of LT_REPS calls of f, each between its own events, after LT_WARM. */
-template <typename F> upf_status median_call(F f, double *seconds) {
-  upf_cuda_timer *t = nullptr;
-  UPF_TRY(upf_cuda_timer_create(&t));
-  upf_status st = UPF_OK;
-  double times[LT_REPS];
-  for (int i = 0; st == UPF_OK && i < LT_WARM; i++)
-    st = f();
-  for (int i = 0; st == UPF_OK && i < LT_REPS; i++) {
-    st = upf_cuda_timer_start(t);
-    if (st == UPF_OK)
-      st = f();
-    if (st == UPF_OK)
-      st = upf_cuda_timer_stop(t, &times[i]);
-  }
-  upf_cuda_timer_destroy(t);
-  UPF_TRY(st);
-  std::sort(times, times + LT_REPS);
-  *seconds = times[LT_REPS / 2];
-  return UPF_OK;
-}
-
-} // namespace
-
-struct upf_gemm_lt_plan {
-  cublasLtHandle_t lt;
-  cublasLtMatmulDesc_t op;
-  cublasLtMatrixLayout_t la, lb, lc;
-  cublasLtMatmulAlgo_t algo;
-  void *ws;
-  const void *a, *b;
-  void *c;
-  int64_t M, K, N;
-  int algos, best_rank;
-  double best_s, gemmex_s;
-};
-
-static upf_status lt_call(const upf_gemm_lt_plan *p, const cublasLtMatmulAlgo_t *algo) {
-  const float one = 1.0f, zero = 0.0f;
-  /* column-major c^T (N, M) = b^T (N, K) . a^T (K, M): A = b, B = a, the row-major buffers as they are */
-  PERF_LT_TRY(cublasLtMatmul(p->lt, p->op, &one, p->b, p->la, p->a, p->lb, &zero, p->c, p->lc, p->c, p->lc, algo,
-                             p->ws, LT_WORKSPACE, upf_cuda_stream()));
-  return UPF_OK;
-}
-
-static upf_status gemmex_call(const upf_gemm_lt_plan *p) {
-  cublasHandle_t h = upf_cuda_cublas();
-  if (!h)
-    return UPF_ERR_CUDA;
-  const float one = 1.0f, zero = 0.0f;
-  PERF_LT_TRY(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, (int)p->N, (int)p->M, (int)p->K, &one, p->b, CUDA_R_16BF,
-                           (int)p->N, p->a, CUDA_R_16BF, (int)p->K, &zero, p->c, CUDA_R_16BF, (int)p->N,
-                           CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-  return UPF_OK;
-}
 
 static float bf16_bits_to_float(uint16_t h) {
   const uint32_t u = (uint32_t)h << 16;
@@ -310,99 +256,59 @@ static upf_status lt_plan_check(const upf_gemm_lt_plan *p) {
     return upf_fail(UPF_ERR_NOMEM, "perf_support: host copies of a %lld x %lld product", (long long)p->M,
                     (long long)p->N);
   }
-  UPF_TRY(gemmex_call(p));
+  cublasHandle_t h = upf_cuda_cublas();
+  if (!h)
+    return UPF_ERR_CUDA;
+  const float one = 1.0f, zero = 0.0f;
+  PERF_LT_TRY(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, (int)p->N, (int)p->M, (int)p->K, &one, p->b, CUDA_R_16BF,
+                           (int)p->N, p->a, CUDA_R_16BF, (int)p->K, &zero, p->c, CUDA_R_16BF, (int)p->N,
+                           CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   PERF_CUDA_TRY(cudaMemcpyAsync(want.data(), p->c, n * 2, cudaMemcpyDeviceToHost, upf_cuda_stream()));
-  UPF_TRY(lt_call(p, &p->algo));
+  UPF_TRY(upf_cuda_gemm_lt_run(p->choice, p->a, p->b, p->c));
   PERF_CUDA_TRY(cudaMemcpyAsync(got.data(), p->c, n * 2, cudaMemcpyDeviceToHost, upf_cuda_stream()));
   PERF_CUDA_TRY(cudaStreamSynchronize(upf_cuda_stream()));
   for (size_t i = 0; i < n; i++) {
     const float w = bf16_bits_to_float(want[i]), g = bf16_bits_to_float(got[i]);
     if (!(fabsf(g - w) <= 0x1p-7f * (1.0f + fabsf(w))))
-      return upf_fail(UPF_ERR_CUDA, "perf_support: cublasLt algorithm %d gives c[%zu] = %g, cublasGemmEx %g",
-                      p->best_rank, i, (double)g, (double)w);
+      return upf_fail(UPF_ERR_CUDA, "perf_support: the chosen cublasLt algorithm gives c[%zu] = %g, cublasGemmEx %g", i,
+                      (double)g, (double)w);
   }
   return UPF_OK;
 }
 
-static upf_status lt_plan_build(upf_gemm_lt_plan *p) {
-  PERF_LT_TRY(cublasLtCreate(&p->lt));
-  PERF_LT_TRY(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  PERF_LT_TRY(cublasLtMatrixLayoutCreate(&p->la, CUDA_R_16BF, (uint64_t)p->N, (uint64_t)p->K, p->N));
-  PERF_LT_TRY(cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_16BF, (uint64_t)p->K, (uint64_t)p->M, p->K));
-  PERF_LT_TRY(cublasLtMatrixLayoutCreate(&p->lc, CUDA_R_16BF, (uint64_t)p->N, (uint64_t)p->M, p->N));
-  PERF_CUDA_TRY(cudaMalloc(&p->ws, LT_WORKSPACE));
-  cublasLtMatmulPreference_t pref = nullptr;
-  PERF_LT_TRY(cublasLtMatmulPreferenceCreate(&pref));
-  size_t wsb = LT_WORKSPACE;
-  cublasStatus_t cs = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb,
-                                                           sizeof wsb);
-  cublasLtMatmulHeuristicResult_t res[LT_MAX_ALGOS];
-  int n = 0;
-  if (cs == CUBLAS_STATUS_SUCCESS)
-    cs = cublasLtMatmulAlgoGetHeuristic(p->lt, p->op, p->la, p->lb, p->lc, p->lc, pref, LT_MAX_ALGOS, res, &n);
-  cublasLtMatmulPreferenceDestroy(pref);
-  if (cs != CUBLAS_STATUS_SUCCESS || n == 0)
-    return upf_fail(UPF_ERR_CUDA, "perf_support: cublasLt offers no algorithm for %lld x %lld x %lld: %s",
-                    (long long)p->M, (long long)p->K, (long long)p->N, cublasGetStatusString(cs));
-  UPF_TRY(median_call([&] { return gemmex_call(p); }, &p->gemmex_s));
-  p->best_s = 0.0, p->best_rank = -1, p->algos = 0;
-  for (int i = 0; i < n; i++) {
-    if (res[i].state != CUBLAS_STATUS_SUCCESS)
-      continue;
-    double s = 0.0;
-    if (median_call([&] { return lt_call(p, &res[i].algo); }, &s) != UPF_OK)
-      continue; /* an algorithm the heuristic offered but this problem refuses: not a candidate */
-    p->algos++;
-    if (p->best_rank < 0 || s < p->best_s)
-      p->best_s = s, p->best_rank = i, p->algo = res[i].algo;
-  }
-  if (p->best_rank < 0)
-    return upf_fail(UPF_ERR_CUDA, "perf_support: none of cublasLt's %d algorithms ran for %lld x %lld x %lld", n,
-                    (long long)p->M, (long long)p->K, (long long)p->N);
-  return lt_plan_check(p);
-}
-
 extern "C" upf_status upf_cuda_gemm_lt_plan_create(int64_t M, int64_t K, int64_t N, const void *a, const void *b,
                                                    void *c, upf_gemm_lt_plan **plan) {
-  UPF_TRY(upf_cuda_init());
   *plan = nullptr;
-  if (M < 1 || K < 1 || N < 1 || M > INT_MAX || K > INT_MAX || N > INT_MAX)
-    return upf_fail(UPF_ERR_SHAPE, "perf_support: gemm %lld x %lld x %lld outside 1 .. int32", (long long)M,
-                    (long long)K, (long long)N);
+  const upf_gemm_lt_choice *choice = nullptr;
+  UPF_TRY(upf_cuda_gemm_lt_choose(a, K, b, N, c, N, M, K, N, UPF_DTYPE_BF16, &choice));
+  if (!choice)
+    return upf_fail(UPF_ERR_NOMEM, "perf_support: the lt-tuned cache is full");
+  int algos = 0, rank = -1;
+  double lt_s = 0.0, gemmex_s = 0.0;
+  upf_cuda_gemm_lt_describe(choice, &algos, &rank, &lt_s, &gemmex_s);
+  if (rank < 0)
+    return upf_fail(UPF_ERR_CUDA, "perf_support: none of cublasLt's algorithms ran for %lld x %lld x %lld",
+                    (long long)M, (long long)K, (long long)N);
   upf_gemm_lt_plan *p = new (std::nothrow) upf_gemm_lt_plan();
   if (!p)
     return upf_fail(UPF_ERR_NOMEM, "perf_support: gemm plan");
-  p->a = a, p->b = b, p->c = c, p->M = M, p->K = K, p->N = N;
-  upf_status st = lt_plan_build(p);
+  p->choice = choice, p->a = a, p->b = b, p->c = c, p->M = M, p->K = K, p->N = N;
+  upf_status st = lt_plan_check(p);
   if (st != UPF_OK) {
-    upf_cuda_gemm_lt_plan_destroy(p);
+    delete p;
     return st;
   }
   *plan = p;
   return UPF_OK;
 }
 
-extern "C" upf_status upf_cuda_gemm_lt_plan_run(const upf_gemm_lt_plan *plan) { return lt_call(plan, &plan->algo); }
+extern "C" upf_status upf_cuda_gemm_lt_plan_run(const upf_gemm_lt_plan *plan) {
+  return upf_cuda_gemm_lt_run(plan->choice, plan->a, plan->b, plan->c);
+}
 
 extern "C" void upf_cuda_gemm_lt_plan_stats(const upf_gemm_lt_plan *plan, int *algos, int *best_rank, double *best_s,
                                             double *gemmex_s) {
-  *algos = plan->algos, *best_rank = plan->best_rank, *best_s = plan->best_s, *gemmex_s = plan->gemmex_s;
+  upf_cuda_gemm_lt_describe(plan->choice, algos, best_rank, best_s, gemmex_s);
 }
 
-extern "C" void upf_cuda_gemm_lt_plan_destroy(upf_gemm_lt_plan *plan) {
-  if (!plan)
-    return;
-  if (plan->la)
-    cublasLtMatrixLayoutDestroy(plan->la);
-  if (plan->lb)
-    cublasLtMatrixLayoutDestroy(plan->lb);
-  if (plan->lc)
-    cublasLtMatrixLayoutDestroy(plan->lc);
-  if (plan->op)
-    cublasLtMatmulDescDestroy(plan->op);
-  if (plan->lt)
-    cublasLtDestroy(plan->lt);
-  if (plan->ws)
-    cudaFree(plan->ws);
-  delete plan;
-}
+extern "C" void upf_cuda_gemm_lt_plan_destroy(upf_gemm_lt_plan *plan) { delete plan; }

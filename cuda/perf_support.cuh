@@ -49,10 +49,11 @@ upf_status upf_cuda_copy_bandwidth(size_t bytes, int reps, double *bytes_per_sec
 upf_status upf_cuda_gemm_bf16_nt(int64_t M, int64_t N, int64_t K, const void *A, const void *B, void *C);
 
 /* The projections' GEMM (upf_cuda_gemm_raw's NN form: c (M, N) = a (M, K) . b (K, N), bf16, fp32
- * accumulation) through cublasLt, every algorithm its heuristic offers (up to 32) timed on the case's own
- * buffers (3 warm-up calls, the median of 10, each alone between events), beside cublasGemmEx's own pick
- * timed the same way; the plan keeps the fastest for _run. The question it answers: does the library pick
- * the fastest kernel it has for our shapes (issue 25, perf/NOTES.md). */
+ * accumulation) through cublasLt's fastest algorithm for the shape, as the gemm variant lt-tuned chooses it
+ * (cuda/gemm.cu: up to 16 heuristic candidates, the median of 5 calls each after a warm-up, on the case's
+ * own buffers, beside cublasGemmEx timed the same way), checked element by element against cublasGemmEx
+ * before it is timed. The question it answers: does the library pick the fastest kernel it has for our
+ * shapes (issue 25, perf/NOTES.md). */
 typedef struct upf_gemm_lt_plan upf_gemm_lt_plan;
 upf_status upf_cuda_gemm_lt_plan_create(int64_t M, int64_t K, int64_t N, const void *a, const void *b, void *c,
                                         upf_gemm_lt_plan **plan);

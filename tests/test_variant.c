@@ -48,8 +48,10 @@ static void test_table(void) {
   CU_ASSERT_EQUAL(upf_variant_by_name(UPF_OP_MOE_FFN, "grouped"), UPF_VARIANT_MOE_FFN_GROUPED);
   CU_ASSERT_EQUAL(upf_variant_by_name(UPF_OP_GEMM, "grouped"), UPF_VARIANT_COUNT); /* another op's name */
   CU_ASSERT_EQUAL(upf_variant_by_name(UPF_OP_MOE_FFN, NULL), UPF_VARIANT_COUNT);
-  CU_ASSERT_EQUAL(upf_variant_count(UPF_OP_GEMM), 0);
-  CU_ASSERT_EQUAL(current(UPF_OP_GEMM), UPF_VARIANT_COUNT); /* a single kernel */
+  CU_ASSERT_EQUAL(upf_variant_count(UPF_OP_FFN_GATED), 0);
+  CU_ASSERT_EQUAL(current(UPF_OP_FFN_GATED), UPF_VARIANT_COUNT); /* a single kernel */
+  CU_ASSERT_EQUAL(upf_variant_count(UPF_OP_GEMM), 2);
+  CU_ASSERT_EQUAL(current(UPF_OP_GEMM), UPF_VARIANT_GEMM_CUBLAS);
   CU_ASSERT_EQUAL(current(UPF_OP_MOE_FFN), UPF_VARIANT_MOE_FFN_BUCKETED);
 }
 
@@ -77,7 +79,7 @@ static void expect_bad_spec(const char *spec, const char *want) {
 static void test_spec_bad(void) {
   expect_bad_spec("moe.fft=padded", "'moe.fft' names no op");
   expect_bad_spec("moe.ffn=pad", "op moe.ffn has no variant 'pad' (accepted: bucketed|grouped|padded|loop)");
-  expect_bad_spec("gemm=padded", "op gemm has no variant 'padded' (it has a single kernel)");
+  expect_bad_spec("ffn.gated=padded", "op ffn.gated has no variant 'padded' (it has a single kernel)");
   expect_bad_spec("moe.ffn", "item 'moe.ffn' is not op=variant");
   expect_bad_spec("moe.ffn=padded,,gemm=x", "item '' is not op=variant");
   expect_bad_spec("moe.ffn=padded,", "item '' is not op=variant");
@@ -127,7 +129,7 @@ static void test_describe(void) {
   for (const char *c = buf; *c; c++)
     items += *c == ',';
   CU_ASSERT_EQUAL(items, with_variants);
-  CU_ASSERT_PTR_NULL(strstr(buf, "gemm="));
+  CU_ASSERT_PTR_NULL(strstr(buf, "ffn.gated="));
   /* A describe is a spec: it selects what it says. */
   CU_ASSERT_EQUAL(upf_variant_select_spec(buf), UPF_OK);
   upf_variant_select(UPF_VARIANT_MOE_FFN_LOOP);
