@@ -12,9 +12,13 @@
  * (f32, other head dims, unaligned views) the FFMA kernel. attn.prefill's bf16 D = 128 and D = 256 (D =
  * 256 without soft-cap: wgmma2_takes) over contiguous K/V goes to the attn.prefill variant in effect
  * (wgmma2-nopp, the default, or fa2); attn.paged sends
- * requests of at least MMA_MIN_Q_ROWS query rows (prefill against the cache) to the FA2 kernel and the
- * rest (decode steps, short runs) to the attn.paged variant in effect (mma, the default, or ffma): two
- * launches writing disjoint rows. Variants: include/uniprefill/variants.def (`upf ops`), selected with
+ * requests of at least MMA_MIN_Q_ROWS query rows (prefill against the cache: chunked prefill) to the
+ * prefill kernels and the rest (decode steps, short runs) to the attn.paged variant in effect (mma, the
+ * default, or ffma): launches writing disjoint rows. Where the wgmma kernel takes those long runs (its
+ * shapes, attn.prefill=wgmma2-nopp), their visible K/V rows are first gathered from the pages into a
+ * contiguous buffer (paged_gather_kernel: a copy at copy bandwidth, 1-2% of the attention it feeds), since
+ * the wgmma producer reads contiguous rows; the FA2 kernel reads the pages in place at about a third of
+ * the wgmma kernel's rate (perf/NOTES.md). Variants: include/uniprefill/variants.def (`upf ops`), selected with
  * UPF_VARIANT=op=name or --variant.
  * Plans: the prefill kernels take FA_BM-row tiles of one q head, sorted heaviest first, no split (a
  * prefill has rows enough to fill the GPU); the FFMA and decode kernels take ATT_BR-row tiles of
@@ -22,6 +26,9 @@
  * GPU idle. */
 #include <math.h>
 #include <stdlib.h>
+
+#include <algorithm>
+#include <vector>
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -52,6 +59,65 @@ template <typename T> __global__ void kv_cache_write_kernel(const T *k, int64_t 
     kc[page * kc_s0 + off * kc_s1 + (int64_t)h * kc_s2 + e] = k[t * k_s0 + (int64_t)h * k_s1 + e];
     vc[page * vc_s0 + off * vc_s1 + (int64_t)h * vc_s2 + e] = v[t * v_s0 + (int64_t)h * v_s1 + e];
   }
+}
+
+/* ---- Long paged runs gathered for the wgmma kernel ---- */
+
+constexpr int GATHER_REQS = 8;                     /* requests a gather launch describes */
+constexpr size_t GATHER_CAP = (size_t)2 << 30;     /* bytes of K and V gathered per launch group (one long
+                                                      request alone may exceed it) */
+
+/* The keys [start[i], start[i] + len[i]) of request row[i] of the block table, gathered to the rows
+ * base[i] .. of dst (K then V: dst_k, dst_v as (rows, Hkv, D)). */
+struct gather_reqs {
+  int32_t row[GATHER_REQS], start[GATHER_REQS], len[GATHER_REQS], base[GATHER_REQS];
+};
+
+/* grid (ceil(max len / GATHER_ROWS), requests); a thread copies 16-byte chunks of (key, kv head, dims). */
+constexpr int GATHER_ROWS = 16;
+__global__ void paged_gather_kernel(const attn_args a, const gather_reqs g, int4 *dst_k, int4 *dst_v) {
+  const int i = blockIdx.y;
+  const int32_t len = g.len[i];
+  const int32_t j0 = blockIdx.x * GATHER_ROWS;
+  if (j0 >= len)
+    return;
+  const int chunks = a.d / 8, per_row = a.hkv * chunks;
+  const int rows = len - j0 < GATHER_ROWS ? len - j0 : GATHER_ROWS;
+  const int32_t *bt = a.block_table + (int64_t)g.row[i] * a.max_blocks;
+  for (int e = threadIdx.x; e < rows * per_row; e += blockDim.x) {
+    const int r = e / per_row, h = (e % per_row) / chunks, c = e % chunks;
+    const int32_t key = g.start[i] + j0 + r;
+    const int64_t page = bt[key / a.page_size], slot = key % a.page_size;
+    const int64_t dst = ((int64_t)g.base[i] + j0 + r) * per_row + h * chunks + c;
+    dst_k[dst] = *(const int4 *)((const bf16_t *)a.k + page * a.k_s0 + slot * a.k_s1 + h * a.k_s2 + c * 8);
+    dst_v[dst] = *(const int4 *)((const bf16_t *)a.v + page * a.v_s0 + slot * a.v_s1 + h * a.v_s2 + c * 8);
+  }
+}
+
+/* The gather buffer, grow-only, kept for the process (as the cuBLAS workspace). */
+struct gather_buffer {
+  void *ptr = nullptr;
+  size_t bytes = 0;
+};
+gather_buffer gather_buf;
+
+upf_status gather_reserve(size_t bytes) {
+  if (bytes <= gather_buf.bytes)
+    return UPF_OK;
+  UPF_CUDA_TRY(cudaStreamSynchronize(upf_cuda_stream())); /* queued kernels may still read the old one */
+  if (gather_buf.ptr)
+    UPF_CUDA_TRY(cudaFree(gather_buf.ptr));
+  gather_buf.ptr = nullptr, gather_buf.bytes = 0;
+  const size_t want = (bytes + 0xFFFFF) & ~(size_t)0xFFFFF;
+  const cudaError_t err = cudaMalloc(&gather_buf.ptr, want);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    gather_buf.ptr = nullptr;
+    return upf_fail(UPF_ERR_NOMEM, "attn.paged (cuda): %.2f GiB to gather the K/V of long paged runs: %s",
+                    want / 1073741824.0, cudaGetErrorString(err));
+  }
+  gather_buf.bytes = want;
+  return UPF_OK;
 }
 
 /* Per-request facts the planner needs. */
@@ -254,6 +320,49 @@ upf_status mma_plan_and_run(attn_args &a, const req_info *reqs, int32_t num_reqs
   return launch_fa2(a, paged, (int)ntiles);
 }
 
+/* The long paged runs `reqs` (paged args `pa`) on the wgmma kernel: in groups of at most GATHER_REQS
+ * requests and GATHER_CAP bytes, each request's visible keys (from the window's first for a windowed
+ * layer) gathered into the contiguous buffer, then one prefill launch over the group. */
+upf_status gathered_plan_and_run(const attn_args &pa, const req_info *reqs, int32_t num_reqs) {
+  const size_t row_bytes = (size_t)pa.hkv * pa.d * sizeof(bf16_t);
+  std::vector<req_info> group;
+  int32_t r = 0;
+  while (r < num_reqs) {
+    gather_reqs g = {};
+    group.clear();
+    size_t rows = 0;
+    int32_t max_len = 0;
+    for (; r < num_reqs && (int)group.size() < GATHER_REQS; r++) {
+      const req_info &q = reqs[r];
+      const int32_t start = pa.window > 0 ? std::max(0, q.kv_len - q.q_len - pa.window + 1) : 0;
+      const int32_t len = q.kv_len - start;
+      if (!group.empty() && 2 * (rows + len) * row_bytes > GATHER_CAP)
+        break;
+      const int i = (int)group.size();
+      g.row[i] = q.req, g.start[i] = start, g.len[i] = len, g.base[i] = (int32_t)rows;
+      /* the kernel reads key kj of the request at row kv_base + kj: the gathered rows start at `start` */
+      group.push_back(req_info{q.q0, q.q_len, q.kv_len, (int32_t)rows - start, q.req});
+      rows += (size_t)len;
+      max_len = std::max(max_len, len);
+    }
+    if (rows > INT32_MAX)
+      return upf_fail(UPF_ERR_SHAPE, "attn.paged (cuda): %zu keys to gather, above 2^31", rows);
+    UPF_TRY(gather_reserve(2 * rows * row_bytes));
+    char *dst_k = (char *)gather_buf.ptr, *dst_v = dst_k + rows * row_bytes;
+    if (max_len > 0) {
+      const dim3 grid((unsigned)((max_len + GATHER_ROWS - 1) / GATHER_ROWS), (unsigned)group.size());
+      paged_gather_kernel<<<grid, 256, 0, upf_cuda_stream()>>>(pa, g, (int4 *)dst_k, (int4 *)dst_v);
+      UPF_CUDA_LAUNCH_TRY("paged_gather_kernel");
+    }
+    attn_args a = pa;
+    a.k = dst_k, a.k_s0 = (int64_t)pa.hkv * pa.d, a.k_s1 = pa.d, a.k_s2 = 0;
+    a.v = dst_v, a.v_s0 = (int64_t)pa.hkv * pa.d, a.v_s1 = pa.d, a.v_s2 = 0;
+    a.block_table = nullptr, a.max_blocks = 0, a.page_size = 0;
+    UPF_TRY(mma_plan_and_run(a, group.data(), (int32_t)group.size(), false, PREFILL_WGMMA));
+  }
+  return UPF_OK;
+}
+
 /* The mma path takes bf16 with D = 64/128/256 and 16-byte rows: every base pointer 16-byte aligned,
  * every stride a multiple of 8 elements. */
 bool mma_ok(const upf_tensor *q, const upf_tensor *k, const upf_tensor *v, const upf_tensor *out) {
@@ -379,8 +488,12 @@ extern "C" upf_status upf_cuda_attn_paged(const upf_attn_paged *b, const upf_ten
   a.vec8 = kv_vec8(k_cache, v_cache);
   decode_kernel decode = DECODE_FFMA;
   upf_status st = mma ? decode_kernel_chosen(&decode) : UPF_OK;
+  prefill_kernel long_kernel = PREFILL_FA2;
+  if (st == UPF_OK && n_long && wgmma2_takes(a))
+    st = prefill_kernel_chosen(&long_kernel);
   if (st == UPF_OK && n_long)
-    st = mma_plan_and_run(a, reqs, n_long, true, PREFILL_FA2);
+    st = long_kernel == PREFILL_WGMMA ? gathered_plan_and_run(a, reqs, n_long)
+                                      : mma_plan_and_run(a, reqs, n_long, true, PREFILL_FA2);
   if (st == UPF_OK && n_long < b->num_reqs)
     st = attn_plan_and_run(a, reqs + n_long, b->num_reqs - n_long, q->dtype, true, decode);
   free(reqs);

@@ -299,7 +299,7 @@ static void errors_for(upf_verify_ctx *ctx, upf_op op) {
 /* ================================================================================================ */
 /* Seeded cases against the CPU reference (backend under test only).                               */
 
-#define MAX_REQS 8
+#define MAX_REQS 12
 
 typedef struct {
   const char *name;
@@ -365,12 +365,24 @@ static const attn_case paged_cases[] = {
     {"multi-token steps q 2-7, softcap 30, page 16", 3, {2, 7, 5}, {100, 40, 3000}, 8, 2, 128, 0, 30.0f, 0, 16,
      AC_QUICK},
     {"multi-token steps q 3-9, window 600, GQA 8, page 1", 3, {3, 1, 9}, {50, 7, 2000}, 16, 2, 64, 600, 0, 0, 1, 0},
+    /* chunked prefill (query runs of >= 16 over cached context): at D = 128 and D = 256 without soft-cap the
+     * visible keys are gathered from the pages for the wgmma kernel (cuda/attn.cu), from the window's first
+     * key under a window; more requests than a gather launch takes (GATHER_REQS) */
+    {"chunks over cached context, page 16, GQA 4", 4, {512, 16, 300, 1}, {4000, 0, 129, 77}, 16, 4, 128, 0, 0, 0, 16,
+     AC_QUICK},
+    {"chunks, window 1024, D=256, page 16, GQA 2", 3, {200, 130, 1}, {3000, 1000, 50}, 8, 4, 256, 1024, 0, 0.0625f,
+     16, AC_QUICK},
+    {"chunks, page 1, window 64, GQA 8", 2, {40, 17}, {300, 3}, 16, 2, 128, 64, 0, 0, 1, 0},
+    {"10 chunks and 2 decodes, page 16", 12, {17, 33, 16, 64, 1, 100, 20, 18, 16, 40, 1, 129},
+     {100, 0, 500, 1000, 9, 3, 2000, 17, 64, 640, 300, 31}, 8, 2, 128, 0, 0, 0, 16, AC_QUICK},
+    {"chunk 2048 over 30000 cached, page 16, GQA 4", 1, {2048}, {30000}, 32, 8, 128, 0, 0, 0, 16, 0},
 };
 
 #define NCASES(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
 /* Query rows below which a paged request takes attn.paged's decode kernel (cuda/attn.cu's
- * MMA_MIN_Q_ROWS); longer ones take the FA2 kernel whatever the variant. */
+ * MMA_MIN_Q_ROWS); longer ones take the prefill kernels (the wgmma kernel over gathered K/V where it takes
+ * the shape, the FA2 kernel elsewhere), whatever attn.paged's variant. */
 #define PAGED_DECODE_ROWS 16
 
 /* Whether the variant of op in effect picks the kernel of case c in dtype dt: attn.prefill's for bf16
