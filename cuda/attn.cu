@@ -16,7 +16,7 @@
  * prefill kernels and the rest (decode steps, short runs) to the attn.paged variant in effect (mma, the
  * default, or ffma): launches writing disjoint rows. Where the wgmma kernel takes those long runs (its
  * shapes, attn.prefill=wgmma2-nopp), their visible K/V rows are first gathered from the pages into a
- * contiguous buffer (paged_gather_kernel: a copy at copy bandwidth, 1-2% of the attention it feeds), since
+ * contiguous buffer (cuda/kv_gather.cuh: a copy at copy bandwidth, 1-2% of the attention it feeds), since
  * the wgmma producer reads contiguous rows; the FA2 kernel reads the pages in place at about a third of
  * the wgmma kernel's rate (perf/NOTES.md). Variants: include/uniprefill/variants.def (`upf ops`), selected with
  * UPF_VARIANT=op=name or --variant.
@@ -37,6 +37,7 @@
 #include "cuda/attn_kernels.cuh"
 #include "cuda/cuda_backend.cuh"
 #include "cuda/cuda_check.cuh"
+#include "cuda/kv_gather.cuh"
 #include "uniprefill/variant.h"
 
 namespace {
@@ -59,65 +60,6 @@ template <typename T> __global__ void kv_cache_write_kernel(const T *k, int64_t 
     kc[page * kc_s0 + off * kc_s1 + (int64_t)h * kc_s2 + e] = k[t * k_s0 + (int64_t)h * k_s1 + e];
     vc[page * vc_s0 + off * vc_s1 + (int64_t)h * vc_s2 + e] = v[t * v_s0 + (int64_t)h * v_s1 + e];
   }
-}
-
-/* ---- Long paged runs gathered for the wgmma kernel ---- */
-
-constexpr int GATHER_REQS = 8;                     /* requests a gather launch describes */
-constexpr size_t GATHER_CAP = (size_t)2 << 30;     /* bytes of K and V gathered per launch group (one long
-                                                      request alone may exceed it) */
-
-/* The keys [start[i], start[i] + len[i]) of request row[i] of the block table, gathered to the rows
- * base[i] .. of dst (K then V: dst_k, dst_v as (rows, Hkv, D)). */
-struct gather_reqs {
-  int32_t row[GATHER_REQS], start[GATHER_REQS], len[GATHER_REQS], base[GATHER_REQS];
-};
-
-/* grid (ceil(max len / GATHER_ROWS), requests); a thread copies 16-byte chunks of (key, kv head, dims). */
-constexpr int GATHER_ROWS = 16;
-__global__ void paged_gather_kernel(const attn_args a, const gather_reqs g, int4 *dst_k, int4 *dst_v) {
-  const int i = blockIdx.y;
-  const int32_t len = g.len[i];
-  const int32_t j0 = blockIdx.x * GATHER_ROWS;
-  if (j0 >= len)
-    return;
-  const int chunks = a.d / 8, per_row = a.hkv * chunks;
-  const int rows = len - j0 < GATHER_ROWS ? len - j0 : GATHER_ROWS;
-  const int32_t *bt = a.block_table + (int64_t)g.row[i] * a.max_blocks;
-  for (int e = threadIdx.x; e < rows * per_row; e += blockDim.x) {
-    const int r = e / per_row, h = (e % per_row) / chunks, c = e % chunks;
-    const int32_t key = g.start[i] + j0 + r;
-    const int64_t page = bt[key / a.page_size], slot = key % a.page_size;
-    const int64_t dst = ((int64_t)g.base[i] + j0 + r) * per_row + h * chunks + c;
-    dst_k[dst] = *(const int4 *)((const bf16_t *)a.k + page * a.k_s0 + slot * a.k_s1 + h * a.k_s2 + c * 8);
-    dst_v[dst] = *(const int4 *)((const bf16_t *)a.v + page * a.v_s0 + slot * a.v_s1 + h * a.v_s2 + c * 8);
-  }
-}
-
-/* The gather buffer, grow-only, kept for the process (as the cuBLAS workspace). */
-struct gather_buffer {
-  void *ptr = nullptr;
-  size_t bytes = 0;
-};
-gather_buffer gather_buf;
-
-upf_status gather_reserve(size_t bytes) {
-  if (bytes <= gather_buf.bytes)
-    return UPF_OK;
-  UPF_CUDA_TRY(cudaStreamSynchronize(upf_cuda_stream())); /* queued kernels may still read the old one */
-  if (gather_buf.ptr)
-    UPF_CUDA_TRY(cudaFree(gather_buf.ptr));
-  gather_buf.ptr = nullptr, gather_buf.bytes = 0;
-  const size_t want = (bytes + 0xFFFFF) & ~(size_t)0xFFFFF;
-  const cudaError_t err = cudaMalloc(&gather_buf.ptr, want);
-  if (err != cudaSuccess) {
-    cudaGetLastError();
-    gather_buf.ptr = nullptr;
-    return upf_fail(UPF_ERR_NOMEM, "attn.paged (cuda): %.2f GiB to gather the K/V of long paged runs: %s",
-                    want / 1073741824.0, cudaGetErrorString(err));
-  }
-  gather_buf.bytes = want;
-  return UPF_OK;
 }
 
 /* Per-request facts the planner needs. */
@@ -320,45 +262,35 @@ upf_status mma_plan_and_run(attn_args &a, const req_info *reqs, int32_t num_reqs
   return launch_fa2(a, paged, (int)ntiles);
 }
 
-/* The long paged runs `reqs` (paged args `pa`) on the wgmma kernel: in groups of at most GATHER_REQS
- * requests and GATHER_CAP bytes, each request's visible keys (from the window's first for a windowed
- * layer) gathered into the contiguous buffer, then one prefill launch over the group. */
+/* The long paged runs `reqs` (paged args `pa`) on the wgmma kernel: in the groups of kv_gather_plan, each
+ * request's visible keys (from the window's first for a windowed layer) gathered into contiguous rows
+ * (cuda/kv_gather.cuh), then one prefill launch over the group. */
 upf_status gathered_plan_and_run(const attn_args &pa, const req_info *reqs, int32_t num_reqs) {
+  std::vector<int32_t> row(num_reqs), start(num_reqs), len(num_reqs);
+  for (int32_t r = 0; r < num_reqs; r++) {
+    const req_info &q = reqs[r];
+    row[r] = q.req;
+    start[r] = pa.window > 0 ? std::max(0, q.kv_len - q.q_len - pa.window + 1) : 0;
+    len[r] = q.kv_len - start[r];
+  }
+  const kv_paged_view src = {pa.k,           pa.v,          pa.k_s0,   pa.k_s1,   pa.k_s2, pa.v_s0, pa.v_s1,
+                             pa.v_s2,        pa.block_table, pa.max_blocks, pa.page_size, pa.hkv, pa.d};
   const size_t row_bytes = (size_t)pa.hkv * pa.d * sizeof(bf16_t);
-  std::vector<req_info> group;
-  int32_t r = 0;
-  while (r < num_reqs) {
-    gather_reqs g = {};
-    group.clear();
-    size_t rows = 0;
-    int32_t max_len = 0;
-    for (; r < num_reqs && (int)group.size() < GATHER_REQS; r++) {
-      const req_info &q = reqs[r];
-      const int32_t start = pa.window > 0 ? std::max(0, q.kv_len - q.q_len - pa.window + 1) : 0;
-      const int32_t len = q.kv_len - start;
-      if (!group.empty() && 2 * (rows + len) * row_bytes > GATHER_CAP)
-        break;
-      const int i = (int)group.size();
-      g.row[i] = q.req, g.start[i] = start, g.len[i] = len, g.base[i] = (int32_t)rows;
-      /* the kernel reads key kj of the request at row kv_base + kj: the gathered rows start at `start` */
-      group.push_back(req_info{q.q0, q.q_len, q.kv_len, (int32_t)rows - start, q.req});
-      rows += (size_t)len;
-      max_len = std::max(max_len, len);
-    }
-    if (rows > INT32_MAX)
-      return upf_fail(UPF_ERR_SHAPE, "attn.paged (cuda): %zu keys to gather, above 2^31", rows);
-    UPF_TRY(gather_reserve(2 * rows * row_bytes));
-    char *dst_k = (char *)gather_buf.ptr, *dst_v = dst_k + rows * row_bytes;
-    if (max_len > 0) {
-      const dim3 grid((unsigned)((max_len + GATHER_ROWS - 1) / GATHER_ROWS), (unsigned)group.size());
-      paged_gather_kernel<<<grid, 256, 0, upf_cuda_stream()>>>(pa, g, (int4 *)dst_k, (int4 *)dst_v);
-      UPF_CUDA_LAUNCH_TRY("paged_gather_kernel");
-    }
+  for (int32_t r = 0; r < num_reqs;) {
+    kv_gather_group g;
+    const int n = kv_gather_plan(row.data(), start.data(), len.data(), r, num_reqs, row_bytes, &g);
+    void *k = nullptr, *v = nullptr;
+    UPF_TRY(kv_gather(src, g, &k, &v));
+    /* the kernel reads key kj of a request at row kv_base + kj: the gathered rows begin at key `start` */
+    std::vector<req_info> group(reqs + r, reqs + r + n);
+    for (int i = 0; i < n; i++)
+      group[i].kv_base = g.base[i] - g.start[i];
     attn_args a = pa;
-    a.k = dst_k, a.k_s0 = (int64_t)pa.hkv * pa.d, a.k_s1 = pa.d, a.k_s2 = 0;
-    a.v = dst_v, a.v_s0 = (int64_t)pa.hkv * pa.d, a.v_s1 = pa.d, a.v_s2 = 0;
+    a.k = k, a.k_s0 = (int64_t)pa.hkv * pa.d, a.k_s1 = pa.d, a.k_s2 = 0;
+    a.v = v, a.v_s0 = (int64_t)pa.hkv * pa.d, a.v_s1 = pa.d, a.v_s2 = 0;
     a.block_table = nullptr, a.max_blocks = 0, a.page_size = 0;
-    UPF_TRY(mma_plan_and_run(a, group.data(), (int32_t)group.size(), false, PREFILL_WGMMA));
+    UPF_TRY(mma_plan_and_run(a, group.data(), n, false, PREFILL_WGMMA));
+    r += n;
   }
   return UPF_OK;
 }

@@ -21,6 +21,7 @@
 #include <stdlib.h>
 
 #include <algorithm>
+#include <vector>
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -29,6 +30,7 @@
 #include "cuda/attn_sparse_kernels.cuh"
 #include "cuda/cuda_backend.cuh"
 #include "cuda/cuda_check.cuh"
+#include "cuda/kv_gather.cuh"
 #include "cuda/sparse.cuh"
 #include "uniprefill/dense.h"
 #include "uniprefill/variant.h"
@@ -327,6 +329,43 @@ upf_status make_tiles(const upf_sparse_batch *b, const upf_sparse_plan *plan, co
   return UPF_OK;
 }
 
+/* The paged Hopper call with pages that do not hold whole 64-key blocks: the wgmma producer would look
+ * a page up for every row, so each group of requests (kv_gather_plan) has its keys gathered into
+ * contiguous rows first (cuda/kv_gather.cuh), then runs the contiguous kernel on its own tiles. */
+upf_status bs_run_gathered(const bs_args &pa, const bs_tile *tiles, int ntiles, int32_t nreq, const int32_t *kv_len) {
+  std::vector<int32_t> row(nreq), start(nreq, 0), len(kv_len, kv_len + nreq);
+  for (int32_t r = 0; r < nreq; r++)
+    row[r] = r;
+  const kv_paged_view src = {pa.k,    pa.v,           pa.k_s0,       pa.k_s1,      pa.k_s2, pa.v_s0, pa.v_s1,
+                             pa.v_s2, pa.block_table, pa.max_blocks, pa.page_size, pa.hkv,  pa.d};
+  const size_t row_bytes = (size_t)pa.hkv * pa.d * 2;
+  std::vector<bs_tile> sub;
+  for (int32_t r = 0; r < nreq;) {
+    kv_gather_group g;
+    const int n = kv_gather_plan(row.data(), start.data(), len.data(), r, nreq, row_bytes, &g);
+    sub.clear();
+    for (int i = 0; i < ntiles; i++) /* the heaviest-first order kept */
+      if (tiles[i].req >= r && tiles[i].req < r + n) {
+        sub.push_back(tiles[i]);
+        sub.back().kv_base = g.base[tiles[i].req - r];
+      }
+    r += n;
+    if (sub.empty())
+      continue;
+    void *k = nullptr, *v = nullptr, *ws = nullptr;
+    UPF_TRY(kv_gather(src, g, &k, &v));
+    UPF_TRY(upf_cuda_workspace(sub.size() * sizeof(bs_tile), &ws));
+    UPF_TRY(upf_cuda_upload_async(ws, sub.data(), sub.size() * sizeof(bs_tile)));
+    bs_args a = pa;
+    a.k = k, a.k_s0 = (int64_t)pa.hkv * pa.d, a.k_s1 = pa.d, a.k_s2 = 0;
+    a.v = v, a.v_s0 = (int64_t)pa.hkv * pa.d, a.v_s1 = pa.d, a.v_s2 = 0;
+    a.block_table = nullptr, a.max_blocks = 0, a.page_size = 0;
+    a.tiles = (const bs_tile *)ws;
+    UPF_TRY(bs_launch_hopper(a, false, (int)sub.size()));
+  }
+  return UPF_OK;
+}
+
 } // namespace
 
 upf_status bs_launch_generic(const bs_args &a, upf_dtype dtype, bool paged, int ntiles) {
@@ -424,6 +463,14 @@ extern "C" upf_status upf_cuda_attn_block_sparse(const upf_sparse_batch *b, cons
       st = bs_run_fp8(a, paged, tiles, ntiles, nreq, kv_len, b->contiguous ? b->contiguous->cu_seqlens_kv_host : NULL,
                       q->shape[0]);
     free(kv_len);
+    free(tiles);
+    return st;
+  }
+  if (hopper && paged && a.page_size % 64 != 0 && st == UPF_OK) {
+    std::vector<int32_t> kv_len(nreq);
+    for (int32_t r = 0; r < nreq; r++)
+      kv_len[r] = upf_sparse_kv_len_host(b, r);
+    st = bs_run_gathered(a, tiles, ntiles, nreq, kv_len.data());
     free(tiles);
     return st;
   }
