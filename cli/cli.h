@@ -14,7 +14,7 @@ int upf_cli_error(upf_status st, const char *what);
 /* cuda when its probe passes, else cpu. */
 const upf_backend *upf_cli_default_backend(void);
 /* Runs verify with one line per check on `log`; returns the number of failed checks. */
-int upf_cli_verify(const upf_backend *be, const char *filter, int quick, FILE *log);
+int upf_cli_verify(const upf_backend *be, const char *filter, int quick, const char *case_filter, FILE *log);
 /* `upf report`: verify + benchmarks + summary; its --help text. */
 int upf_cli_report(int argc, char **argv);
 extern const char upf_cli_report_usage[];

@@ -178,7 +178,7 @@ static int verify_with_progress(const upf_backend *be, int quick, const char *pa
   }
   fprintf(stderr, "upf report: verifying %s (%s)%s ...\n", be->name, be->describe(), quick ? ", quick set" : "");
   time_t start = time(NULL);
-  int failed = upf_cli_verify(be, "all", quick, log);
+  int failed = upf_cli_verify(be, "all", quick, NULL, log);
   if (fclose(log) != 0) {
     fprintf(stderr, "upf report: cannot write %s: %s\n", path, strerror(errno));
     return -1;

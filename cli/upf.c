@@ -265,33 +265,37 @@ static int cmd_select(int argc, char **argv) {
 
 static const char verify_usage[] =
     "usage: upf verify [all|model|<op or op-name prefix>] [--backend cpu|cuda] [--quick] [--log FILE]\n"
-    "                  [--variant op=name[,op=name...]]\n"
+    "                  [--variant op=name[,op=name...]] [--case TEXT]\n"
     "  Checks every op of the backend (default: cuda if usable, else cpu) against the CPU reference;\n"
     "  on the cpu, the reference against golden cases and invariants. --variant runs the named kernel\n"
     "  variants (upf ops lists them; UPF_VARIANT=op=name,... does the same) instead of the defaults.\n"
     "  `model` (model.prefill) runs the tiny model of every family, dense and UniPrefill, f32 and bf16,\n"
     "  against the CPU reference (after the ops under `all`; not on the cpu itself: see make test);\n"
-    "  `model.generate` greedy generation through a session, each decode step's logits and picks.\n";
+    "  `model.generate` greedy generation through a session, each decode step's logits and picks.\n"
+    "  --case TEXT runs only the seeded cases whose name holds TEXT (their names are the log's variant\n"
+    "  column, e.g. --case '1M'); golden cases and bad-input checks still run.\n";
 
 const upf_backend *upf_cli_default_backend(void) {
   const upf_backend *cuda = upf_backend_cuda();
   return cuda->probe() == UPF_OK ? cuda : upf_backend_cpu();
 }
 
-int upf_cli_verify(const upf_backend *be, const char *filter, int quick, FILE *log) {
-  upf_verify_ctx ctx = {.backend = be, .log = log, .quick = quick};
-  fprintf(log, "# upf verify %s on %s: %s%s\n", filter, be->name, be->describe(),
-          be == upf_backend_cpu() ? " (golden cases, invariants, stage chain vs pipeline)" : " vs the CPU reference");
+int upf_cli_verify(const upf_backend *be, const char *filter, int quick, const char *case_filter, FILE *log) {
+  upf_verify_ctx ctx = {.backend = be, .log = log, .quick = quick, .case_filter = case_filter};
+  fprintf(log, "# upf verify %s on %s: %s%s%s%s%s\n", filter, be->name, be->describe(),
+          be == upf_backend_cpu() ? " (golden cases, invariants, stage chain vs pipeline)" : " vs the CPU reference",
+          case_filter ? " (seeded cases named '" : "", case_filter ? case_filter : "", case_filter ? "' only)" : "");
   upf_verify_run(&ctx, filter);
   fprintf(log, "# %d checks: %d passed, %d failed\n", ctx.passed + ctx.failed, ctx.passed, ctx.failed);
   return ctx.failed;
 }
 
 static int cmd_verify(int argc, char **argv) {
-  const char *filter = "all", *backend = NULL, *log_path = NULL, *variant = NULL;
+  const char *filter = "all", *backend = NULL, *log_path = NULL, *variant = NULL, *case_filter = NULL;
   int quick = 0;
   upf_arg args[] = {
       {"--backend", UPF_ARG_STRING, &backend},
+      {"--case", UPF_ARG_STRING, &case_filter},
       {"--log", UPF_ARG_STRING, &log_path},
       {"--quick", UPF_ARG_SWITCH, &quick},
       {"--variant", UPF_ARG_STRING, &variant},
@@ -333,7 +337,7 @@ static int cmd_verify(int argc, char **argv) {
       return upf_cli_error(st, "verify");
     }
   }
-  int failed = upf_cli_verify(be, filter, quick, log);
+  int failed = upf_cli_verify(be, filter, quick, case_filter, log);
   if (outs) {
     st = upf_outputs_commit(outs);
     upf_outputs_free(outs);

@@ -6,7 +6,9 @@
 #
 #   here:   perf/device.sh stage [--as NAME]          build (make all), pack .devbin/NAME.tar.xz (default bundle)
 #   there:  bash perf/device.sh COMMAND [options]     (carry [".devbin"]; [".devbin", ".whl"] for the FLA peer)
-#     verify [OPS...] [--quick]           upf verify of each op or prefix (default: every family), side by side
+#     verify [OPS...] [--quick] [--case TEXT]
+#                                         upf verify of each op or prefix (default: every family), side by side;
+#                                         --case: only the seeded cases whose name holds TEXT (e.g. '1M')
 #     sanitize [OPS...] [--tools LIST]    compute-sanitizer (memcheck,racecheck,initcheck,synccheck) over `upf verify OP --quick`
 #     test                                test_upf, every CUnit suite with the device
 #     bench [--filter REGEX] [--reps N] [--ab VAR=a,b | --base BUNDLE]
@@ -258,10 +260,10 @@ do_verify() {
   [ ${#ops[@]} -gt 0 ] || mapfile -t ops < <(families)
   local threads=$((NPROC / ${#ops[@]}))
   [ "$threads" -ge 1 ] || threads=1
-  say "verify${quick:+ $quick} ${ops[*]} (cap $cap s, $threads BLAS threads each)"
+  say "verify${quick:+ $quick}${CASE:+ --case '$CASE'} ${ops[*]} (cap $cap s, $threads BLAS threads each)"
   for op in "${ops[@]}"; do
     run "$DIR/verify/verify-$op${quick:+-quick}.log" "$cap" OPENBLAS_NUM_THREADS=$threads -- \
-      bin/upf verify "$op" ${quick:+"$quick"} &
+      bin/upf verify "$op" ${quick:+"$quick"} ${CASE:+--case "$CASE"} &
   done
   wait
   for op in "${ops[@]}"; do note "$DIR/verify/verify-$op${quick:+-quick}.log"; done
@@ -720,7 +722,7 @@ verify | sanitize | test | bench | peers | profile | prefill | methods | serve |
 esac
 
 NAME=$CMD BUNDLE="" CAP="" ENVS=() ARGS=()
-QUICK="" TOOLS=memcheck,racecheck,initcheck,synccheck FILTER="" REPS="" AB="" BASE=""
+QUICK="" CASE="" TOOLS=memcheck,racecheck,initcheck,synccheck FILTER="" REPS="" AB="" BASE=""
 KERNEL="" SKIP=0 COUNT=1 NCUARGS=() RUNS="8192 32768 131072" RUNS_SET="" KEEPS=0.5,0.3,0.2 KEEPS_SET="" LAYERS="" ITERS=1 ALPHA="" SHARED=""
 while [ $# -gt 0 ]; do
   case $1 in
@@ -729,6 +731,7 @@ while [ $# -gt 0 ]; do
   --cap) CAP=${2:?--cap needs seconds}; shift 2 ;;
   --bundle) BUNDLE=${2:?--bundle needs a file}; shift 2 ;;
   --quick) QUICK=--quick; shift ;;
+  --case) CASE=${2:?--case needs part of a case name}; shift 2 ;;
   --tools) TOOLS=${2:?--tools needs a list}; shift 2 ;;
   --filter) FILTER=${2:?--filter needs a regex}; shift 2 ;;
   --reps) REPS=${2:?--reps needs a number}; shift 2 ;;

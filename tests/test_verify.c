@@ -133,12 +133,39 @@ static void test_verify_iterates_variants(void) {
   CU_ASSERT_EQUAL(once.passed, per_variant);
 }
 
+/* --case: only the seeded cases whose name holds the text run (each dtype, out and lse); golden and bad-input
+ * checks still run; a text no case holds leaves only those. */
+static int checks_with_case(const char *filter, char **text) {
+  size_t len = 0;
+  FILE *log = open_memstream(text, &len);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(log);
+  upf_verify_ctx ctx = {.backend = upf_test_cpu_twin(), .log = log, .quick = 1, .variant_in_effect_only = 1,
+                        .case_filter = filter};
+  upf_verify_run(&ctx, "attn.paged");
+  fclose(log);
+  CU_ASSERT_EQUAL(ctx.failed, 0);
+  return ctx.passed;
+}
+
+static void test_verify_case_filter(void) {
+  char *none = NULL, *one = NULL;
+  const int n_none = checks_with_case("no case is named so", &none);
+  const int n_one = checks_with_case("decode, page 1", &one);
+  CU_ASSERT(n_none > 0);              /* the golden and bad-input checks */
+  CU_ASSERT_EQUAL(n_one, n_none + 4); /* the one case: out and lse, f32 and bf16 */
+  CU_ASSERT_PTR_NULL(strstr(none, "decode, page 1"));
+  CU_ASSERT_PTR_NOT_NULL(strstr(one, "decode, page 1"));
+  CU_ASSERT_PTR_NULL(strstr(one, "decode, mixed lengths")); /* another quick case, not so named */
+  free(none), free(one);
+}
+
 static CU_TestInfo verify_tests[] = {
     {"compare catches NaN, Inf and budget overruns", test_compare_catches_errors},
     {"guard bytes catch an overrun", test_guard_bytes_catch_overrun},
     {"decision compare applies the marginal rule", test_decision_compare_marginal_rule},
     {"cpu reference passes verify (quick)", test_cpu_verify_run},
     {"verify runs each variant of an op, named", test_verify_iterates_variants},
+    {"verify --case runs the seeded cases so named", test_verify_case_filter},
     CU_TEST_INFO_NULL,
 };
 

@@ -53,8 +53,10 @@ void upf_verify_record(upf_verify_ctx *ctx, const upf_check *check) {
 
 int upf_verify_on_reference(const upf_verify_ctx *ctx) { return ctx->backend == upf_backend_cpu(); }
 
-int upf_verify_case_wanted(const upf_verify_ctx *ctx, int in_quick_set) {
+int upf_verify_case_wanted(const upf_verify_ctx *ctx, const char *name, int in_quick_set) {
   if (upf_verify_on_reference(ctx))
+    return 0;
+  if (ctx->case_filter && (!name || !strstr(name, ctx->case_filter)))
     return 0;
   return !ctx->quick || in_quick_set;
 }

@@ -21,6 +21,7 @@ typedef struct {
   const upf_backend *backend; /* under test */
   FILE *log;                  /* one line per check */
   int quick;                  /* smaller shape set (valgrind, CI) */
+  const char *case_filter;    /* non-NULL: only the seeded cases whose name holds it (upf verify --case) */
   /* 0: upf_verify_run runs an op's checks once per kernel variant (uniprefill/variant.h) on a backend
    * under test; 1: once, with the variant in effect (upf_variant_select, UPF_VARIANT or the default). */
   int variant_in_effect_only;
@@ -41,9 +42,10 @@ void upf_verify_expect_status(upf_verify_ctx *ctx, const char *op, const char *w
  * under test against it. */
 int upf_verify_on_reference(const upf_verify_ctx *ctx);
 
-/* Whether a seeded case runs: only against a backend under test (the CPU is its reference), and in a
- * quick run only if the case is in the quick set. */
-int upf_verify_case_wanted(const upf_verify_ctx *ctx, int in_quick_set);
+/* Whether a seeded case runs: only against a backend under test (the CPU is its reference), in a quick
+ * run only if the case is in the quick set, and under a case filter only if its name (NULL: a nameless
+ * seeded set) holds the filter. */
+int upf_verify_case_wanted(const upf_verify_ctx *ctx, const char *name, int in_quick_set);
 
 /* The RNG seed of a seeded case: FNV-1a of the op name, mixed with the case index and a variant
  * number (a dtype, or a code of the case's shape). Frozen: a change gives every case new inputs. */

@@ -681,7 +681,7 @@ void upf_verify_attn_prefill(upf_verify_ctx *ctx) {
   }
   errors_for(ctx, UPF_OP_ATTN_PREFILL);
   for (int i = 0; i < NCASES(prefill_cases); i++)
-    if (upf_verify_case_wanted(ctx, prefill_cases[i].flags & AC_QUICK))
+    if (upf_verify_case_wanted(ctx, prefill_cases[i].name, prefill_cases[i].flags & AC_QUICK))
       for (int d = 0; d < 2; d++)
         prefill_run(ctx, i, both_dtypes[d]);
 }
@@ -693,7 +693,7 @@ void upf_verify_attn_paged(upf_verify_ctx *ctx) {
   }
   errors_for(ctx, UPF_OP_ATTN_PAGED);
   for (int i = 0; i < NCASES(paged_cases); i++)
-    if (upf_verify_case_wanted(ctx, paged_cases[i].flags & AC_QUICK))
+    if (upf_verify_case_wanted(ctx, paged_cases[i].name, paged_cases[i].flags & AC_QUICK))
       for (int d = 0; d < 2; d++)
         paged_run(ctx, i, both_dtypes[d]);
 }
@@ -703,7 +703,7 @@ void upf_verify_kv_cache_write(upf_verify_ctx *ctx) {
     golden_cache_write(ctx, both_dtypes[d]);
   errors_for(ctx, UPF_OP_KV_CACHE_WRITE);
   for (int i = 0; i < NCASES(write_cases); i++)
-    if (upf_verify_case_wanted(ctx, write_cases[i].flags & AC_QUICK))
+    if (upf_verify_case_wanted(ctx, NULL, write_cases[i].flags & AC_QUICK))
       for (int d = 0; d < 2; d++)
         write_run(ctx, i, both_dtypes[d]);
 }

@@ -308,7 +308,7 @@ static void seeded_union(upf_verify_ctx *ctx) {
 void upf_verify_compact_block_union(upf_verify_ctx *ctx) {
   golden_union(ctx);
   errors_union(ctx);
-  if (upf_verify_case_wanted(ctx, 1))
+  if (upf_verify_case_wanted(ctx, NULL, 1))
     seeded_union(ctx);
 }
 
@@ -421,6 +421,6 @@ static void seeded_tables(upf_verify_ctx *ctx) {
 void upf_verify_compact_block_tables(upf_verify_ctx *ctx) {
   golden_tables(ctx);
   errors_tables(ctx);
-  if (upf_verify_case_wanted(ctx, 1))
+  if (upf_verify_case_wanted(ctx, NULL, 1))
     seeded_tables(ctx);
 }

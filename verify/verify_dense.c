@@ -525,7 +525,7 @@ static void dense_cases(upf_verify_ctx *ctx, const dense_kind *k) {
   for (int i = 0; i < k->count; i++) {
     const void *c = (const char *)k->cases + (size_t)i * k->size;
     const dense_head *head = c;
-    if (!upf_verify_case_wanted(ctx, head->flags & DC_QUICK))
+    if (!upf_verify_case_wanted(ctx, head->name, head->flags & DC_QUICK))
       continue;
     for (int d = 0; d < k->ndtypes; d++) {
       upf_dtype in = k->dtypes[d][0], out = k->dtypes[d][1];

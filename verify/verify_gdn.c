@@ -991,7 +991,7 @@ void upf_verify_gdn_conv(upf_verify_ctx *ctx) {
   golden_conv(ctx);
   errors_for(ctx, UPF_OP_GDN_CONV);
   for (int i = 0; i < NUM_CASES; i++)
-    if (upf_verify_case_wanted(ctx, gdn_cases[i].flags & GC_QUICK))
+    if (upf_verify_case_wanted(ctx, gdn_cases[i].name, gdn_cases[i].flags & GC_QUICK))
       for (int d = 0; d < NUM_DTYPES; d++)
         conv_run(ctx, i, both_dtypes[d]);
 }
@@ -1000,7 +1000,7 @@ void upf_verify_gdn_conv_step(upf_verify_ctx *ctx) {
   golden_conv_step(ctx);
   errors_for(ctx, UPF_OP_GDN_CONV_STEP);
   for (int i = 0; i < NUM_CASES; i++)
-    if (upf_verify_case_wanted(ctx, gdn_cases[i].flags & GC_QUICK) && gdn_cases[i].num_reqs > 1)
+    if (upf_verify_case_wanted(ctx, gdn_cases[i].name, gdn_cases[i].flags & GC_QUICK) && gdn_cases[i].num_reqs > 1)
       for (int d = 0; d < NUM_DTYPES; d++)
         step_run(ctx, i, both_dtypes[d]);
 }
@@ -1013,7 +1013,7 @@ void upf_verify_gdn_scan(upf_verify_ctx *ctx) {
   scan_boundary_bf16(ctx, 1);
   scan_boundary_bf16(ctx, 0);
   for (int i = 0; i < NUM_CASES; i++)
-    if (upf_verify_case_wanted(ctx, gdn_cases[i].flags & GC_QUICK))
+    if (upf_verify_case_wanted(ctx, gdn_cases[i].name, gdn_cases[i].flags & GC_QUICK))
       for (int d = 0; d < NUM_DTYPES; d++)
         scan_run(ctx, i, both_dtypes[d]);
 }
@@ -1022,7 +1022,7 @@ void upf_verify_gdn_gated_norm(upf_verify_ctx *ctx) {
   golden_gated_norm(ctx);
   errors_for(ctx, UPF_OP_GDN_GATED_NORM);
   for (int i = 0; i < NUM_CASES; i++)
-    if (upf_verify_case_wanted(ctx, gdn_cases[i].flags & GC_QUICK))
+    if (upf_verify_case_wanted(ctx, gdn_cases[i].name, gdn_cases[i].flags & GC_QUICK))
       for (int d = 0; d < NUM_DTYPES; d++)
         for (int inplace = 0; inplace < 2; inplace++)
           gnorm_run(ctx, i, both_dtypes[d], inplace);

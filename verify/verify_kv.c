@@ -176,7 +176,7 @@ void upf_verify_kv_slot_mapping(upf_verify_ctx *ctx) {
   slot_golden(ctx, op);
   slot_errors(ctx, op);
   for (int i = 0; i < (int)(sizeof slot_cases / sizeof *slot_cases); i++)
-    if (upf_verify_case_wanted(ctx, slot_cases[i].quick))
+    if (upf_verify_case_wanted(ctx, slot_cases[i].name, slot_cases[i].quick))
       slot_case_run(ctx, op, &slot_cases[i], i);
 }
 
@@ -239,7 +239,7 @@ void upf_verify_scatter_rows(upf_verify_ctx *ctx) {
   /* seeded: Gated DeltaNet state rows (fp32 conv and recurrent states), odd byte counts */
   static const int64_t row_bytes_set[] = {4 * 3 * 2 * 1024, 4 * 4 * 32 * 32, 6, 1};
   for (int s = 0; s < 4; s++) {
-    if (!upf_verify_case_wanted(ctx, s < 2))
+    if (!upf_verify_case_wanted(ctx, NULL, s < 2))
       continue;
     upf_rng rng;
     upf_rng_seed(&rng, upf_verify_case_seed(op, s, (uint64_t)row_bytes_set[s]));

@@ -374,7 +374,7 @@ void upf_verify_logits_rows(upf_verify_ctx *ctx) {
   }
   static const upf_dtype dts[2] = {UPF_DTYPE_F32, UPF_DTYPE_BF16};
   for (int i = 0; i < (int)(sizeof cases / sizeof *cases); i++)
-    if (upf_verify_case_wanted(ctx, cases[i].quick))
+    if (upf_verify_case_wanted(ctx, cases[i].name, cases[i].quick))
       for (int d = 0; d < 2; d++)
         compare_case(ctx, &cases[i], dts[d], i);
 }

@@ -69,6 +69,8 @@ static const upf_dtype case_dtypes[] = {UPF_DTYPE_BF16, UPF_DTYPE_F32};
 static int case_selected(const upf_verify_ctx *ctx, const moe_case *c) {
   if (ctx->quick && !(c->flags & CASE_QUICK))
     return 0;
+  if (ctx->case_filter && !strstr(c->name, ctx->case_filter))
+    return 0;
   /* The naive per-token evaluation the CPU is checked against is plain loops: small layers only. */
   return !upf_verify_on_reference(ctx) || (c->cfg != CFG_QWEN && !(c->flags & CASE_LARGE));
 }

@@ -1675,7 +1675,7 @@ static void index_case(upf_verify_ctx *ctx, sparse_run *sr) {
 static void seeded_cases(upf_verify_ctx *ctx, upf_op op) {
   const char *name = upf_op_name(op);
   for (int i = 0; i < NCASES(cases); i++) {
-    if (!upf_verify_case_wanted(ctx, cases[i].flags & SC_QUICK))
+    if (!upf_verify_case_wanted(ctx, cases[i].name, cases[i].flags & SC_QUICK))
       continue;
     for (int d = 0; d < 2; d++) {
       sparse_run sr;

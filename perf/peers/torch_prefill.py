@@ -1,53 +1,93 @@
 #!/usr/bin/env python3
-"""Peer numbers for the end-to-end dense prefill (issue 15, `upf prefill --mode dense`): PyTorch doing
-the same layers as models/ and layers/ on Llama-3.1-8B and Gemma-3-12B at their real shapes, random
-bf16 weights, one request of T tokens (or B requests of T tokens packed), timed with CUDA events after
-a warm-up (median, min and spread), written as JSON in the format of the other peers. Runs on the GPU
-machine; `--check` runs a tiny config of each family on the CPU (or `--device cuda`) instead.
+"""Peer numbers for the end-to-end dense prefill (issues 15 and 27, `upf prefill --mode dense`): PyTorch doing
+the same layers as models/ and layers/ on Llama-3.1-8B, Gemma-3-12B and Qwen3-Next-80B-A3B at their real
+shapes, random bf16 weights, one request of T tokens (or B requests of T tokens packed), timed with CUDA
+events after a warm-up (median, min and spread), written as JSON in the format of the other peers. Runs on
+the GPU machine; `--check` runs a tiny config of each family on the CPU (or `--device cuda`) against an f32
+reference instead, `--against-upf UPF` against our CPU reference on the same seeded weights, and
+`--tiny --device cpu` runs the timing path itself on the tiny configs (CPU testing; times mean nothing).
 
-The layers (models/configs.c, layers/attention.c, layers/ffn.c, models/prefill.c):
+The layers (models/configs.c, layers/attention.c, layers/gdn.c, layers/ffn.c, uniprefill/moe.h, models/prefill.c):
   x = embed(ids) * embed_scale                         Gemma: sqrt(3840) rounded to bf16 (62.0)
-  per layer:  h = norm(x); qkv = h W_qkv^T             fused QKV weight (Hq D + 2 Hkv D, H)
-              q, k <- q/k RMSNorm per head [Gemma], then RoPE (rotate-half) at each token's position
+  per layer:  h = norm(x); then the layer's mixer:
+    attention  qkv = h W_qkv^T                         fused QKV weight (Hq D (x2 with a gate) + 2 Hkv D, H)
+              q, k <- q/k RMSNorm per head [Gemma, Qwen3-Next], then RoPE (rotate-half) at each token's position
                       Llama: theta 5e5, llama3 scaling (8, 1, 4, 8192)
                       Gemma: global layers theta 1e6 linear /8, sliding layers theta 1e4
+                      Qwen3-Next: theta 1e7 on the first 64 of the 256 dims (partial rotary 0.25)
               o = causal attention, GQA                full: SDPA (the fastest backend that takes the
                                                        shape, probed per length, recorded); sliding
                                                        window 1024 (keys, the query's own included):
                                                        flex_attention compiled, causal-window block mask
-              a = o W_o^T; a = norm(a) [Gemma sandwich]; x += a
-              h = norm(x); gu = h W_gu^T; f = act(gate) * up (SwiGLU silu / GeGLU tanh); f = f W_d^T
-              f = norm(f) [Gemma sandwich]; x += f
+              o *= sigmoid(gate) [Qwen3-Next: q_proj emits [query | gate] per head]
+              a = o W_o^T; a = norm(a) [Gemma sandwich]
+    GDN [Qwen3-Next, layers i with (i+1) % 4 != 0]
+              proj = h W_in^T (T, C + Hv Dv) = [q (Hk Dk) | k (Hk Dk) | v (Hv Dv) | z (Hv Dv)], C = 8192
+              ba = h W_ba^T (T, 2 Hv) = [b | a]
+              conv = silu(causal depthwise conv1d of proj[:, :C], kernel 4) over each request
+              o = gated delta rule: Hk 16 key heads of Dk 128 shared by Hv 32 value heads of Dv 128
+                  (value head h reads key head h // 2); q, k L2-normalised (eps 1e-6), scale Dk^-0.5,
+                  g = -exp(A_log) softplus(a + dt_bias), beta = sigmoid(b), zero initial state
+              o = rmsnorm(o) * w * silu(z) per value head (Qwen3NextRMSNormGated: plain gain, eps 1e-6)
+              a = o W_out^T
+              x += a; h = norm(x); then the FFN:
+    dense     gu = h W_gu^T; f = act(gate) * up (SwiGLU silu / GeGLU tanh); f = f W_d^T; f = norm(f) [Gemma]
+    MoE [Qwen3-Next] logits = h W_r^T (f32), p = softmax over 512 experts, the top 10 renormalised to sum 1;
+              f = sum_k w_k down_e(silu(gate_e h) * up_e h) + sigmoid(h . w_sg) shared(h), every expert and
+              the shared one SwiGLU of 512, the weighted sum in f32 rounded once
+              x += f
   logits = norm(x[last token of each request]) W_out^T  (Gemma: tied, W_out = the embedding), f32
-Norms: RMSNorm in f32, Llama x/rms * w (eps 1e-5), Gemma zero-centred x/rms * (1 + w) (eps 1e-6).
-Gemma: every 6th layer global ((i+1) % 6 == 0), scale 256^-0.5; Llama: all 32 layers full, 128^-0.5.
+Norms: RMSNorm in f32, Llama x/rms * w (eps 1e-5), Gemma and Qwen3-Next zero-centred x/rms * (1 + w) (eps 1e-6).
+Gemma: every 6th layer global ((i+1) % 6 == 0), scale 256^-0.5; Llama: all 32 layers full, 128^-0.5;
+Qwen3-Next: every 4th layer full attention (16/2 heads of 256, scale 256^-0.5), the other 36 of 48 GDN.
 
-How PyTorch runs it (recorded in the JSON's context):
+How PyTorch runs it (recorded in the JSON's context and results):
   - matmuls: F.linear on bf16 (cuBLAS), weights (out, in), distinct weights per layer (--shared-weights:
-    every layer reuses layer 0's, stated in the JSON);
-  - the pointwise glue (norms with the residual add, q/k norm + RoPE, act * up) is torch.compile'd
-    (--glue compiled, default; --glue eager for plain eager ops): a strong peer, not eager PyTorch;
+    the layers of one mixer kind run on the weights of the first layer of that kind, as `upf --shared-weights`:
+    stated in the context, in each result and its name);
+  - the pointwise glue (norms with the residual add, q/k norm + RoPE, act * up, the attention gate, the
+    GDN conv as a shifted sum, its gated norm, the MoE routing and combine) is torch.compile'd (--glue
+    compiled, default on the GPU; --glue eager for plain eager ops): a strong peer, not eager PyTorch;
+  - GDN: flash-linear-attention's chunk_gated_delta_rule (Triton; the gate, beta's sigmoid and the q/k L2
+    norm in its kernels, varlen through cu_seqlens) when `fla` imports (the carried wheels); the conv FLA's
+    causal_conv1d or the compiled shifted sum, whichever is faster at the length (probed, recorded).
+    Without FLA a plain-torch chunked scan runs (f32, slow; the output says so: CPU testing only);
+  - MoE: router logits in f32 (torch.mm with out_dtype where torch has it), softmax + top-k (glue), the
+    (token, rank) pairs sorted by expert (stable argsort), gate_up and down as one grouped GEMM each
+    (F.grouped_mm / torch._grouped_mm) over the sorted rows, else one F.linear per expert with tokens
+    (recorded as moe_experts), the shared expert by F.linear, the combine (gather, weights, sigmoid gate) glue;
   - torch.inference_mode, no autograd; intermediates die at the end of each block (the caching
     allocator reuses their memory); peak memory is recorded;
   - outside the timed region (per length, as a serving stack would cache them): the RoPE cos/sin
-    tables of the positions, the flex block mask, the compilation (warm-up), the SDPA backend probe.
+    tables of the positions, cu_seqlens, the flex block mask, the compilation (warm-up), the SDPA and
+    conv probes.
   - a batch (--reqs B > 1): B requests of T tokens packed into B*T rows for every per-token op; the
     attention runs per request (SDPA / flex over each request's rows; neither takes packed varlen
-    input in PyTorch), so the per-request loop is part of the time.
-Timing: CUDA events at the start, after the embedding and first norm, after each layer and at the end
-of every timed iteration; `median_s`, `min_s`, `cv` are over the whole forward (the layers run);
-`layer_s` the median of each layer, `per_layer_s` the median per layer kind.
+    input in PyTorch), so the per-request loop is part of the time; the GDN ops take the packed rows.
+Timing: CUDA events at the start, after the embedding and first norm, after each layer's mixer (its
+pre-norm, the attention / GDN block and the add + norm after it: `upf prefill`'s mixer_ms) and after its
+FFN / MoE block (ffn_ms), and at the end of every timed iteration; `median_s`, `min_s`, `cv` are over the
+whole forward (the layers run); `layer_s` the median of each layer, `per_layer_s` the median per layer
+kind, `mixer_s` / `ffn_s` the medians of the two parts, `per_part_s` the median per mixer kind and of
+the FFN ("ffn" or "moe"), `layer_kind` each layer's kind.
 --layers N times the first N layers only (plus embedding and head); `ttft_model_s` then extrapolates
 the whole model: pre + post + sum over kinds of (layers of that kind in the model) x (median per layer
-of that kind), and `extrapolated` says so (null when a kind of the model was not among the N layers).
-FLOPs (of what ran): 2 T (H Nqkv + Hq D H + 3 H I) per layer, attention 4 D Hq x (query, key) pairs
-(causal: t (t+1)/2 per request of t tokens; window W: the pairs within the window), head 2 B H V.
+of that kind), and `extrapolated` says so (null when a kind of the model was not among the N layers);
+`model_part_s` the same by part (e.g. Qwen3-Next: 36 x gdn, 12 x full, 48 x moe).
+FLOPs (of what ran): attention layers 2 T (H Nqkv + Hq D H) + 4 D Hq x (query, key) pairs (causal:
+t (t+1)/2 per request of t tokens; window W: the pairs within the window); GDN layers 2 T H (C + 2 Hv Dv
++ 2 Hv) + 2 T C K + 7 T Hv Dk Dv; dense FFN 6 T H I; MoE upf_moe_flops (router 2 T H E, routed 6 T K I H,
+shared 6 T Is H + 2 T H); head 2 B H V.
 
 Usage (GPU machine):
-  python3 perf/peers/torch_prefill.py [--model llama|gemma|all] [--lengths 8192,32768,131072]
+  python3 perf/peers/torch_prefill.py [--model llama|gemma|qwen3-next|all] [--lengths 8192,32768,131072]
         [--reqs 1] [--layers N] [--iters 5] [--warmup 2] [--glue compiled|eager] [--shared-weights]
         [--out perf/reports/H200/torch_prefill.json]
-  python3 perf/peers/torch_prefill.py --check [--device cpu|cuda]
+      (a model whose weights do not fit the free GPU memory is recorded as not run: Qwen3-Next's 148 GiB
+      of distinct weights need --shared-weights or --layers N)
+  python3 perf/peers/torch_prefill.py --check [--model ...] [--device cpu|cuda]
+  python3 perf/peers/torch_prefill.py --against-upf build-cpu/upf [--model ...]    (CPU; numpy)
+  python3 perf/peers/torch_prefill.py --tiny --device cpu --model qwen3-next --lengths 64 --layers 4
 """
 import argparse
 import contextlib
