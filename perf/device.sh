@@ -16,7 +16,11 @@
 #                                         VAR=a then VAR=b (an empty value unsets VAR), e.g.
 #                                         --ab UPF_VARIANT=,attn.prefill=fa2 or --ab UPF_MOE_BUCKETS=auto,4;
 #                                         --base times this bundle, BUNDLE (another commit's stage), this one again
-#     peers [sdpa|matmul|fla ...]         the PyTorch / FLA peer scripts of perf/peers on the benchmarks' shapes
+#     peers [sdpa|matmul|fla|prefill[:MODEL] ...]
+#                                         the PyTorch / FLA peer scripts of perf/peers on the benchmarks' shapes;
+#                                         prefill[:MODEL]: the end-to-end PyTorch peer (perf/peers/torch_prefill.py,
+#                                         MODEL llama, gemma or qwen3-next, the default) at --runs (default 32768
+#                                         131072), with --shared (its --shared-weights) and --layers 0:N; FLA from .whl
 #     profile BENCH [--kernel REGEX] [--skip N] [--count N] [--set SET | --section S ... | --metrics LIST]
 #                                         ncu (clocks left alone) of one benchmark's kernel launches
 #     prefill [MODELS...] [--runs "T1 T2,T2 ..."] [--keep R1,R2] [--layers A:B] [--iters N]
@@ -582,11 +586,7 @@ do_peers() {
       note "$DIR/peers/torch-matmul.log"
       tail -n 16 "$DIR/peers/torch-matmul.log" | cut -c1-120 >>"$DIR/summary.txt" ;;
     fla)
-      if ! python3 -c 'import fla' 2>/dev/null && compgen -G "$REPO/.whl/*.whl" >/dev/null; then
-        run "$DIR/peers/pip-fla.log" 120 -- python3 -m pip install -q --no-index --no-deps --no-compile \
-          --no-cache-dir --upgrade --target /tmp/upf-site "$REPO"/.whl/*.whl
-        export PYTHONPATH=/tmp/upf-site${PYTHONPATH:+:$PYTHONPATH}
-      fi
+      fla_wheels
       run "$DIR/peers/fla-gdn.log" "$cap" -- python3 peers/fla_gdn.py --iters 10 --warmup 2 --out "$DIR/peers/fla-gdn.json"
       note "$DIR/peers/fla-gdn.log"
       if [ -s "$DIR/bench/bench-gdn.json" ]; then
@@ -594,9 +594,34 @@ do_peers() {
           --fla "$DIR/peers/fla-gdn.json"
         tee -a "$DIR/summary.txt" <"$DIR/peers/compare-gdn.txt" >/dev/null
       fi ;;
-    *) die "peers: unknown peer $p (sdpa, matmul, fla)" ;;
+    prefill | prefill:*)
+      # the working tree's script (with its helper modules), so a peer-only change needs no new bundle
+      local pm=${p#prefill} plen=${RUNS_SET:+$RUNS} popt=()
+      pm=${pm#:}
+      pm=${pm:-qwen3-next}
+      plen=${plen:-32768 131072}
+      if [ -n "$LAYERS" ]; then
+        [[ $LAYERS =~ ^0:([0-9]+)$ ]] || die "peers prefill: --layers must be 0:N (the first N layers), not $LAYERS"
+        popt+=(--layers "${BASH_REMATCH[1]}")
+      fi
+      [ -z "$SHARED" ] || popt+=(--shared-weights)
+      [[ $pm == qwen3-next ]] && fla_wheels
+      run "$DIR/peers/torch-prefill-$pm.log" "$cap" -- python3 "$REPO/perf/peers/torch_prefill.py" --model "$pm" \
+        --lengths "${plen// /,}" "${popt[@]}" --out "$DIR/peers/torch-prefill-$pm.json"
+      note "$DIR/peers/torch-prefill-$pm.log"
+      grep -E '^model\.prefill|not run|layers, weights' "$DIR/peers/torch-prefill-$pm.log" | cut -c1-240 >>"$DIR/summary.txt" ;;
+    *) die "peers: unknown peer $p (sdpa, matmul, fla, prefill[:MODEL])" ;;
     esac
   done
+}
+
+# The flash-linear-attention wheels carried in .whl, installed once per machine where fla does not import.
+fla_wheels() {
+  if ! python3 -c 'import fla' 2>/dev/null && compgen -G "$REPO/.whl/*.whl" >/dev/null; then
+    run "$DIR/peers/pip-fla.log" 120 -- python3 -m pip install -q --no-index --no-deps --no-compile \
+      --no-cache-dir --upgrade --target /tmp/upf-site "$REPO"/.whl/*.whl
+    export PYTHONPATH=/tmp/upf-site${PYTHONPATH:+:$PYTHONPATH}
+  fi
 }
 
 # profile BENCH KERNEL SKIP COUNT NCUARGS...: ncu of COUNT launches of KERNEL after SKIP, in the

@@ -3,8 +3,8 @@
 the f32 references of `torch_prefill.py --check`. The math follows layers/gdn.c, ref_cpu/gdn.c and
 uniprefill/moe.h (see torch_prefill.py's docstring for the layer as a whole)."""
 import importlib
-import math
 import warnings
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
@@ -161,13 +161,15 @@ class Gdn:
 
     def __init__(self, cfg, device, reference=False, use_fla=True):
         self.cfg, self.device, self.reference = cfg, device, reference
-        self.fla_scan, self.fla_conv, self.fla_version = load_fla() if use_fla and not reference else (None, None, "off")
+        fla = load_fla() if use_fla and not reference else (None, None, "off")
+        self.fla_scan, self.fla_conv, self.fla_version = fla
         if self.fla_scan is None:
             self.scan_impl = "recurrent torch f32 (reference)" if reference else \
                 f"torch chunked f32 (no FLA: {self.fla_version}; slow, for CPU testing only, not a peer)"
         else:
             self.scan_impl = "fla chunk_gated_delta_rule (gate in kernel)"
         self.gate_in_kernel = self.fla_scan is not None
+        self.gate_probed = False
         self.conv_impl = "shifted sum"  # or "fla causal_conv1d"
 
     def conv(self, x, w, batch, glue):
@@ -186,14 +188,9 @@ class Gdn:
                 common["cu_seqlens_cpu"] = batch.cu_cpu
             q4, k4, v4 = q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0)
             if self.gate_in_kernel:
-                try:
-                    o, _ = self.fla_scan(q4, k4, v4, a.unsqueeze(0), b.unsqueeze(0), use_gate_in_kernel=True,
-                                         A_log=a_log, dt_bias=dt_bias, use_beta_sigmoid_in_kernel=True, **common)
-                    return o[0]
-                except (TypeError, RuntimeError, AssertionError) as e:  # an FLA without the fused gate
-                    warnings.warn(f"FLA refused the in-kernel gate ({type(e).__name__}: {e}); gates computed first")
-                    self.gate_in_kernel = False
-                    self.scan_impl = "fla chunk_gated_delta_rule (gates precomputed by the glue, in the timing)"
+                o, _ = self.fla_scan(q4, k4, v4, a.unsqueeze(0), b.unsqueeze(0), use_gate_in_kernel=True,
+                                     A_log=a_log, dt_bias=dt_bias, use_beta_sigmoid_in_kernel=True, **common)
+                return o[0]
             g, beta = glue.gdn_gates(a, b, a_log, dt_bias)
             o, _ = self.fla_scan(q4, k4, v4, g.unsqueeze(0), beta.to(v.dtype).unsqueeze(0), **common)
             return o[0]
@@ -201,25 +198,47 @@ class Gdn:
         run = scan_recurrent if self.reference else scan_chunked
         return run(q, k, v, g, beta, scale, batch.cu).to(v.dtype)
 
+    def probe_gate(self):
+        """Whether this FLA takes the raw gate inputs (use_gate_in_kernel, as fla_gdn.py calls it), on a
+        request of 128 tokens; else the glue computes g and beta first (inside the timing)."""
+        if self.fla_scan is None or self.gate_probed:
+            return
+        self.gate_probed = True
+        c, t, dev = self.cfg, 128, self.device
+        q, k = (torch.randn((1, t, c.gdn_key_heads, c.gdn_key_dim), device=dev, dtype=torch.bfloat16) for _ in "qk")
+        v = torch.randn((1, t, c.gdn_value_heads, c.gdn_value_dim), device=dev, dtype=torch.bfloat16)
+        a, b = (torch.randn((1, t, c.gdn_value_heads), device=dev, dtype=torch.bfloat16) for _ in "ab")
+        hv = torch.zeros(c.gdn_value_heads, device=dev)
+        cu = torch.tensor([0, t], device=dev, dtype=torch.int64)
+        try:
+            self.fla_scan(q, k, v, a, b, scale=c.gdn_key_dim ** -0.5, cu_seqlens=cu, use_qk_l2norm_in_kernel=True,
+                          use_gate_in_kernel=True, A_log=hv, dt_bias=hv, use_beta_sigmoid_in_kernel=True)
+        except Exception as e:  # noqa: BLE001 - an FLA without the fused gate (fla_gdn.py does the same)
+            print(f"FLA refused the in-kernel gate ({type(e).__name__}: {str(e)[:160]}); gates computed first",
+                  flush=True)
+            self.gate_in_kernel = False
+            self.scan_impl = "fla chunk_gated_delta_rule (g, beta computed by the glue first, inside the timing)"
+
     def probe(self, t, glue, iters=3):
-        """Times the conv of one request of t tokens with FLA's causal_conv1d and with the glue's shifted
-        sum (the FLA one kept only if it also agrees with the shifted sum); keeps the faster."""
+        """The FLA gate form (probe_gate), then times the conv of one request of t tokens with FLA's
+        causal_conv1d and with the glue's shifted sum (the FLA one kept only if it also agrees with the
+        shifted sum); keeps the faster."""
+        self.probe_gate()
         if self.fla_conv is None or self.device == "cpu":
             return {"gdn_conv": self.conv_impl, "gdn_scan": self.scan_impl}
         C, K = conv_channels(self.cfg), self.cfg.gdn_conv_kernel
         x = torch.randn((t, C + 64), device=self.device, dtype=torch.bfloat16)[:, :C]  # strided, as proj's columns
         w = torch.randn((C, K), device=self.device, dtype=torch.bfloat16) * K ** -0.5
 
-        class One:  # a batch of one request for the probe
-            cu, cu_dev = [0, t], torch.tensor([0, t], device=self.device, dtype=torch.int64)
-            cu_cpu, pos = torch.tensor([0, t], dtype=torch.int64), torch.arange(t, device=self.device)
-
+        one = torch.tensor([0, t], dtype=torch.int64)  # a batch of one request
+        batch = SimpleNamespace(cu=[0, t], cu_dev=one.to(self.device), cu_cpu=one,
+                                pos=torch.arange(t, device=self.device))
         found = {}
         want = None
         for impl in ("shifted sum", "fla causal_conv1d"):
             self.conv_impl = impl
             try:
-                y = self.conv(x, w, One, glue)
+                y = self.conv(x, w, batch, glue)
                 if want is None:
                     want = y.float()
                 elif (y.float() - want).abs().max().item() > 2e-2 * max(want.abs().max().item(), 1e-6):
@@ -228,7 +247,7 @@ class Gdn:
                 ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
                 ev[0].record()
                 for _ in range(iters):
-                    self.conv(x, w, One, glue)
+                    self.conv(x, w, batch, glue)
                 ev[1].record()
                 ev[1].synchronize()
                 found[impl] = ev[0].elapsed_time(ev[1]) * 1e-3 / iters
@@ -261,8 +280,9 @@ class Moe:
     def __init__(self, cfg, device, reference=False):
         self.cfg, self.device, self.reference = cfg, device, reference
         self.gmm = None
-        self.router = "bf16 F.linear, logits rounded to bf16 then f32"
-        self.experts = "reference: per-expert f32 loop" if reference else "per-expert F.linear loop (tokens sorted by expert)"
+        self.router = "F.linear in the weights' dtype (bf16: logits rounded to bf16), then f32"
+        self.experts = "reference: per-expert f32 loop" if reference else \
+            "per-expert F.linear loop (tokens sorted by expert)"
 
     def setup(self, dtype=torch.bfloat16):
         """Chooses the router form and the expert GEMM on a tiny case (each checked against plain
@@ -270,27 +290,29 @@ class Moe:
         if self.reference:
             return self.describe()
         H, I, E = 64, 32, 4
-        x = torch.randn((40, H), device=self.device, dtype=dtype)
+        x = torch.randn((64, H), device=self.device, dtype=dtype)
         wr = torch.randn((E, H), device=self.device, dtype=dtype)
         try:
             lg = torch.mm(x, wr.t(), out_dtype=torch.float32)
             if lg.dtype == torch.float32 and (lg - F.linear(x.float(), wr.float())).abs().max().item() < 1e-2:
                 self.router = "torch.mm bf16 -> f32 logits (out_dtype)"
         except (TypeError, RuntimeError, NotImplementedError):
-            pass
+            if self.device == "cpu":  # no bf16 -> f32 GEMM on the CPU: the same logits from upcast operands
+                self.router = "f32 F.linear of the upcast operands (cpu: no bf16 -> f32 GEMM)"
         fn = grouped_mm_fn()
         if fn is not None:
             w = torch.randn((E, 2 * I, H), device=self.device, dtype=dtype)
-            offs = torch.tensor([8, 8, 24, 40], device=self.device, dtype=torch.int32)  # an empty group too
+            offs = torch.tensor([16, 16, 48, 64], device=self.device, dtype=torch.int32)  # an empty group too
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
                     y = fn(x, w.transpose(-2, -1), offs=offs)
                 want = torch.cat([F.linear(x[s:e].float(), w[i].float()) for i, (s, e) in
-                                  enumerate(zip([0, 8, 8, 24], [8, 8, 24, 40]))])
+                                  enumerate(zip([0, 16, 16, 48], [16, 16, 48, 64]))])
                 if (y.float() - want).abs().max().item() < 5e-2 * want.abs().max().item():
                     self.gmm = fn
-                    self.experts = f"grouped GEMM ({'F.grouped_mm' if fn is getattr(F, 'grouped_mm', None) else 'torch._grouped_mm'}) over the expert-sorted rows"
+                    which = "F.grouped_mm" if fn is getattr(F, "grouped_mm", None) else "torch._grouped_mm"
+                    self.experts = f"grouped GEMM ({which}) over the expert-sorted rows"
             except (TypeError, RuntimeError, NotImplementedError, ValueError):
                 pass
         return self.describe()
@@ -301,12 +323,14 @@ class Moe:
     def logits(self, h, router):
         if self.router.startswith("torch.mm"):
             return torch.mm(h, router.t(), out_dtype=torch.float32)
+        if self.router.startswith("f32"):
+            return F.linear(h.float(), router.float())
         return F.linear(h, router).float()
 
     def __call__(self, h, lw, glue, act):
         """h (T, H) normed -> (T, H) in h's dtype."""
         c = self.cfg
-        T, E, K = h.shape[0], c.moe_experts, c.moe_top_k
+        E, K = c.moe_experts, c.moe_top_k
         if self.reference:
             return moe_reference(h, lw, c)
         w, idx = glue.moe_route(self.logits(h, lw.router), K, c.moe_norm_topk)
@@ -360,7 +384,8 @@ def gdn_flops(cfg, T):
     (bench_gdn.c's count)."""
     H, C, HvDv = cfg.hidden, conv_channels(cfg), cfg.gdn_value_heads * cfg.gdn_value_dim
     proj = 2.0 * T * H * (C + HvDv + 2 * cfg.gdn_value_heads + HvDv)
-    return proj + 2.0 * T * C * cfg.gdn_conv_kernel + 7.0 * T * cfg.gdn_value_heads * cfg.gdn_key_dim * cfg.gdn_value_dim
+    scan = 7.0 * T * cfg.gdn_value_heads * cfg.gdn_key_dim * cfg.gdn_value_dim
+    return proj + 2.0 * T * C * cfg.gdn_conv_kernel + scan
 
 
 def moe_flops(cfg, T):
@@ -368,11 +393,3 @@ def moe_flops(cfg, T):
     H, I, Is = cfg.hidden, cfg.moe_inter, cfg.moe_shared_inter
     f = 2.0 * T * H * cfg.moe_experts + 2.0 * T * cfg.moe_top_k * 3.0 * I * H
     return f + (2.0 * T * 3.0 * Is * H + 2.0 * T * H if Is else 0.0)
-
-
-def rope_note(cfg):
-    return f"partial rotary: the first {cfg.rot} of {cfg.head_dim} dims of each head" if cfg.rot < cfg.head_dim else ""
-
-
-__all__ = ["Gdn", "Moe", "GLUE", "conv_channels", "gdn_flops", "moe_flops", "load_fla", "scan_chunked",
-           "scan_recurrent", "math"]

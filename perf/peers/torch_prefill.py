@@ -92,8 +92,12 @@ Usage (GPU machine):
 import argparse
 import contextlib
 import math
+import os
 import statistics
+import subprocess
 import sys
+import tempfile
+import time
 import warnings
 from dataclasses import dataclass, field, replace
 
@@ -101,6 +105,7 @@ import torch
 import torch.nn.functional as F
 
 from peer_common import context, summary, write_report
+from qwen3next_ops import GLUE as QN_GLUE, Gdn, Moe, conv_channels, gdn_flops, moe_flops
 
 try:  # torch >= 2.5
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -130,7 +135,7 @@ class Config:
     q_heads: int                  # Hq
     kv_heads: int                 # Hkv
     head_dim: int                 # D
-    inter: int                    # I
+    inter: int                    # I (dense FFN)
     act: str                      # "silu" (SwiGLU), "gelu_tanh" (GeGLU)
     eps: float
     norm_offset: float            # 0: x/rms * w; 1: zero-centred x/rms * (1 + w)
@@ -143,37 +148,71 @@ class Config:
     rope_sliding: Rope
     embed_scale: float            # already rounded to bf16 where the model does so
     tied: bool
+    other: str = "sliding"        # the mixer of the other layers: "sliding" or "gdn"
+    rotary_dim: int = 0           # RoPE on the first rotary_dim dims of a head (0: all of them)
+    attn_gate: bool = False       # q_proj emits [query | gate] per head; o *= sigmoid(gate)
+    gdn_key_heads: int = 0        # Hk
+    gdn_value_heads: int = 0      # Hv
+    gdn_key_dim: int = 0          # Dk
+    gdn_value_dim: int = 0        # Dv
+    gdn_conv_kernel: int = 0
+    gdn_eps: float = 1e-6         # the gated norm (plain gain)
+    moe_experts: int = 0          # E; 0: dense FFN
+    moe_top_k: int = 0            # K
+    moe_inter: int = 0            # I of a routed expert
+    moe_shared_inter: int = 0     # Is of the shared expert
+    moe_norm_topk: bool = True
 
     def kind(self, layer):
-        return "full" if (layer + 1) % self.full_interval == 0 else "sliding"
+        return "full" if (layer + 1) % self.full_interval == 0 else self.other
 
     @property
     def qkv_cols(self):
-        return (self.q_heads + 2 * self.kv_heads) * self.head_dim
+        return (self.q_heads * (2 if self.attn_gate else 1) + 2 * self.kv_heads) * self.head_dim
+
+    @property
+    def rot(self):
+        return self.rotary_dim or self.head_dim
+
+    @property
+    def ffn_part(self):
+        return "moe" if self.moe_experts else "ffn"
 
 
 LLAMA_ROPE = Rope("llama3", 500000.0, 8.0, 1.0, 4.0, 8192)
+QWEN3N_ROPE = Rope("default", 10000000.0)
 CONFIGS = {
     "llama": Config("llama3.1-8b", 4096, 32, 128256, 32, 8, 128, 14336, "silu", 1e-5, 0.0, False, False, 1, 0,
                     128 ** -0.5, LLAMA_ROPE, LLAMA_ROPE, 1.0, False),
     "gemma": Config("gemma3-12b", 3840, 48, 262208, 16, 8, 256, 15360, "gelu_tanh", 1e-6, 1.0, True, True, 6, 1024,
                     256 ** -0.5, Rope("linear", 1e6, 8.0), Rope("default", 1e4),
                     torch.tensor(3840 ** 0.5, dtype=torch.bfloat16).item(), True),
+    # model_config.h UPF_QWEN3N_80B_*, uniprefill/moe.h upf_moe_config_qwen3_next
+    "qwen3-next": Config("qwen3-next-80b-a3b", 2048, 48, 151936, 16, 2, 256, 0, "silu", 1e-6, 1.0, True, False, 4, 0,
+                         256 ** -0.5, QWEN3N_ROPE, QWEN3N_ROPE, 1.0, False, other="gdn", rotary_dim=64,
+                         attn_gate=True, gdn_key_heads=16, gdn_value_heads=32, gdn_key_dim=128, gdn_value_dim=128,
+                         gdn_conv_kernel=4, gdn_eps=1e-6, moe_experts=512, moe_top_k=10, moe_inter=512,
+                         moe_shared_inter=512, moe_norm_topk=True),
 }
-# The tiny configs of models/configs.c (llama-tiny, gemma3-tiny): same sub-layers and pattern.
+# The tiny configs of models/configs.c (llama-tiny, gemma3-tiny, qwen3-next-tiny): same sub-layers and pattern.
 TINY = {
     "llama": replace(CONFIGS["llama"], name="llama-tiny", hidden=128, layers=6, vocab=512, q_heads=4, kv_heads=2,
                      head_dim=32, inter=256, scale=32 ** -0.5),
-    "gemma": replace(CONFIGS["gemma"], name="gemma3-tiny", hidden=128, layers=6, vocab=512, q_heads=4, kv_heads=2,
+    "gemma": replace(CONFIGS["gemma"], name="gemma3-tiny", hidden=128, layers=9, vocab=512, q_heads=4, kv_heads=2,
                      head_dim=32, inter=256, full_interval=3, window=32, scale=32 ** -0.5,
                      embed_scale=torch.tensor(128 ** 0.5, dtype=torch.bfloat16).item()),
+    "qwen3-next": replace(CONFIGS["qwen3-next"], name="qwen3-next-tiny", hidden=128, layers=12, vocab=512, q_heads=4,
+                          kv_heads=2, head_dim=32, scale=32 ** -0.5, rotary_dim=8, moe_experts=8, moe_top_k=2,
+                          moe_inter=64, moe_shared_inter=64, gdn_key_heads=2, gdn_value_heads=4, gdn_key_dim=32,
+                          gdn_value_dim=32),
 }
+FAMILIES = list(CONFIGS)
 
 
 # ---- RoPE tables ----
 
 def inv_freq(rope, dim):
-    """(dim/2) f64, as HF computes it (the llama3 rule included)."""
+    """(dim/2) f64, as HF computes it (the llama3 rule included); dim: the rotary dims."""
     f = 1.0 / (rope.theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
     if rope.kind == "linear":
         return f / rope.factor
@@ -210,14 +249,18 @@ def add_rmsnorm(residual, x, w, eps: float, offset: float):
 
 
 def qk_prep(x, w, cos, sin, eps: float, offset: float, norm: bool):
-    """x (T, h, D) any strides [-> per-head RMSNorm] -> RoPE rotate-half; (T, h, D) contiguous, x's dtype."""
+    """x (T, h, D) any strides [-> per-head RMSNorm] -> RoPE rotate-half on the first 2 cos.shape[-1] dims
+    (partial rotary: the rest pass through); (T, h, D) contiguous, x's dtype."""
     if norm:
         x = rmsnorm(x, w, eps, offset)
     xf = x.float()
-    half = xf.shape[-1] // 2
-    x1, x2 = xf[..., :half], xf[..., half:]
+    half = cos.shape[-1]
+    x1, x2 = xf[..., :half], xf[..., half:2 * half]
     c, s = cos[:, None, :], sin[:, None, :]
-    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).to(x.dtype)
+    parts = [x1 * c - x2 * s, x2 * c + x1 * s]
+    if 2 * half < xf.shape[-1]:
+        parts.append(xf[..., 2 * half:])
+    return torch.cat(parts, dim=-1).to(x.dtype)
 
 
 def act_mul(gu, act: str):
@@ -227,12 +270,23 @@ def act_mul(gu, act: str):
     return (F.silu(g) if act == "silu" else F.gelu(g, approximate="tanh")) * u
 
 
+def gate_mul(o, gate):
+    """o * sigmoid(gate) in f32, rounded once; o, gate (T, h, D) any strides -> contiguous."""
+    return (o.float() * torch.sigmoid(gate.float())).to(o.dtype)
+
+
 @dataclass
 class Glue:
     rmsnorm: object = rmsnorm
     add_rmsnorm: object = add_rmsnorm
     qk_prep: object = qk_prep
     act_mul: object = act_mul
+    gate_mul: object = gate_mul
+    conv_shift: object = QN_GLUE["conv_shift"]
+    gdn_gates: object = QN_GLUE["gdn_gates"]
+    gated_norm: object = QN_GLUE["gated_norm"]
+    moe_route: object = QN_GLUE["moe_route"]
+    moe_combine: object = QN_GLUE["moe_combine"]
 
 
 def compiled_glue():
@@ -240,7 +294,8 @@ def compiled_glue():
         if hasattr(torch._dynamo.config, knob):
             setattr(torch._dynamo.config, knob, 256)
     c = lambda f: torch.compile(f, dynamic=False)  # noqa: E731
-    return Glue(c(rmsnorm), c(add_rmsnorm), c(qk_prep), c(act_mul))
+    eager = Glue()
+    return Glue(**{k: c(v) for k, v in vars(eager).items()})
 
 
 # ---- Attention ----
@@ -343,39 +398,103 @@ class Attention:
         return {"sdpa_probe_s": found, "sdpa_backend": best}
 
 
+@dataclass
+class Ops:
+    """What runs each kind of block: the attention calls, the GDN conv and scan, the MoE."""
+    attn: Attention
+    gdn: Gdn = None
+    moe: Moe = None
+
+    @staticmethod
+    def make(cfg, device, reference=False):
+        return Ops(Attention(cfg, device, reference),
+                   Gdn(cfg, device, reference) if cfg.other == "gdn" else None,
+                   Moe(cfg, device, reference) if cfg.moe_experts else None)
+
+
 # ---- Weights and the forward pass ----
 
 @dataclass
 class LayerWeights:
-    attn_norm: torch.Tensor      # (H)
-    qkv: torch.Tensor            # (Hq D + 2 Hkv D, H)  [q | k | v] rows
-    q_norm: torch.Tensor         # (D)   qk_norm
-    k_norm: torch.Tensor         # (D)   qk_norm
-    o: torch.Tensor              # (H, Hq D)
-    post_attn_norm: torch.Tensor  # (H)  sandwich
-    ffn_norm: torch.Tensor       # (H)
-    gate_up: torch.Tensor        # (2I, H)  [gate | up] rows
-    down: torch.Tensor           # (H, I)
-    post_ffn_norm: torch.Tensor  # (H)   sandwich
+    attn_norm: torch.Tensor       # (H)
+    ffn_norm: torch.Tensor = None  # (H)
+    # attention layers
+    qkv: torch.Tensor = None      # (Nqkv, H)  [q | k | v] rows; Qwen3-Next: [query | gate] rows per q head
+    q_norm: torch.Tensor = None   # (D)   qk_norm
+    k_norm: torch.Tensor = None   # (D)   qk_norm
+    o: torch.Tensor = None        # (H, Hq D)
+    post_attn_norm: torch.Tensor = None  # (H)  sandwich
+    # GDN layers
+    ssm_in: torch.Tensor = None   # (C + Hv Dv, H)  [q | k | v | z] rows
+    ssm_ba: torch.Tensor = None   # (2 Hv, H)  [b | a] rows
+    ssm_conv: torch.Tensor = None  # (C, kernel)
+    ssm_a: torch.Tensor = None    # (Hv) f32 A_log
+    ssm_dt: torch.Tensor = None   # (Hv) f32 dt_bias
+    ssm_norm: torch.Tensor = None  # (Dv)  the gated norm's gain
+    ssm_out: torch.Tensor = None  # (H, Hv Dv)
+    # dense FFN
+    gate_up: torch.Tensor = None  # (2I, H)  [gate | up] rows
+    down: torch.Tensor = None     # (H, I)
+    post_ffn_norm: torch.Tensor = None  # (H)   sandwich
+    # MoE
+    router: torch.Tensor = None   # (E, H)
+    exp_gate_up: torch.Tensor = None  # (E, 2I, H)  [gate | up] rows per expert
+    exp_down: torch.Tensor = None  # (E, H, I)
+    sh_gate_up: torch.Tensor = None  # (2Is, H)
+    sh_down: torch.Tensor = None  # (H, Is)
+    sh_gate: torch.Tensor = None  # (H)  the shared expert's sigmoid gate
+
+    def tensors(self):
+        return [t for t in vars(self).values() if t is not None]
 
 
 def normal(shape, std, gen, device, dtype):
+    if device == "meta":
+        return torch.empty(shape, device="meta", dtype=dtype)
     return torch.empty(shape, device=device, dtype=dtype).normal_(0.0, std, generator=gen)
 
 
+def uniform(shape, lo, hi, gen, device, dtype):
+    if device == "meta":
+        return torch.empty(shape, device="meta", dtype=dtype)
+    return torch.empty(shape, device=device, dtype=dtype).uniform_(lo, hi, generator=gen)
+
+
 def norm_weight(n, cfg, gen, device, dtype):
-    """What the norm multiplies by (Llama) or its offset (Gemma): 1 + small noise, or small noise."""
+    """What the norm multiplies by (Llama) or its offset (Gemma, Qwen3-Next): 1 + small noise, or small noise."""
     return normal((n,), 0.02, gen, device, dtype) + (1.0 - cfg.norm_offset)
 
 
-def make_layer(cfg, gen, device, dtype):
-    H, D, I = cfg.hidden, cfg.head_dim, cfg.inter
+def make_layer(cfg, kind, gen, device, dtype):
+    """Random weights of one layer of the mixer `kind`: projections (out, in) with std in^-0.5."""
+    H, D = cfg.hidden, cfg.head_dim
     nw = lambda n: norm_weight(n, cfg, gen, device, dtype)  # noqa: E731
-    return LayerWeights(
-        attn_norm=nw(H), qkv=normal((cfg.qkv_cols, H), H ** -0.5, gen, device, dtype),
-        q_norm=nw(D), k_norm=nw(D), o=normal((H, cfg.q_heads * D), (cfg.q_heads * D) ** -0.5, gen, device, dtype),
-        post_attn_norm=nw(H), ffn_norm=nw(H), gate_up=normal((2 * I, H), H ** -0.5, gen, device, dtype),
-        down=normal((H, I), I ** -0.5, gen, device, dtype), post_ffn_norm=nw(H))
+    mat = lambda rows, cols: normal((rows, cols), cols ** -0.5, gen, device, dtype)  # noqa: E731
+    lw = LayerWeights(attn_norm=nw(H))
+    if kind == "gdn":
+        C, Hv, HvDv, K = conv_channels(cfg), cfg.gdn_value_heads, cfg.gdn_value_heads * cfg.gdn_value_dim, \
+            cfg.gdn_conv_kernel
+        lw.ssm_in, lw.ssm_ba = mat(C + HvDv, H), mat(2 * Hv, H)
+        lw.ssm_conv = normal((C, K), K ** -0.5, gen, device, dtype)
+        # as models/weights.c: A_log in [0, log 16], dt_bias in [-6, -2] (decays of a real checkpoint's range)
+        lw.ssm_a = uniform((Hv,), 0.0, math.log(16.0), gen, device, torch.float32)
+        lw.ssm_dt = uniform((Hv,), -6.0, -2.0, gen, device, torch.float32)
+        lw.ssm_norm = normal((cfg.gdn_value_dim,), 0.02, gen, device, dtype) + 1.0
+        lw.ssm_out = mat(H, HvDv)
+    else:
+        lw.qkv, lw.q_norm, lw.k_norm = mat(cfg.qkv_cols, H), nw(D), nw(D)
+        lw.o, lw.post_attn_norm = mat(H, cfg.q_heads * D), nw(H)
+    lw.ffn_norm = nw(H)
+    if cfg.moe_experts:
+        E, I, Is = cfg.moe_experts, cfg.moe_inter, cfg.moe_shared_inter
+        lw.router = mat(E, H)
+        lw.exp_gate_up = normal((E, 2 * I, H), H ** -0.5, gen, device, dtype)
+        lw.exp_down = normal((E, H, I), I ** -0.5, gen, device, dtype)
+        lw.sh_gate_up, lw.sh_down = mat(2 * Is, H), mat(H, Is)
+        lw.sh_gate = normal((H,), H ** -0.5, gen, device, dtype)
+    else:
+        lw.gate_up, lw.down, lw.post_ffn_norm = mat(2 * cfg.inter, H), mat(H, cfg.inter), nw(H)
+    return lw
 
 
 @dataclass
@@ -388,37 +507,64 @@ class Model:
     shared: bool
     weight_bytes: int = 0
 
+    def count_bytes(self):
+        seen = {}
+        for t in [self.embed, self.output, self.final_norm] + [t for lw in self.layers for t in lw.tensors()]:
+            seen[id(t)] = t.numel() * t.element_size()
+        self.weight_bytes = sum(seen.values())
+        return self
+
     @staticmethod
     def random(cfg, num_layers, shared, device, dtype=torch.bfloat16, seed=0):
-        gen = torch.Generator(device=device)
-        gen.manual_seed(seed)
+        """shared: the layers of one mixer kind reuse the first such layer's weights (upf --shared-weights)."""
+        gen = None
+        if device != "meta":
+            gen = torch.Generator(device=device)
+            gen.manual_seed(seed)
         embed = normal((cfg.vocab, cfg.hidden), 1.0 / cfg.embed_scale, gen, device, dtype)
         output = embed if cfg.tied else normal((cfg.vocab, cfg.hidden), cfg.hidden ** -0.5, gen, device, dtype)
-        first = make_layer(cfg, gen, device, dtype)
-        layers = [first] + [first if shared else make_layer(cfg, gen, device, dtype) for _ in range(num_layers - 1)]
-        m = Model(cfg, layers, embed, norm_weight(cfg.hidden, cfg, gen, device, dtype), output, shared)
-        seen = {}
-        for t in [m.embed, m.output, m.final_norm] + [t for lw in layers for t in vars(lw).values()]:
-            seen[id(t)] = t.numel() * t.element_size()
-        m.weight_bytes = sum(seen.values())
-        return m
+        first, layers = {}, []
+        for i in range(num_layers):
+            kind = cfg.kind(i)
+            if shared and kind in first:
+                layers.append(first[kind])
+                continue
+            lw = make_layer(cfg, kind, gen, device, dtype)
+            first.setdefault(kind, lw)
+            layers.append(lw)
+        return Model(cfg, layers, embed, norm_weight(cfg.hidden, cfg, gen, device, dtype), output, shared).count_bytes()
 
     def to(self, dtype):
-        """The same weights in another dtype (the f32 reference of --check)."""
-        cast = lambda t: t.to(dtype)  # noqa: E731
-        return Model(self.cfg, [LayerWeights(**{k: cast(v) for k, v in vars(lw).items()}) for lw in self.layers],
-                     cast(self.embed), cast(self.final_norm), cast(self.output), self.shared, self.weight_bytes)
+        """The same weights in another dtype (the f32 reference of --check); A_log and dt_bias stay f32."""
+        cast = lambda t: None if t is None else t.to(dtype)  # noqa: E731
+        casts = {}
+        layers = []
+        for lw in self.layers:
+            if id(lw) not in casts:
+                casts[id(lw)] = LayerWeights(**{k: v if k in ("ssm_a", "ssm_dt") else cast(v)
+                                                for k, v in vars(lw).items()})
+            layers.append(casts[id(lw)])
+        return Model(self.cfg, layers, cast(self.embed), cast(self.final_norm),
+                     cast(self.embed) if self.cfg.tied else cast(self.output), self.shared, self.weight_bytes)
 
 
 @dataclass
 class Batch:
     ids: torch.Tensor            # (T) i64 on the device
     cu: list                     # (B+1) host ints
-    rope: dict = field(default_factory=dict)  # kind -> (cos, sin) (T, D/2) f32 at each token's position
+    rope: dict = field(default_factory=dict)  # kind -> (cos, sin) (T, rot/2) f32 at each token's position
     last: torch.Tensor = None    # (B) i64: the packed row of each request's last token
+    pos: torch.Tensor = None     # (T) i64: each token's position in its request (the GDN conv's window)
+    cu_dev: torch.Tensor = None  # (B+1) i64 on the device (FLA's cu_seqlens)
+    cu_cpu: torch.Tensor = None  # (B+1) i64 on the host (FLA's cu_seqlens_cpu)
 
     def __post_init__(self):
-        self.last = torch.tensor([e - 1 for e in self.cu[1:]], dtype=torch.int64, device=self.ids.device)
+        dev = self.ids.device
+        self.last = torch.tensor([e - 1 for e in self.cu[1:]], dtype=torch.int64, device=dev)
+        spans = zip(self.cu[:-1], self.cu[1:])
+        self.pos = torch.cat([torch.arange(e - s, dtype=torch.int64) for s, e in spans]).to(dev)
+        self.cu_cpu = torch.tensor(self.cu, dtype=torch.int64)
+        self.cu_dev = self.cu_cpu.to(dev)
 
     @staticmethod
     def make(cfg, lengths, device, seed=1):
@@ -426,23 +572,29 @@ class Batch:
         cu = [0]
         for n in lengths:
             cu.append(cu[-1] + n)
-        ids = torch.randint(0, cfg.vocab, (cu[-1],), generator=gen).to(device)
+        ids = torch.randint(0, cfg.vocab, (cu[-1],), generator=gen)
         pos = torch.cat([torch.arange(n, dtype=torch.int64) for n in lengths])
-        rope = {kind: rope_tables(r, cfg.head_dim, pos, device)
-                for kind, r in (("full", cfg.rope_full), ("sliding", cfg.rope_sliding))}
-        return Batch(ids, cu, rope)
+        kinds = (("full", cfg.rope_full),) + ((("sliding", cfg.rope_sliding),) if cfg.other == "sliding" else ())
+        rope = {kind: rope_tables(r, cfg.rot, pos, device) for kind, r in kinds}
+        return Batch(ids.to(device), cu, rope)
+
+    def slice(self, s, e):
+        """Request [s, e) of the packed rows alone (a batch of one)."""
+        return Batch(self.ids[s:e], [0, e - s], {k: (c[s:e], sn[s:e]) for k, (c, sn) in self.rope.items()})
 
 
 def attention_block(m, lw, kind, h, batch, glue, attn):
     """h (T, H) normed -> attention output (T, H) after o_proj (and the post-attention norm, Gemma)."""
     c = m.cfg
     T, D, Hq, Hkv = h.shape[0], c.head_dim, c.q_heads, c.kv_heads
+    qs = D * (2 if c.attn_gate else 1)                           # a q head's columns: [query | gate]
     qkv = F.linear(h, lw.qkv)                                    # (T, Nqkv)
     cos, sin = batch.rope[kind]
-    q = glue.qk_prep(qkv[:, :Hq * D].view(T, Hq, D), lw.q_norm, cos, sin, c.eps, c.norm_offset, c.qk_norm)
-    k = glue.qk_prep(qkv[:, Hq * D:(Hq + Hkv) * D].view(T, Hkv, D), lw.k_norm, cos, sin, c.eps, c.norm_offset,
+    qg = qkv[:, :Hq * qs].view(T, Hq, qs)
+    q = glue.qk_prep(qg[..., :D], lw.q_norm, cos, sin, c.eps, c.norm_offset, c.qk_norm)
+    k = glue.qk_prep(qkv[:, Hq * qs:Hq * qs + Hkv * D].view(T, Hkv, D), lw.k_norm, cos, sin, c.eps, c.norm_offset,
                      c.qk_norm)
-    v = qkv[:, (Hq + Hkv) * D:].view(T, Hkv, D)                  # (T, Hkv, D) view
+    v = qkv[:, Hq * qs + Hkv * D:].view(T, Hkv, D)              # (T, Hkv, D) view
     call = attn.full if kind == "full" else attn.sliding
     heads = lambda x, s, e: x[s:e].transpose(0, 1).unsqueeze(0)  # noqa: E731  (1, h, t, D)
     if len(batch.cu) == 2:
@@ -451,24 +603,46 @@ def attention_block(m, lw, kind, h, batch, glue, attn):
         o = torch.empty((T, Hq, D), device=h.device, dtype=h.dtype)
         for s, e in zip(batch.cu[:-1], batch.cu[1:]):
             o[s:e] = call(heads(q, s, e), heads(k, s, e), heads(v, s, e))[0].transpose(0, 1)
-    del qkv, q, k, v
+    if c.attn_gate:
+        o = glue.gate_mul(o, qg[..., D:])                        # (T, Hq, D) contiguous
+    del qkv, qg, q, k, v
     a = F.linear(o.reshape(T, Hq * D), lw.o)                     # (T, H)
     return glue.rmsnorm(a, lw.post_attn_norm, c.eps, c.norm_offset) if c.sandwich else a
 
 
-def ffn_block(m, lw, h, glue):
-    """h (T, H) normed -> FFN output (T, H) (and the post-FFN norm, Gemma)."""
+def gdn_block(m, lw, h, batch, glue, gdn):
+    """h (T, H) normed -> Gated DeltaNet output (T, H) after out_proj (layers/gdn.c)."""
     c = m.cfg
+    T, Hk, Hv, Dk, Dv = h.shape[0], c.gdn_key_heads, c.gdn_value_heads, c.gdn_key_dim, c.gdn_value_dim
+    C = conv_channels(c)
+    proj = F.linear(h, lw.ssm_in)                                # (T, C + Hv Dv) [q | k | v | z]
+    ba = F.linear(h, lw.ssm_ba)                                  # (T, 2 Hv) [b | a]
+    conv = gdn.conv(proj[:, :C], lw.ssm_conv, batch, glue)       # (T, C)
+    q = conv[:, :Hk * Dk].view(T, Hk, Dk)
+    k = conv[:, Hk * Dk:2 * Hk * Dk].view(T, Hk, Dk)
+    v = conv[:, 2 * Hk * Dk:].view(T, Hv, Dv)
+    o = gdn.scan(q, k, v, ba[:, Hv:], ba[:, :Hv], lw.ssm_a, lw.ssm_dt, Dk ** -0.5, batch, glue)  # (T, Hv, Dv)
+    del conv, q, k, v, ba
+    o = glue.gated_norm(o, proj[:, C:].view(T, Hv, Dv), lw.ssm_norm, c.gdn_eps)
+    del proj
+    return F.linear(o.reshape(T, Hv * Dv), lw.ssm_out)           # (T, H)
+
+
+def ffn_block(m, lw, h, glue, ops):
+    """h (T, H) normed -> FFN / MoE output (T, H) (and the post-FFN norm, Gemma)."""
+    c = m.cfg
+    if c.moe_experts:
+        return ops.moe(h, lw, glue, c.act)
     f = glue.act_mul(F.linear(h, lw.gate_up), c.act)             # (T, I)
     f = F.linear(f, lw.down)                                     # (T, H)
     return glue.rmsnorm(f, lw.post_ffn_norm, c.eps, c.norm_offset) if c.sandwich else f
 
 
-def forward(m, batch, glue, attn, marks=None):
-    """Last-position logits (B, V) f32. marks: len(layers) + 3 CUDA events (start, after the embedding
-    and first norm, after each layer, end) or None."""
+def forward(m, batch, glue, ops, marks=None):
+    """Last-position logits (B, V) f32. marks: 2 len(layers) + 3 marks (start, after the embedding and
+    first norm, after each layer's mixer and after its FFN, end) or None."""
     c = m.cfg
-    mark = (lambda i: marks[i].record()) if marks is not None else (lambda i: None)  # noqa: E731
+    mark = marks.record if marks is not None else (lambda i: None)
     mark(0)
     residual = F.embedding(batch.ids, m.embed)                   # (T, H)
     if c.embed_scale != 1.0:
@@ -479,15 +653,18 @@ def forward(m, batch, glue, attn, marks=None):
     for i, lw in enumerate(m.layers):
         if i > 0:
             residual, h = glue.add_rmsnorm(residual, out, lw.attn_norm, c.eps, c.norm_offset)
-            out = None  # free the last FFN output before this layer's attention allocates
-        a = attention_block(m, lw, c.kind(i), h, batch, glue, attn)
+            out = None  # free the last FFN output before this layer's mixer allocates
+        kind = c.kind(i)
+        a = gdn_block(m, lw, h, batch, glue, ops.gdn) if kind == "gdn" else \
+            attention_block(m, lw, kind, h, batch, glue, ops.attn)
         residual, h = glue.add_rmsnorm(residual, a, lw.ffn_norm, c.eps, c.norm_offset)
         del a
-        out = ffn_block(m, lw, h, glue)
-        mark(2 + i)
+        mark(2 + 2 * i)
+        out = ffn_block(m, lw, h, glue, ops)
+        mark(3 + 2 * i)
     x = residual.index_select(0, batch.last) + out.index_select(0, batch.last)  # (B, H): the last add, last rows only
     logits = F.linear(glue.rmsnorm(x, m.final_norm, c.eps, c.norm_offset), m.output).float()
-    mark(len(m.layers) + 2)
+    mark(2 * len(m.layers) + 2)
     return logits
 
 
@@ -502,125 +679,279 @@ def attn_pairs(t, window):
 
 def flops(cfg, num_layers, lengths):
     T, H, D, Hq = sum(lengths), cfg.hidden, cfg.head_dim, cfg.q_heads
-    dense = 2.0 * T * (H * cfg.qkv_cols + Hq * D * H + 3 * H * cfg.inter)
+    attn_proj = 2.0 * T * (H * cfg.qkv_cols + Hq * D * H)
+    ffn = moe_flops(cfg, T) if cfg.moe_experts else 6.0 * T * H * cfg.inter
     total = 2.0 * len(lengths) * H * cfg.vocab
     for i in range(num_layers):
-        w = 0 if cfg.kind(i) == "full" else cfg.window
-        total += dense + 4.0 * D * Hq * sum(attn_pairs(t, w) for t in lengths)
+        kind = cfg.kind(i)
+        if kind == "gdn":
+            total += gdn_flops(cfg, T) + ffn
+        else:
+            w = 0 if kind == "full" else cfg.window
+            total += attn_proj + ffn + 4.0 * D * Hq * sum(attn_pairs(t, w) for t in lengths)
     return total
 
 
 # ---- Timing ----
 
-def time_case(m, batch, glue, attn, iters, warmup):
+class Marks:
+    """Time stamps of one forward: CUDA events on the GPU, perf_counter on the CPU (synchronous there)."""
+
+    def __init__(self, n, device):
+        self.cuda = device == "cuda"
+        self.ev = [torch.cuda.Event(enable_timing=True) for _ in range(n)] if self.cuda else [0.0] * n
+
+    def record(self, i):
+        if self.cuda:
+            self.ev[i].record()
+        else:
+            self.ev[i] = time.perf_counter()
+
+    def segments(self):
+        if self.cuda:
+            self.ev[-1].synchronize()
+            return [self.ev[i].elapsed_time(self.ev[i + 1]) * 1e-3 for i in range(len(self.ev) - 1)]
+        return [self.ev[i + 1] - self.ev[i] for i in range(len(self.ev) - 1)]
+
+
+def synchronize(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_case(m, batch, glue, ops, iters, warmup, device):
     """Per timed iteration: the seconds of each segment between the marks of `forward`."""
     for _ in range(warmup):
-        forward(m, batch, glue, attn)
-    torch.cuda.synchronize()
+        forward(m, batch, glue, ops)
+    synchronize(device)
     runs = []
     for _ in range(iters):
-        marks = [torch.cuda.Event(enable_timing=True) for _ in range(len(m.layers) + 3)]
-        forward(m, batch, glue, attn, marks)
-        marks[-1].synchronize()
-        runs.append([marks[i].elapsed_time(marks[i + 1]) * 1e-3 for i in range(len(marks) - 1)])
+        marks = Marks(2 * len(m.layers) + 3, device)
+        forward(m, batch, glue, ops, marks)
+        runs.append(marks.segments())
     return runs
 
 
 def layer_summary(cfg, runs):
-    """Medians: pre (embedding + first norm), each layer, post (last add, final norm, head), per kind;
-    and the whole-model estimate from them."""
-    n = len(runs[0]) - 2
-    med = [statistics.median(r[j] for r in runs) for j in range(n + 2)]
-    pre, layer_s, post = med[0], med[1:n + 1], med[n + 1]
-    kinds = {}
-    for i in range(n):
-        kinds.setdefault(cfg.kind(i), []).append(layer_s[i])
-    per_kind = {k: statistics.median(v) for k, v in kinds.items()}
+    """Medians: pre (embedding + first norm), each layer and its two parts, post (last add, final norm,
+    head), per kind and part; and the whole-model estimates from them."""
+    n = (len(runs[0]) - 2) // 2
+    med = lambda f: statistics.median(f(r) for r in runs)  # noqa: E731
+    pre, post = med(lambda r: r[0]), med(lambda r: r[-1])
+    mixer_s = [med(lambda r, i=i: r[1 + 2 * i]) for i in range(n)]
+    ffn_s = [med(lambda r, i=i: r[2 + 2 * i]) for i in range(n)]
+    layer_s = [med(lambda r, i=i: r[1 + 2 * i] + r[2 + 2 * i]) for i in range(n)]
+    kinds = [cfg.kind(i) for i in range(n)]
+    per_kind = {k: statistics.median(layer_s[i] for i in range(n) if kinds[i] == k) for k in dict.fromkeys(kinds)}
+    per_part = {k: statistics.median(mixer_s[i] for i in range(n) if kinds[i] == k) for k in dict.fromkeys(kinds)}
+    per_part[cfg.ffn_part] = statistics.median(ffn_s)
     counts = {}
     for i in range(cfg.layers):
         counts[cfg.kind(i)] = counts.get(cfg.kind(i), 0) + 1
     if all(k in per_kind for k in counts):
         model_s = pre + post + sum(per_kind[k] * counts[k] for k in counts)
+        model_part = {k: per_part[k] * counts[k] for k in counts}
+        model_part[cfg.ffn_part] = per_part[cfg.ffn_part] * cfg.layers
     else:
-        model_s = None
+        model_s = model_part = None
     return {"pre_s": pre, "post_s": post, "layer_s": layer_s, "per_layer_s": per_kind,
-            "model_layer_counts": counts, "ttft_model_s": model_s}
+            "model_layer_counts": counts, "ttft_model_s": model_s, "layer_kind": kinds, "mixer_s": mixer_s,
+            "ffn_s": ffn_s, "per_part_s": per_part, "model_part_s": model_part}
 
 
-def run_case(cfg, m, glue, attn, T, B, args):
+def case_name(cfg, B, T, layers, shared, dtype="bf16"):
+    name = f"model.prefill/torch/{dtype}/{cfg.name}/B:{B}/T:{T}"
+    if layers < cfg.layers:
+        name += f"/layers:{layers}"
+    return name + ("/shared-weights" if shared else "")
+
+
+def run_case(cfg, m, glue, ops, T, B, args):
+    device = args.device
     lengths = [T] * B
-    batch = Batch.make(cfg, lengths, "cuda")
-    name = f"model.prefill/torch/bf16/{cfg.name}/B:{B}/T:{T}"
-    if len(m.layers) < cfg.layers:
-        name += f"/layers:{len(m.layers)}"
+    batch = Batch.make(cfg, lengths, device)
+    n = len(m.layers)
+    name = case_name(cfg, B, T, n, m.shared)
     res = {"name": name, "model": cfg.name, "B": B, "T": T, "tokens": B * T,
-           "layers_timed": len(m.layers), "layers_model": cfg.layers}
-    torch.cuda.reset_peak_memory_stats()
-    if any(cfg.kind(i) == "full" for i in range(len(m.layers))):
-        res.update(attn.probe(T))
-    if any(cfg.kind(i) == "sliding" for i in range(len(m.layers))):
-        res["sliding_impl"] = attn.flex_impl
+           "layers_timed": n, "layers_model": cfg.layers, "shared_weights": m.shared}
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    kinds = {cfg.kind(i) for i in range(n)}
+    if "full" in kinds:
+        res.update(ops.attn.probe(T) if device == "cuda" else {"sdpa_backend": "default (cpu)"})
+    if "sliding" in kinds:
+        res["sliding_impl"] = ops.attn.flex_impl
+    if "gdn" in kinds:
+        res.update(ops.gdn.probe(T, glue))
+    if ops.moe is not None:
+        res.update(ops.moe.describe())
     iters, warmup = (max(3, args.iters // 2), 1) if B * T >= LONG_T else (args.iters, args.warmup)
-    runs = time_case(m, batch, glue, attn, iters, warmup)
-    res.update(summary([sum(r) for r in runs], flops(cfg, len(m.layers), lengths)))
+    runs = time_case(m, batch, glue, ops, iters, warmup, device)
+    res.update(summary([sum(r) for r in runs], flops(cfg, n, lengths)))
     ls = layer_summary(cfg, runs)
     res.update(ls)
-    res["extrapolated"] = len(m.layers) < cfg.layers
-    res["peak_bytes"] = torch.cuda.max_memory_allocated()
-    res["activation_peak_bytes"] = res["peak_bytes"] - m.weight_bytes
-    per = "  ".join(f"{k} {v * 1e3:.2f} ms/layer" for k, v in ls["per_layer_s"].items())
+    res["extrapolated"] = n < cfg.layers
+    res["peak_bytes"] = torch.cuda.max_memory_allocated() if device == "cuda" else None
+    res["activation_peak_bytes"] = res["peak_bytes"] - m.weight_bytes if device == "cuda" else None
+    per = "  ".join(f"{k} {v * 1e3:.2f}" for k, v in ls["per_part_s"].items())
     model = "n/a" if ls["ttft_model_s"] is None else f"{ls['ttft_model_s'] * 1e3:.1f} ms"
+    peak = f"peak {res['peak_bytes'] / 2**30:.1f} GiB" if res["peak_bytes"] is not None else "peak n/a (cpu)"
     print(f"{name:60s} {res['median_s'] * 1e3:10.1f} ms (min {res['min_s'] * 1e3:.1f}, cv {res['cv']:.3f}) "
-          f"{res['tflop_per_second']:6.1f} TFLOP/s  {per}  model {model}"
-          f"{' (extrapolated)' if res['extrapolated'] else ''}  sdpa {res.get('sdpa_backend', '-')}  "
-          f"peak {res['peak_bytes'] / 2**30:.1f} GiB", flush=True)
-    attn.masks.clear()
+          f"{res['tflop_per_second']:6.1f} TFLOP/s  ms/layer part: {per}  model {model}"
+          f"{' (extrapolated)' if res['extrapolated'] else ''}{' (shared weights)' if m.shared else ''}  "
+          f"sdpa {res.get('sdpa_backend', '-')}  {peak}", flush=True)
+    ops.attn.masks.clear()
     return res
 
 
+def run_context(extra, device):
+    """peer_common.context on the GPU; the same keys on the CPU (no device properties there)."""
+    if device == "cuda":
+        return context(extra)
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        commit = ""
+    ctx = {"gpu": "none (cpu)", "sms": 0, "torch": torch.__version__, "cuda": torch.version.cuda,
+           "commit": commit or os.environ.get("UPF_COMMIT", "unknown"),
+           "command": " ".join([sys.executable] + sys.argv),
+           "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    ctx.update(extra)
+    return ctx
+
+
+def weights_note(shared):
+    return ("shared: the layers of one mixer kind run on the weights of the first layer of that kind "
+            "(as upf --shared-weights; real shapes, routing and state sizes)") if shared \
+        else "distinct random weights per layer"
+
+
 def bench(args):
-    if not torch.cuda.is_available():
-        sys.exit("torch_prefill.py: no CUDA device visible to torch (use --check for the CPU)")
-    glue_mode = args.glue or "compiled"
+    device = args.device
+    if device == "cuda" and not torch.cuda.is_available():
+        sys.exit("torch_prefill.py: no CUDA device visible to torch (use --check, or --tiny --device cpu)")
+    glue_mode = args.glue or ("compiled" if device == "cuda" else "eager")
     glue = compiled_glue() if glue_mode == "compiled" else Glue()
     notes = [
         "attention per request when B > 1 (SDPA / flex take no packed varlen input); projections packed",
         "buffers: intermediates are freed at the end of each block and PyTorch's caching allocator reuses "
         "them (no explicit out= buffers); peak_bytes is torch.cuda.max_memory_allocated, weights included",
-        "outside the timed region: RoPE cos/sin tables, flex block masks, compilation (warm-up), SDPA probe",
+        "outside the timed region: RoPE cos/sin tables, cu_seqlens, flex block masks, compilation (warm-up), "
+        "SDPA and conv probes",
         "ttft_model_s extrapolates from per-kind medians when layers_timed < layers_model (extrapolated: true)",
+        "mixer_s: the layer's pre-norm (add + norm), attention / GDN block and the add + norm after it; ffn_s: "
+        "the FFN / MoE block (upf prefill's mixer_ms / ffn_ms)",
     ]
-    report = {"context": context({
-        "peer": "torch_prefill", "glue": glue_mode, "dtype": "bf16", "cudnn": torch.backends.cudnn.version(),
-        "weights": "shared: every layer reuses layer 0's weights" if args.shared_weights
-        else "distinct random weights per layer", "notes": notes}), "results": []}
-    models = ["llama", "gemma"] if args.model == "all" else [args.model]
+    if device == "cpu":
+        notes.append("CPU run (testing the script): perf_counter stamps, no peak memory, times mean nothing")
+    configs = TINY if args.tiny else CONFIGS
+    models = FAMILIES if args.model == "all" else [args.model]
+    extra = {"peer": "torch_prefill", "glue": glue_mode, "dtype": "bf16", "device": device,
+             "cudnn": torch.backends.cudnn.version() if device == "cuda" else None,
+             "weights": weights_note(args.shared_weights), "shared_weights": args.shared_weights, "notes": notes}
+    if args.tiny:
+        extra["tiny"] = "the tiny configs of models/configs.c (testing the script)"
+    report = {"context": run_context(extra, device), "results": []}
     lengths = [int(x) for x in args.lengths.split(",") if x]
     for key in models:
-        cfg = CONFIGS[key]
+        cfg = configs[key]
         n = min(args.layers or cfg.layers, cfg.layers)
-        m = Model.random(cfg, n, args.shared_weights, "cuda")
+        need = Model.random(cfg, n, args.shared_weights, "meta").weight_bytes
+        free = torch.cuda.mem_get_info()[0] if device == "cuda" else None
+        if free is not None and need > 0.9 * free:
+            why = (f"weights {need / 2**30:.1f} GiB ({n} layers, {'shared' if args.shared_weights else 'distinct'}) "
+                   f"do not fit the {free / 2**30:.1f} GiB free: --shared-weights or --layers N")
+            print(f"{cfg.name}: not run: {why}", flush=True)
+            for T in lengths:
+                report["results"].append({"name": case_name(cfg, args.reqs, T, n, args.shared_weights),
+                                          "model": cfg.name, "error": why, "weight_bytes": need})
+            continue
+        m = Model.random(cfg, n, args.shared_weights, device)
+        ops = Ops.make(cfg, device)
+        if ops.moe is not None:
+            ops.moe.setup()
         print(f"{cfg.name}: {n} of {cfg.layers} layers, weights {m.weight_bytes / 2**30:.2f} GiB"
-              f" ({'shared' if m.shared else 'distinct'}), glue {glue_mode}", flush=True)
-        attn = Attention(cfg, "cuda")
-        attn.setup_flex(compiled=True)
+              f" ({'shared' if m.shared else 'distinct'}), glue {glue_mode}"
+              + (f", gdn scan {ops.gdn.scan_impl}" if ops.gdn else "")
+              + (f", moe {ops.moe.experts}; router {ops.moe.router}" if ops.moe else ""), flush=True)
+        ops.attn.setup_flex(compiled=device == "cuda")
         for T in lengths:
             try:
-                res = run_case(cfg, m, glue, attn, T, args.reqs, args)
+                res = run_case(cfg, m, glue, ops, T, args.reqs, args)
             except Exception as e:  # noqa: BLE001 - out of memory, a backend refusing: record, go on
-                res = {"name": f"model.prefill/torch/bf16/{cfg.name}/B:{args.reqs}/T:{T}",
+                res = {"name": case_name(cfg, args.reqs, T, n, m.shared), "model": cfg.name,
                        "error": f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}"}
                 print(f"{res['name']:60s} not run: {res['error']}", flush=True)
-                attn.masks.clear()
-                torch.cuda.empty_cache()
+                ops.attn.masks.clear()
+                if device == "cuda":
+                    torch.cuda.empty_cache()
             res["weight_bytes"] = m.weight_bytes
             report["results"].append(res)
-        del m, attn
-        torch.cuda.empty_cache()
+        del m, ops
+        if device == "cuda":
+            torch.cuda.empty_cache()
     write_report(report, args.out)
 
 
 # ---- --check: tiny configs, one step, against an explicit-mask f32 reference ----
+
+def setup_sliding(cfg, attn, device):
+    """compiled flex may not run on the CPU: then eager flex, then the explicit mask; returns which ran."""
+    if not any(cfg.kind(i) == "sliding" for i in range(cfg.layers)):
+        return "n/a (no sliding layers)"
+    for compiled in (True, False):
+        attn.setup_flex(compiled)
+        try:
+            attn.sliding(*[torch.randn((1, h, 160, cfg.head_dim), device=device, dtype=torch.bfloat16)
+                           for h in (cfg.q_heads, cfg.kv_heads, cfg.kv_heads)])
+            return attn.flex_impl
+        except Exception as e:  # noqa: BLE001 - report which path the check exercised
+            print(f"{cfg.name}: {attn.flex_impl} did not run here: {type(e).__name__}: {str(e)[:160]}")
+            attn.masks.clear()
+    attn.flex = None
+    return "explicit mask (flex_attention did not run here)"
+
+
+def describe_ops(ops, impl):
+    parts = [f"sliding {impl}",
+             f"sdpa {ops.attn.sdpa_mode[0].name if ops.attn.sdpa_mode[0] else 'default'}/{ops.attn.sdpa_mode[1]}"]
+    if ops.gdn:
+        parts.append(f"gdn conv {ops.gdn.conv_impl}, scan {ops.gdn.scan_impl}")
+    if ops.moe:
+        parts.append(f"moe {ops.moe.experts}, router {ops.moe.router}")
+    return "; ".join(parts)
+
+
+def check_case(cfg, device, glue, dtype, tol):
+    """One tiny model in `dtype` through the timing path against the f32 reference path, and a batch of two
+    requests against each alone; returns (ok, line)."""
+    m = Model.random(cfg, cfg.layers, False, device, dtype=dtype)
+    ref_m = m.to(torch.float32)
+    ops = Ops.make(cfg, device)
+    if device == "cuda":
+        ops.attn.probe(256)
+    if ops.moe:
+        ops.moe.setup(dtype)
+    if ops.gdn:
+        ops.gdn.probe(256, glue)
+    impl = setup_sliding(cfg, ops.attn, device)
+    ref_ops = Ops.make(cfg, device, reference=True)
+    lengths = [256, 160]
+    both = Batch.make(cfg, lengths, device)
+    with torch.inference_mode():
+        got = forward(m, both, glue, ops)
+        want = forward(ref_m, both, Glue(), ref_ops)
+        alone = [forward(m, both.slice(s, e), glue, ops) for s, e in zip(both.cu[:-1], both.cu[1:])]
+    scale = want.abs().max().item()
+    err = (got - want).abs().max().item() / scale
+    err_b = max((a[0] - got[r]).abs().max().item() for r, a in enumerate(alone)) / scale
+    finite = bool(torch.isfinite(got).all())
+    ok = finite and got.shape == (len(lengths), cfg.vocab) and err < tol and err_b < 2e-2
+    name = "bf16" if dtype == torch.bfloat16 else "f32"
+    line = (f"logits {tuple(got.shape)} finite {finite}; {name} vs f32 reference max err {err:.2e} (of max |logit| "
+            f"{scale:.2f}, tol {tol:g}); batch of {lengths} vs alone {err_b:.2e} (tol 2e-2); {describe_ops(ops, impl)}")
+    return ok, line, err
+
 
 def check(args):
     device = args.device
@@ -628,69 +959,149 @@ def check(args):
     glue_mode = args.glue or "eager"
     glue = compiled_glue() if glue_mode == "compiled" else Glue()
     passed = failures = 0
-    for key in (["llama", "gemma"] if args.model == "all" else [args.model]):
+    for key in (FAMILIES if args.model == "all" else [args.model]):
         cfg = TINY[key]
-        m = Model.random(cfg, cfg.layers, False, device)
-        ref_m = m.to(torch.float32)
-        attn = Attention(cfg, device)
-        if device == "cuda":
-            attn.probe(256)
-        impl = None if any(cfg.kind(i) == "sliding" for i in range(cfg.layers)) else "n/a (no sliding layers)"
-        # compiled flex may not run on the CPU: then eager flex, then the explicit mask
-        for compiled in ((True, False) if impl is None else ()):
-            attn.setup_flex(compiled)
-            try:
-                attn.sliding(*[torch.randn((1, h, 160, cfg.head_dim), device=device, dtype=torch.bfloat16)
-                               for h in (cfg.q_heads, cfg.kv_heads, cfg.kv_heads)])
-                impl = attn.flex_impl
-                break
-            except Exception as e:  # noqa: BLE001 - report which path the check exercised
-                print(f"{cfg.name}: {attn.flex_impl} did not run here: {type(e).__name__}: {str(e)[:160]}")
-                attn.masks.clear()
-        if impl is None:
-            attn.flex, impl = None, "explicit mask (flex_attention did not run here)"
-        ref_attn = Attention(cfg, device, reference=True)
-        lengths = [256, 160]
-        both = Batch.make(cfg, lengths, device)
-        with torch.inference_mode():
-            got = forward(m, both, glue, attn)
-            want = forward(ref_m, both, Glue(), ref_attn)
-            alone = [forward(m, Batch(both.ids[s:e], [0, e - s],
-                                      {k: (c[s:e], sn[s:e]) for k, (c, sn) in both.rope.items()}), glue, attn)
-                     for s, e in zip(both.cu[:-1], both.cu[1:])]
-        scale = want.abs().max().item()
-        err = (got - want).abs().max().item() / scale
-        err_b = max((a[0] - got[r]).abs().max().item() for r, a in enumerate(alone)) / scale
-        finite = bool(torch.isfinite(got).all())
-        ok = finite and got.shape == (len(lengths), cfg.vocab) and err < 5e-2 and err_b < 2e-2
-        passed, failures = passed + ok, failures + (not ok)
-        print(f"{cfg.name}: logits {tuple(got.shape)} finite {finite}; bf16 vs f32 explicit-mask reference "
-              f"max err {err:.2e} (of max |logit| {scale:.2f}, tol 5e-2); batch of {lengths} vs alone "
-              f"{err_b:.2e} (tol 2e-2); sliding {impl}; glue {glue_mode}; "
-              f"sdpa {attn.sdpa_mode[0].name if attn.sdpa_mode[0] else 'default'}/{attn.sdpa_mode[1]}  "
-              f"{'ok' if ok else 'FAIL'}", flush=True)
+        cases = [(cfg, torch.bfloat16, 5e-2, "")]
+        if cfg.moe_experts:
+            # bf16 moves near-tied router logits across the top-k boundary (random weights route almost
+            # uniformly), so the routed model is checked in f32 and the bf16 arithmetic with every expert chosen
+            # f32 on the GPU: FLA's Triton dots round their f32 operands to TF32
+            cases = [(cfg, torch.float32, 1e-4 if device == "cpu" else 5e-3, "the timing path in f32; "),
+                     (replace(cfg, moe_top_k=cfg.moe_experts), torch.bfloat16, 5e-2,
+                      f"bf16 with top-{cfg.moe_experts} of {cfg.moe_experts} (no routing choice to flip); ")]
+        for c, dtype, tol, what in cases:
+            ok, line, _ = check_case(c, device, glue, dtype, tol)
+            passed, failures = passed + ok, failures + (not ok)
+            print(f"{cfg.name}: {what}{line}; glue {glue_mode}  {'ok' if ok else 'FAIL'}", flush=True)
+        if cfg.moe_experts:
+            _, _, err = check_case(cfg, device, glue, torch.bfloat16, 5e-2)
+            print(f"{cfg.name}: (not gated) bf16 at top-{cfg.moe_top_k} of {cfg.moe_experts} vs the f32 reference: "
+                  f"max err {err:.2e}, routing flips included", flush=True)
     print(f"{passed} passed, {failures} failed")
+    sys.exit(1 if failures else 0)
+
+
+# ---- --against-upf: the tiny configs' logits against our CPU reference on the same seeded weights ----
+
+def seeded_model(cfg, dtype, shared, seed=1):
+    """The peer's Model holding exactly the weights of `upf --model <tiny> --seed S` (perf/peers/upf_seeded.py)."""
+    from upf_seeded import seeded_weights  # numpy: only this mode needs it
+    w = seeded_weights(cfg, seed)
+    t = lambda a: torch.from_numpy(a).to(dtype)  # noqa: E731  (f32 values; bf16 rounds to nearest even, as upf)
+    layers, made = [], {}
+    for i in range(cfg.layers):
+        src = i
+        if shared:  # the first layer of the same mixer kind, as upf_model_init_seeded_shared
+            src = next(j for j in range(i + 1) if cfg.kind(j) == cfg.kind(i))
+        if src not in made:
+            made[src] = LayerWeights(**{k: torch.from_numpy(v) if k in ("ssm_a", "ssm_dt") else t(v)
+                                        for k, v in w["layers"][src].items()})
+        layers.append(made[src])
+    output = t(w["embed"]) if cfg.tied else t(w["output"])
+    m = Model(cfg, layers, t(w["embed"]), t(w["final_norm"]), output, shared)
+    if cfg.tied:
+        m.output = m.embed
+    return m.count_bytes()
+
+
+def run_upf(upf, cfg, batch, dtype_name, shared, tmp):
+    """The last-position logits (B, V) f32 of `upf prefill --backend cpu` on batch's ids."""
+    import numpy as np
+    ids_p, cu_p, out_p = (os.path.join(tmp, f) for f in ("ids.npy", "cu.npy", "logits.npy"))
+    np.save(ids_p, batch.ids.numpy().astype("<i4"))
+    np.save(cu_p, np.array(batch.cu, dtype="<i4"))
+    cmd = [upf, "prefill", "--model", cfg.name, "--backend", "cpu", "--dtype", dtype_name, "--token-ids", ids_p,
+           "--cu-seqlens", cu_p, "--out-logits", out_p] + (["--shared-weights"] if shared else [])
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"torch_prefill.py: {' '.join(cmd)} failed ({r.returncode}): {r.stderr.strip()[:400]}")
+    return torch.from_numpy(np.load(out_p)).float()
+
+
+def against_upf(args):
+    """Runs `UPF prefill --model <tiny> --backend cpu` on ids of two requests and the peer's forward on
+    the same seeded weights and ids, distinct and shared weights; compares the last-position logits. f32:
+    the peer's timing path and its f32 reference against upf f32 (tol 1e-4). bf16: the timing path against
+    upf bf16 (tol 5e-2); on an MoE model bf16 rounding moves near-tied router logits across the top-k
+    boundary in either implementation, so there the gate is the peer's bf16 distance from upf f32 against
+    upf's own bf16 distance from upf f32 (at most twice it, or 5e-2)."""
+    device = "cpu"
+    glue = Glue()
+    failures = 0
+    lengths = [int(x) for x in args.lengths.split(",") if x] if args.lengths_given else [200, 77]
+    rel = lambda a, b: (a - b).abs().max().item() / b.abs().max().item()  # noqa: E731
+    with tempfile.TemporaryDirectory(prefix="qpeer-") as tmp:
+        for key in (FAMILIES if args.model == "all" else [args.model]):
+            for shared in (False, True):
+                want = {}
+                for dtype_name in ("f32", "bf16"):
+                    # upf rounds the embed scale to bf16 only in a bf16 model
+                    cfg = TINY[key] if not (TINY[key].embed_scale != 1.0 and dtype_name == "f32") else \
+                        replace(TINY[key], embed_scale=float(torch.tensor(math.sqrt(TINY[key].hidden)).item()))
+                    batch = Batch.make(cfg, lengths, device, seed=7)
+                    want[dtype_name] = run_upf(args.against_upf, cfg, batch, dtype_name, shared, tmp)
+                    dtype = torch.float32 if dtype_name == "f32" else torch.bfloat16
+                    m = seeded_model(cfg, dtype, shared)
+                    ops = Ops.make(cfg, device)
+                    if ops.moe:
+                        ops.moe.setup(dtype)
+                    impl = setup_sliding(cfg, ops.attn, device)
+                    rows = [("timing path", ops, glue)]
+                    if dtype_name == "f32":
+                        rows.append(("f32 reference", Ops.make(cfg, device, reference=True), Glue()))
+                    for label, o, g in rows:
+                        with torch.inference_mode():
+                            got = forward(m, batch, g, o)
+                        err = rel(got, want[dtype_name])
+                        tol, extra = (1e-4 if dtype_name == "f32" else 5e-2), ""
+                        if dtype_name == "bf16" and cfg.moe_experts:
+                            spread = rel(want["bf16"], want["f32"])
+                            err32 = rel(got, want["f32"])
+                            tol = max(5e-2, 2 * spread)
+                            extra = (f"; vs upf f32 {err32:.2e}, upf bf16 vs upf f32 {spread:.2e} (routing flips); "
+                                     f"gate: vs upf f32 < {tol:.2e}")
+                            err = err32
+                        ok = bool(torch.isfinite(got).all()) and err < tol
+                        failures += not ok
+                        print(f"{cfg.name:16s} {'shared' if shared else 'distinct':8s} {dtype_name:4s} "
+                              f"peer {label:13s} "
+                              f"vs upf cpu {dtype_name}: max |diff| / max |logit| = {rel(got, want[dtype_name]):.2e} "
+                              f"(max |logit| {want[dtype_name].abs().max().item():.2f}, tol {tol:.0e}, requests "
+                              f"{lengths}){extra}{'' if label != 'timing path' else '; ' + describe_ops(o, impl)}  "
+                              f"{'ok' if ok else 'FAIL'}", flush=True)
+    print(f"{failures} failed")
     sys.exit(1 if failures else 0)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", choices=["llama", "gemma", "all"], default="all")
-    ap.add_argument("--lengths", default="8192,32768,131072", help="tokens per request, comma-separated")
+    ap.add_argument("--model", choices=FAMILIES + ["all"], default="all")
+    ap.add_argument("--lengths", default=None, help="tokens per request, comma-separated (default 8192,32768,131072)")
     ap.add_argument("--reqs", type=int, default=1, help="requests of each length in the batch (packed)")
     ap.add_argument("--layers", type=int, default=0, help="time the first N layers only (0: all)")
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--glue", choices=["compiled", "eager"], default=None,
-                    help="the pointwise glue: torch.compile'd (default) or eager (default of --check)")
-    ap.add_argument("--shared-weights", action="store_true", help="every layer reuses layer 0's weights")
+                    help="the pointwise glue: torch.compile'd (default on the GPU) or eager (default on the CPU)")
+    ap.add_argument("--shared-weights", action="store_true",
+                    help="the layers of one mixer kind run on the weights of the first layer of that kind")
     ap.add_argument("--out", default="perf/reports/H200/torch_prefill.json")
     ap.add_argument("--check", action="store_true", help="tiny configs, one step, against a reference; no timing")
-    ap.add_argument("--device", default="cpu", help="--check only: cpu or cuda")
+    ap.add_argument("--against-upf", metavar="UPF", help="tiny configs' logits against `UPF prefill --backend cpu` "
+                    "on the same seeded weights (CPU, numpy); no timing")
+    ap.add_argument("--tiny", action="store_true", help="time the tiny configs of models/configs.c (testing)")
+    ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda for timing, cpu for --check)")
     args = ap.parse_args()
+    args.lengths_given = args.lengths is not None
+    args.lengths = args.lengths or "8192,32768,131072"
+    args.device = args.device or ("cpu" if args.check or args.against_upf else "cuda")
     if args.reqs < 1 or args.layers < 0:
         sys.exit("torch_prefill.py: --reqs must be >= 1 and --layers >= 0")
+    if args.device not in ("cpu", "cuda"):
+        sys.exit(f"torch_prefill.py: --device {args.device}: cpu or cuda")
     with torch.inference_mode():
+        if args.against_upf:
+            against_upf(args)
         check(args) if args.check else bench(args)
 
 
