@@ -24,6 +24,16 @@ cudaStream_t upf_cuda_stream(void);
  * Every CUDA entry point calls this first. Fails without a CUDA call when UPF_BACKENDS excludes cuda. */
 upf_status upf_cuda_init(void);
 
+/* Evaluates a cuBLAS or cuBLASLt call (both return cublasStatus_t); on failure records the call, the
+ * library's message and the place, and returns UPF_ERR_CUDA. */
+#define UPF_CUBLAS_TRY(call)                                                                                   \
+  do {                                                                                                         \
+    cublasStatus_t upf_cublas_st_ = (call);                                                                    \
+    if (upf_cublas_st_ != CUBLAS_STATUS_SUCCESS)                                                               \
+      return upf_fail(UPF_ERR_CUDA, "cublas: %s failed: %s (%d) at %s:%d", #call,                              \
+                      cublasGetStatusString(upf_cublas_st_), (int)upf_cublas_st_, __FILE__, __LINE__);         \
+  } while (0)
+
 /* The backend's one cuBLAS handle, bound to upf_cuda_stream(); created on first use. NULL (with the
  * error recorded) when the device or cuBLAS cannot be initialised. Callers that change its math or
  * pointer mode put the previous setting back. */

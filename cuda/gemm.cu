@@ -33,14 +33,6 @@
 #include "cuda/gemm.cuh"
 #include "uniprefill/variant.h"
 
-#define UPF_CUBLAS_TRY(call)                                                                                   \
-  do {                                                                                                         \
-    cublasStatus_t upf_cublas_st_ = (call);                                                                    \
-    if (upf_cublas_st_ != CUBLAS_STATUS_SUCCESS)                                                               \
-      return upf_fail(UPF_ERR_CUDA, "cublas: %s failed: %s (%d) at %s:%d", #call,                              \
-                      cublasGetStatusString(upf_cublas_st_), (int)upf_cublas_st_, __FILE__, __LINE__);         \
-  } while (0)
-
 #define GEMM_F32_KSLICE 1024
 
 /* ---- lt-tuned: cublasLt with the algorithm timed per shape ---- */
@@ -69,14 +61,6 @@ struct lt_state {
 };
 lt_state lt;
 
-#define LT_TRY(call)                                                                                           \
-  do {                                                                                                         \
-    cublasStatus_t upf_lt_st_ = (call);                                                                        \
-    if (upf_lt_st_ != CUBLAS_STATUS_SUCCESS)                                                                   \
-      return upf_fail(UPF_ERR_CUDA, "cublasLt: %s failed: %s (%d) at %s:%d", #call,                            \
-                      cublasGetStatusString(upf_lt_st_), (int)upf_lt_st_, __FILE__, __LINE__);                 \
-  } while (0)
-
 int pointer_align(const void *a, const void *b, const void *c) {
   const uintptr_t bits = (uintptr_t)a | (uintptr_t)b | (uintptr_t)c | 256;
   return (int)(bits & (~bits + 1));
@@ -102,7 +86,7 @@ upf_status lt_call(const upf_gemm_lt_choice *ch, const cublasLtMatmulAlgo_t *alg
   void *ws = upf_cuda_cublas_workspace(&ws_bytes);
   const float one = 1.0f, zero = 0.0f;
   /* column-major c^T (N, M) = b^T (N, K) . a^T (K, M), as cublasGemmEx runs it above */
-  LT_TRY(cublasLtMatmul(lt.handle, ch->op, &one, b, ch->la, a, ch->lb, &zero, c, ch->lc, c, ch->lc, algo, ws,
+  UPF_CUBLAS_TRY(cublasLtMatmul(lt.handle, ch->op, &one, b, ch->la, a, ch->lb, &zero, c, ch->lc, c, ch->lc, algo, ws,
                         ws_bytes, upf_cuda_stream()));
   return UPF_OK;
 }
@@ -139,15 +123,15 @@ template <typename F> upf_status median_time(F f, cudaEvent_t e0, cudaEvent_t e1
  * overwritten; a and b are only read) and records the fastest in ch. */
 upf_status lt_tune(upf_gemm_lt_choice *ch, const void *a, const void *b, void *c) {
   const cudaDataType_t tc = ch->cd == UPF_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_32F;
-  LT_TRY(cublasLtMatmulDescCreate(&ch->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  LT_TRY(cublasLtMatrixLayoutCreate(&ch->la, CUDA_R_16BF, (uint64_t)ch->N, (uint64_t)ch->K, ch->ldb));
-  LT_TRY(cublasLtMatrixLayoutCreate(&ch->lb, CUDA_R_16BF, (uint64_t)ch->K, (uint64_t)ch->M, ch->lda));
-  LT_TRY(cublasLtMatrixLayoutCreate(&ch->lc, tc, (uint64_t)ch->N, (uint64_t)ch->M, ch->ldc));
+  UPF_CUBLAS_TRY(cublasLtMatmulDescCreate(&ch->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  UPF_CUBLAS_TRY(cublasLtMatrixLayoutCreate(&ch->la, CUDA_R_16BF, (uint64_t)ch->N, (uint64_t)ch->K, ch->ldb));
+  UPF_CUBLAS_TRY(cublasLtMatrixLayoutCreate(&ch->lb, CUDA_R_16BF, (uint64_t)ch->K, (uint64_t)ch->M, ch->lda));
+  UPF_CUBLAS_TRY(cublasLtMatrixLayoutCreate(&ch->lc, tc, (uint64_t)ch->N, (uint64_t)ch->M, ch->ldc));
   size_t ws_bytes = 0;
   upf_cuda_cublas_workspace(&ws_bytes);
   const uint32_t align = (uint32_t)ch->align;
   cublasLtMatmulPreference_t pref = nullptr;
-  LT_TRY(cublasLtMatmulPreferenceCreate(&pref));
+  UPF_CUBLAS_TRY(cublasLtMatmulPreferenceCreate(&pref));
   cublasStatus_t cs = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
                                                            sizeof ws_bytes);
   const cublasLtMatmulPreferenceAttributes_t aligns[4] = {
@@ -212,7 +196,7 @@ extern "C" upf_status upf_cuda_gemm_lt_choose(const void *a, int64_t lda, const 
   if (lt.cache.size() >= LT_CACHE_MAX)
     return UPF_OK; /* no choice: the caller runs cublasGemmEx */
   if (!lt.handle)
-    LT_TRY(cublasLtCreate(&lt.handle));
+    UPF_CUBLAS_TRY(cublasLtCreate(&lt.handle));
   upf_gemm_lt_choice *ch = new (std::nothrow) upf_gemm_lt_choice();
   if (!ch)
     return upf_fail(UPF_ERR_NOMEM, "gemm (cuda): lt-tuned choice");
@@ -246,19 +230,6 @@ extern "C" void upf_cuda_gemm_lt_describe(const upf_gemm_lt_choice *ch, int *can
   *candidates = ch->candidates, *rank = ch->rank, *lt_s = ch->lt_s, *gemmex_s = ch->gemmex_s;
 }
 
-/* One row chunk of upf_cuda_gemm_raw under lt-tuned: the remembered algorithm, or cublasGemmEx where it
- * was faster, no candidate ran, or the cache is full. */
-static upf_status gemm_lt_tuned(const void *a, int64_t lda, const void *b, int64_t ldb, void *c, int64_t ldc,
-                                int64_t M, int64_t K, int64_t N, upf_dtype cd) {
-  const upf_gemm_lt_choice *ch = nullptr;
-  UPF_TRY(upf_cuda_gemm_lt_choose(a, lda, b, ldb, c, ldc, M, K, N, cd, &ch));
-  if (ch && ch->use_lt)
-    return lt_call(ch, &ch->algo, a, b, c);
-  upf_gemm_lt_choice plain = {};
-  plain.M = M, plain.K = K, plain.N = N, plain.lda = lda, plain.ldb = ldb, plain.ldc = ldc, plain.cd = cd;
-  return gemmex_call(&plain, a, b, c);
-}
-
 extern "C" upf_status upf_cuda_gemm_raw(const void *a, int64_t lda, const void *b, int64_t ldb, void *c, int64_t ldc,
                                         int64_t M, int64_t K, int64_t N, upf_dtype ab, upf_dtype cd) {
   UPF_TRY(upf_cuda_init());
@@ -287,9 +258,13 @@ extern "C" upf_status upf_cuda_gemm_raw(const void *a, int64_t lda, const void *
       int64_t kn = K - k0 < kslice ? K - k0 : kslice;
       const char *a_part = (const char *)a + (size_t)(m0 * lda + k0) * es_ab; /* columns k0.. of a's rows */
       const char *b_part = (const char *)b + (size_t)(k0 * ldb) * es_ab;      /* rows k0.. of b */
-      if (lt_tuned) {
-        UPF_TRY(gemm_lt_tuned(a_part, lda, b_part, ldb, c_rows, ldc, rows, kn, N, cd));
-        continue;
+      if (lt_tuned) { /* the remembered algorithm; cublasGemmEx below where that won or the cache is full */
+        const upf_gemm_lt_choice *ch = nullptr;
+        UPF_TRY(upf_cuda_gemm_lt_choose(a_part, lda, b_part, ldb, c_rows, ldc, rows, kn, N, cd, &ch));
+        if (ch && ch->use_lt) {
+          UPF_TRY(lt_call(ch, &ch->algo, a_part, b_part, c_rows));
+          continue;
+        }
       }
       UPF_CUBLAS_TRY(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, (int)N, (int)rows, (int)kn, &alpha, b_part, t_ab,
                                   (int)ldb, a_part, t_ab, (int)lda, k0 == 0 ? &beta0 : &beta1, c_rows, t_c, (int)ldc,

@@ -78,15 +78,6 @@
 #include "cuda/moe.cuh"
 #include "uniprefill/variant.h"
 
-/* Evaluates a cuBLAS call; on failure records the message and returns UPF_ERR_CUDA. */
-#define MOE_CUBLAS_TRY(call)                                                                        \
-  do {                                                                                              \
-    cublasStatus_t moe_blas_st_ = (call);                                                           \
-    if (moe_blas_st_ != CUBLAS_STATUS_SUCCESS)                                                      \
-      return upf_fail(UPF_ERR_CUDA, "cuda: %s failed: %s (%d) at %s:%d", #call,                     \
-                      cublasGetStatusString(moe_blas_st_), (int)moe_blas_st_, __FILE__, __LINE__);  \
-  } while (0)
-
 namespace {
 
 using bf16 = __nv_bfloat16;
@@ -618,12 +609,12 @@ struct cublas_guard {
       snprintf(why, sizeof why, "%s", upf_last_error());
       return upf_fail(UPF_ERR_CUDA, "moe (cuda): no cuBLAS handle: %s", why);
     }
-    MOE_CUBLAS_TRY(cublasGetMathMode(h, &math));
-    MOE_CUBLAS_TRY(cublasGetPointerMode(h, &mode));
+    UPF_CUBLAS_TRY(cublasGetMathMode(h, &math));
+    UPF_CUBLAS_TRY(cublasGetPointerMode(h, &mode));
     saved = true;
-    MOE_CUBLAS_TRY(cublasSetStream(h, upf_cuda_stream()));
-    MOE_CUBLAS_TRY(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH));
-    MOE_CUBLAS_TRY(cublasSetPointerMode(h, CUBLAS_POINTER_MODE_HOST));
+    UPF_CUBLAS_TRY(cublasSetStream(h, upf_cuda_stream()));
+    UPF_CUBLAS_TRY(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH));
+    UPF_CUBLAS_TRY(cublasSetPointerMode(h, CUBLAS_POINTER_MODE_HOST));
     return UPF_OK;
   }
   ~cublas_guard() {
@@ -650,7 +641,7 @@ upf_status linear(cublasHandle_t h, int64_t rows, int64_t cols, int64_t k, const
     return upf_fail(UPF_ERR_UNSUPPORTED, "moe (cuda): GEMM extent beyond int32 (%lld x %lld x %lld)",
                     (long long)rows, (long long)cols, (long long)k);
   const float one = 1.0f, zero = 0.0f;
-  MOE_CUBLAS_TRY(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)cols, (int)rows, (int)k, &one, W, ab, (int)k, in, ab,
+  UPF_CUBLAS_TRY(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)cols, (int)rows, (int)k, &one, W, ab, (int)k, in, ab,
                               (int)ld_in, &zero, out, c, (int)ld_out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   return UPF_OK;
 }
@@ -834,7 +825,7 @@ upf_status aux_ready(aux_stream &a) {
   if (!a.join)
     UPF_CUDA_TRY(cudaEventCreateWithFlags(&a.join, cudaEventDisableTiming));
   cublasHandle_t h = nullptr;
-  MOE_CUBLAS_TRY(cublasCreate(&h));
+  UPF_CUBLAS_TRY(cublasCreate(&h));
   cublasStatus_t st = cublasSetStream(h, a.stream);
   if (st != CUBLAS_STATUS_SUCCESS) {
     cublasDestroy(h);
@@ -868,7 +859,7 @@ template <typename T> upf_status bucket_gemm(cublasHandle_t h, const gemm_plan &
   const float one = 1.0f, zero = 0.0f;
   const size_t E_used = p.order.size(), at = (size_t)p.bucket_start[b];
   const int cols = (int)g.cols, k = (int)g.k; /* run_expert_gemm's callers checked the int32 extents */
-  MOE_CUBLAS_TRY(cublasGemmBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, cols, p.bucket_cap[b], k, &one, g.dev_ptrs + at, dt,
+  UPF_CUBLAS_TRY(cublasGemmBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, cols, p.bucket_cap[b], k, &one, g.dev_ptrs + at, dt,
                                      k, g.dev_ptrs + E_used + at, dt, k, &zero,
                                      const_cast<void *const *>(g.dev_ptrs + 2 * E_used + at), dt, cols,
                                      p.bucket_size[b], CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
@@ -885,7 +876,7 @@ upf_status run_expert_gemm(cublasHandle_t h, const gemm_plan &p, const expert_ge
     return upf_fail(UPF_ERR_UNSUPPORTED, "moe (cuda): expert GEMM extents beyond int32");
   const int cols = (int)g.cols, k = (int)g.k;
   if (p.variant == GEMM_PADDED) {
-    MOE_CUBLAS_TRY(cublasGemmStridedBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, cols, p.cap, k, &one, g.W, dt, k,
+    UPF_CUBLAS_TRY(cublasGemmStridedBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, cols, p.cap, k, &one, g.W, dt, k,
                                               (long long)cols * k, g.in, dt, k, (long long)p.cap * k, &zero, g.out,
                                               dt, cols, (long long)p.cap * cols, num_experts, CUBLAS_COMPUTE_32F,
                                               CUBLAS_GEMM_DEFAULT));
@@ -937,7 +928,7 @@ upf_status run_expert_gemm(cublasHandle_t h, const gemm_plan &p, const expert_ge
     const char *W = static_cast<const char *>(g.W) + (size_t)e * g.cols * g.k * es;
     const char *in = static_cast<const char *>(g.in) + (size_t)p.row_base[e] * g.k * es;
     char *out = static_cast<char *>(g.out) + (size_t)p.row_base[e] * g.cols * es;
-    MOE_CUBLAS_TRY(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, cols, p.count[e], k, &one, W, dt, k, in, dt, k, &zero,
+    UPF_CUBLAS_TRY(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, cols, p.count[e], k, &one, W, dt, k, in, dt, k, &zero,
                                 out, dt, cols, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
   *ran = GEMM_LOOP;

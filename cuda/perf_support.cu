@@ -230,14 +230,6 @@ struct upf_gemm_lt_plan {
   int64_t M, K, N;
 };
 
-#define PERF_LT_TRY(call)                                                                                     \
-  do {                                                                                                        \
-    cublasStatus_t perf_lt_ = (call);                                                                         \
-    if (perf_lt_ != CUBLAS_STATUS_SUCCESS)                                                                    \
-      return upf_fail(UPF_ERR_CUDA, "perf_support: %s failed: %s (%d)", #call, cublasGetStatusString(perf_lt_), \
-                      (int)perf_lt_);                                                                         \
-  } while (0)
-
 static float bf16_bits_to_float(uint16_t h) {
   const uint32_t u = (uint32_t)h << 16;
   float f;
@@ -260,7 +252,7 @@ static upf_status lt_plan_check(const upf_gemm_lt_plan *p) {
   if (!h)
     return UPF_ERR_CUDA;
   const float one = 1.0f, zero = 0.0f;
-  PERF_LT_TRY(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, (int)p->N, (int)p->M, (int)p->K, &one, p->b, CUDA_R_16BF,
+  UPF_CUBLAS_TRY(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, (int)p->N, (int)p->M, (int)p->K, &one, p->b, CUDA_R_16BF,
                            (int)p->N, p->a, CUDA_R_16BF, (int)p->K, &zero, p->c, CUDA_R_16BF, (int)p->N,
                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   PERF_CUDA_TRY(cudaMemcpyAsync(want.data(), p->c, n * 2, cudaMemcpyDeviceToHost, upf_cuda_stream()));

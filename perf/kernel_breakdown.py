@@ -4,9 +4,9 @@ as ncu saw them (`ncu --csv --metrics gpu__time_duration.sum`, one row a launch)
 attention, norms, RoPE, activation, MoE, selection, copies, other), against the same run's TTFT timed
 without the profiler (its --json). The difference between the TTFT and the sum of kernel times is NOT the
 GPU's idle time alone: ncu runs each kernel by itself with the GPU idle before it, so a kernel's time there is
-its time at the clocks of a cool GPU, while the real run holds the power limit and runs lower clocks (H100,
-ab76a32: the 8K gate_up GEMM takes 2.43 ms in five back-to-back calls and 2.68 ms in a sustained benchmark).
-The row counts launch gaps, host waits and that clock difference together; a timeline (nsys) separates them.
+its time at the clocks of a cool GPU, while the real run holds the power limit at lower clocks (perf/NOTES.md
+has the size of that difference). The row counts launch gaps, host waits and that clock difference together;
+a timeline (nsys) separates them.
 
   perf/kernel_breakdown.py NCU1.csv NCU2.csv PREFILL.json [--md OUT.md] [--json OUT.json]
 
