@@ -399,9 +399,10 @@ extern "C" upf_status upf_cuda_attn_paged(const upf_attn_paged *b, const upf_ten
   req_info *reqs = (req_info *)malloc((size_t)b->num_reqs * sizeof *reqs);
   if (!reqs)
     return upf_fail(UPF_ERR_NOMEM, "attn.paged (cuda): %d requests", b->num_reqs);
-  /* Long query runs first (the FA2 kernel when the mma path applies), then the rest (the decode kernel
-   * of the attn.paged variant, or the FFMA kernel): the two launches write disjoint rows. Both plans share the workspace; the stream orders the second upload after the
-   * first kernel. */
+  /* Long query runs first (when the mma path applies: the wgmma kernel over their gathered K/V, or the FA2
+   * kernel), then the rest (the decode kernel of the attn.paged variant, or the FFMA kernel): the launches
+   * write disjoint rows. The plans share the workspace; the stream orders each upload after the kernel
+   * before it. */
   const bool mma = mma_ok(q, k_cache, v_cache, out);
   const int32_t *cq = b->cu_seqlens_q_host;
   int32_t n_long = 0, n = 0;
