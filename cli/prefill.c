@@ -506,6 +506,18 @@ static upf_status write_json(upf_outputs *outs, const char *path, const prefill_
   if (ideal->measured)
     fprintf(f, "  \"dense_ms\": %.4f,\n  \"ideal_ms\": %.4f,\n  \"select_total_ms\": %.4f,\n  \"select_share\": %.5f,\n",
             ideal->dense_s * 1e3, ideal->ideal_s * 1e3, ideal->select_s * 1e3, ideal->select_s / totals[iters / 2]);
+  /* the dense work of the batch by ceiling (upf_model_prefill_work): what upf report holds TTFT against */
+  upf_prefill_work work;
+  int32_t *lens = malloc((size_t)B * sizeof *lens);
+  if (lens) {
+    for (int32_t r = 0; r < B; r++)
+      lens[r] = cu[r + 1] - cu[r];
+    upf_model_prefill_work(c, m->layer_begin, m->layer_end, lens, B, m->dtype, &work);
+    free(lens);
+    fprintf(f, "  \"dense_work\": {\"gemm_flop\": %.15g, \"moe_flop\": %.15g, \"attn_flop\": %.15g, "
+               "\"gdn_scan_flop\": %.15g, \"glue_bytes\": %.15g},\n",
+            work.gemm_flop, work.moe_flop, work.attn_flop, work.gdn_scan_flop, work.glue_bytes);
+  }
   fprintf(f, "  \"memory_gib\": {\"weights\": %.4f, \"activations\": %.4f, \"selection\": %.4f, \"kv_dense\": %.4f",
           plan->weights / (1 << 30), plan->activations / (1 << 30), plan->selection / (1 << 30),
           plan->kv_dense / (1 << 30));

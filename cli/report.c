@@ -225,6 +225,29 @@ static void share_cell(const upf_bench_result *r, char *buf, size_t cap) {
 }
 
 
+/* The ceilings of this run's benchmarks on backend `be` (device kernels only: the CPU reference's rates
+ * are a baseline, not a ceiling): gemm_ceiling's rate, the best attn_prefill rate, copy_bandwidth's. */
+static void measured_ceilings(const upf_bench_result *res, int nres, const char *be, upf_report_ceilings *c) {
+  c->gemm_flops = c->attn_flops = c->copy_bytes = NAN;
+  if (!strcmp(be, "cpu"))
+    return;
+  char gemm[64], attn[64];
+  snprintf(gemm, sizeof gemm, "gemm_ceiling/%s/", be);
+  snprintf(attn, sizeof attn, "attn_prefill/%s/", be);
+  for (int i = 0; i < nres; i++) {
+    const upf_bench_result *r = &res[i];
+    if (r->error)
+      continue;
+    const double flops = upf_bench_result_counter(r, UPF_BENCH_FLOPS);
+    if (!strncmp(r->name, gemm, strlen(gemm)))
+      c->gemm_flops = flops;
+    else if (!strncmp(r->name, attn, strlen(attn)) && flops > 0 && !(flops <= c->attn_flops))
+      c->attn_flops = flops;
+    else if (!strncmp(r->name, "copy_bandwidth", 14))
+      c->copy_bytes = upf_bench_result_counter(r, UPF_BENCH_BYTES);
+  }
+}
+
 /* ---- report.md ---- */
 
 static void print_kernels(FILE *out, const upf_bench_result *res, int nres, const report_args *a) {
@@ -652,6 +675,9 @@ int upf_cli_report(int argc, char **argv) {
     const time_t start = time(NULL);
     upf_report_e2e_run(&eo, &e2e);
     fprintf(stderr, "upf report: end to end done in %.0f s\n", difftime(time(NULL), start));
+    upf_report_ceilings ceilings;
+    measured_ceilings(res, nres, be->name, &ceilings);
+    upf_report_e2e_limits(&e2e, &ceilings);
     for (int i = 0; i < e2e.num_e2e; i++)
       e2e_failed += e2e.e2e[i].failed;
     for (int i = 0; i < e2e.num_serve; i++)

@@ -34,6 +34,10 @@ typedef struct {
   double agreement;                  /* top-1 agreement of the last positions with dense; NaN when not measured */
   double speedup;                    /* dense TTFT / this TTFT at the same model and length */
   double layer_ms[4];                /* attention, linear attention (GDN), FFN/MoE, selection+compaction */
+  /* the run's dense work (upf prefill's "dense_work"): GEMM, MoE, attention and GDN-scan FLOPs, glue bytes
+   * read and written; NaN when the JSON has none */
+  double work[5];
+  double limit_ms; /* dense rows: the work at the run's measured ceilings (upf_report_e2e_limits); else NaN */
   int failed;                        /* the run failed (its message in `error`) */
   char error[256];
 } upf_report_e2e_row;
@@ -57,8 +61,16 @@ typedef struct {
   char error[256];
 } upf_report_accuracy_row;
 
+/* The ceilings measured in the report's own run that the end-to-end limit holds the dense work to: the
+ * cuBLAS bf16 GEMM rate (gemm_ceiling), the best attention prefill rate among the attn_prefill
+ * benchmarks, and copy bandwidth (bytes read plus written a second); NaN where the run measured none. */
+typedef struct {
+  double gemm_flops, attn_flops, copy_bytes;
+} upf_report_ceilings;
+
 /* What the end-to-end part measured, and how to write it. */
 typedef struct {
+  upf_report_ceilings ceilings; /* set by upf_report_e2e_limits */
   upf_report_e2e_row *e2e;
   int num_e2e;
   upf_report_serve_row *serve;
@@ -86,6 +98,10 @@ typedef struct {
  * run is a row with its error, never an abort. */
 void upf_report_e2e_run(const upf_report_e2e_options *o, upf_report_e2e *out);
 void upf_report_e2e_free(upf_report_e2e *r);
+/* The limit of each dense (unchunked) row: GEMM and MoE FLOPs at the GEMM rate + attention FLOPs at the
+ * attention rate + glue bytes at copy bandwidth (the Gated DeltaNet scan, which has no single ceiling,
+ * left out and said so); NaN without all three ceilings. Keeps c in r for the markdown. */
+void upf_report_e2e_limits(upf_report_e2e *r, const upf_report_ceilings *c);
 /* Their sections of report.md and members of report.json ("e2e", "serving", "accuracy"). */
 void upf_report_e2e_markdown(FILE *f, const upf_report_e2e *r);
 void upf_report_e2e_json(FILE *f, const upf_report_e2e *r);

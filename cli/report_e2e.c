@@ -163,6 +163,9 @@ static void e2e_prefill(e2e_ctx *c, const e2e_model *m, long length, const char 
   row->ttft_ms = row->spread_ms = row->min_ms = row->kept_share = row->agreement = row->speedup = NAN;
   for (int k = 0; k < 4; k++)
     row->layer_ms[k] = NAN;
+  for (int k = 0; k < 5; k++)
+    row->work[k] = NAN;
+  row->limit_ms = NAN;
   char json[1300], args[2048], chunk_arg[64] = "";
   snprintf(json, sizeof json, "%s/runs/prefill-%s-%s-%ld.json", c->o->dir, m->model, method, length);
   if (chunk)
@@ -198,6 +201,10 @@ static void e2e_prefill(e2e_ctx *c, const e2e_model *m, long length, const char 
     row->layer_ms[strcmp(k, "gdn") ? 0 : 1] += array_at(mixer, l);
     row->layer_ms[2] += array_at(ffn, l);
   }
+  static const char *const work_keys[5] = {"gemm_flop", "moe_flop", "attn_flop", "gdn_scan_flop", "glue_bytes"};
+  const rj_value *work = rj_get(&doc, "dense_work");
+  for (int k = 0; work && k < 5; k++)
+    row->work[k] = rj_number(work, work_keys[k]);
   const rj_value *drops = rj_get(&doc, "drops");
   for (int d = 0; drops && drops->kind == RJ_ARRAY && d < drops->count; d++)
     row->layer_ms[3] += rj_number(&drops->items[d], "select_ms");
@@ -253,6 +260,19 @@ static void fill_speedups(upf_report_e2e *r) {
       if (!strcmp(r->e2e[j].model, row->model) && r->e2e[j].length == row->length &&
           !strcmp(r->e2e[j].method, base) && !r->e2e[j].failed && !row->failed)
         row->speedup = r->e2e[j].ttft_ms / row->ttft_ms;
+  }
+}
+
+void upf_report_e2e_limits(upf_report_e2e *r, const upf_report_ceilings *c) {
+  r->ceilings = *c;
+  for (int i = 0; i < r->num_e2e; i++) {
+    upf_report_e2e_row *row = &r->e2e[i];
+    row->limit_ms = NAN;
+    if (row->failed || strcmp(row->method, "dense"))
+      continue;
+    const double *w = row->work;
+    const upf_prefill_work work = {w[0], w[1], w[2], w[3], w[4]};
+    row->limit_ms = 1e3 * upf_prefill_work_limit(&work, c->gemm_flops, c->attn_flops, c->copy_bytes);
   }
 }
 
@@ -492,16 +512,19 @@ void upf_report_e2e_markdown(FILE *f, const upf_report_e2e *r) {
     if (strcmp(row->model, family)) {
       family = row->model;
       fprintf(f, "%s### %s (%s, %s)\n\n", i ? "\n" : "", row->model, row->backend, row->dtype[0] ? row->dtype : "?");
-      fprintf(f, "| length | method | TTFT ms | +- | speedup | kept share | top-1 agreement | attention ms | GDN ms "
-                 "| FFN/MoE ms | selection/index ms |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+      fprintf(f, "| length | method | TTFT ms | +- | limit ms | limit / TTFT | speedup | kept share | top-1 agreement "
+                 "| attention ms | GDN ms | FFN/MoE ms | selection/index ms |\n"
+                 "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     }
     if (row->failed) {
-      fprintf(f, "| %ld | %s | FAILED: %s | | | | | | | | |\n", row->length, row->method, row->error);
+      fprintf(f, "| %ld | %s | FAILED: %s | | | | | | | | | | |\n", row->length, row->method, row->error);
       continue;
     }
     fprintf(f, "| %ld | %s |", row->length, row->method);
     cell(f, "%.1f", row->ttft_ms);
     cell(f, "%.1f", row->spread_ms);
+    cell(f, "%.1f", row->limit_ms);
+    cell(f, "%.3f", row->limit_ms / row->ttft_ms);
     cell(f, "%.2fx", row->speedup);
     cell(f, "%.3f", row->kept_share);
     cell(f, "%.4f", row->agreement);
@@ -511,7 +534,17 @@ void upf_report_e2e_markdown(FILE *f, const upf_report_e2e *r) {
   }
   fprintf(f, "\nspeedup: dense TTFT / this TTFT at the same model and length (compact: against dense chunked, the "
              "same chunks); kept share: tokens after the last drop (UniPrefill), key blocks kept (FlashPrefill, "
-             "CompactAttention); agreement: upf eval next-token over the observation window.\n\n");
+             "CompactAttention); agreement: upf eval next-token over the observation window.\n");
+  const upf_report_ceilings *c = &r->ceilings;
+  if (c->gemm_flops > 0 && c->attn_flops > 0 && c->copy_bytes > 0)
+    fprintf(f, "limit (dense rows): the run's dense work (upf prefill's dense_work) at this run's ceilings: GEMM and "
+               "MoE FLOPs at %.1f TFLOP/s (gemm_ceiling), attention FLOPs at %.1f TFLOP/s (the best attn_prefill), "
+               "glue bytes at %.2f TB/s (copy_bandwidth); the Gated DeltaNet scan has no single ceiling and is left "
+               "out, so a GDN model's limit is lower still. limit / TTFT: the share of the limit reached.\n\n",
+            c->gemm_flops / 1e12, c->attn_flops / 1e12, c->copy_bytes / 1e12);
+  else
+    fprintf(f, "limit: not computed (this run measured no device ceilings: gemm_ceiling, attn_prefill and "
+               "copy_bandwidth on the backend under test).\n\n");
   fprintf(f, "## serving (upf serve-sim, every request at t = 0)\n\n");
   fprintf(f, "| model | method | requests | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | output tok/s | KV saved |\n"
              "|---|---|---:|---:|---:|---:|---:|---:|\n");
@@ -586,7 +619,12 @@ void upf_report_e2e_json(FILE *f, const upf_report_e2e *r) {
     num(f, "speedup", e->speedup, 0);
     num(f, "kept_share", e->kept_share, 0);
     num(f, "agreement", e->agreement, 0);
-    fprintf(f, "\"layers_ms\": {");
+    num(f, "limit_ms", e->limit_ms, 0);
+    fprintf(f, "\"dense_work\": {");
+    static const char *const work_keys[5] = {"gemm_flop", "moe_flop", "attn_flop", "gdn_scan_flop", "glue_bytes"};
+    for (int k = 0; k < 5; k++)
+      num(f, work_keys[k], e->work[k], k == 4);
+    fprintf(f, "}, \"layers_ms\": {");
     for (int k = 0; k < 4; k++)
       num(f, kinds[k], e->layer_ms[k], k == 3);
     fprintf(f, "}, \"error\": ");

@@ -7,6 +7,7 @@
 
 #include "layers/layers.h"
 #include "tests/test_util.h"
+#include "uniprefill/moe.h"
 #include "verify/verify_model.h"
 
 static const char *const tiny[] = {"llama-tiny", "gemma3-tiny", "qwen3-next-tiny"};
@@ -385,6 +386,53 @@ static void test_weight_bytes(void) {
   CU_ASSERT_EQUAL(upf_model_config_weight_bytes(cfg, 6, 4, &b), UPF_ERR_INVALID_ARG);
 }
 
+/* The dense work by ceiling, by hand: Llama-3.1-8B at 8192 tokens (projections 6144 + 4096 + 3 x 14336
+ * columns of 4096 rows a layer, the head on one row; causal pairs 8192 x 8193 / 2 a layer; glue per layer:
+ * two add-norms of 4 rows, RoPE over q and k, the cache write, activation-and-multiply; the embedding
+ * and the last row's norm); a second request adds its own pairs only; Gemma-3-12B's 40 sliding layers
+ * see min(i + 1, 1024) keys; Qwen3-Next's MoE is upf_moe_flops a layer and its scan counts on the 36
+ * Gated DeltaNet layers only. */
+static void test_prefill_work(void) {
+  upf_prefill_work w, w2;
+  const upf_model_config *llama = upf_model_config_by_name("llama3.1-8b");
+  const int32_t one[1] = {8192}, two[2] = {8192, 100};
+  upf_model_prefill_work(llama, 0, 32, one, 1, UPF_DTYPE_BF16, &w);
+  const double T = 8192, H = 4096;
+  CU_ASSERT_DOUBLE_EQUAL(w.gemm_flop, 32 * 2 * T * H * (6144 + 4096 + 3 * 14336.0) + 2 * H * 128256, 1);
+  CU_ASSERT_DOUBLE_EQUAL(w.attn_flop, 32 * 4.0 * 128 * 32 * (T * (T + 1) / 2), 1);
+  CU_ASSERT_DOUBLE_EQUAL(w.glue_bytes,
+                         32 * (8 * T * H * 2 + 2 * T * (4096 + 1024) * 2 + 4 * T * 1024 * 2 + 3 * T * 14336 * 2) +
+                             T * H * 2 + 2 * H * 2,
+                         1);
+  CU_ASSERT_EQUAL(w.moe_flop, 0);
+  CU_ASSERT_EQUAL(w.gdn_scan_flop, 0);
+  upf_model_prefill_work(llama, 0, 32, two, 2, UPF_DTYPE_BF16, &w2);
+  CU_ASSERT_DOUBLE_EQUAL(w2.attn_flop - w.attn_flop, 32 * 4.0 * 128 * 32 * (100 * 101 / 2), 1);
+
+  const upf_model_config *gemma = upf_model_config_by_name("gemma3-12b");
+  const int32_t g[1] = {4096};
+  upf_model_prefill_work(gemma, 0, 48, g, 1, UPF_DTYPE_BF16, &w);
+  const double full = 4096.0 * 4097 / 2, windowed = 1024.0 * 1025 / 2 + (4096.0 - 1024) * 1024;
+  CU_ASSERT_DOUBLE_EQUAL(w.attn_flop, 4.0 * 256 * 16 * (8 * full + 40 * windowed), 1);
+
+  const upf_model_config *qwen = upf_model_config_by_name("qwen3-next-80b-a3b");
+  upf_model_prefill_work(qwen, 0, 48, g, 1, UPF_DTYPE_BF16, &w);
+  CU_ASSERT_DOUBLE_EQUAL(w.moe_flop, 48 * upf_moe_flops(&qwen->moe, 4096), 1);
+  upf_model_prefill_work(qwen, 3, 4, g, 1, UPF_DTYPE_BF16, &w2); /* layer 3: full attention */
+  CU_ASSERT_EQUAL(w2.gdn_scan_flop, 0);
+  CU_ASSERT(w2.attn_flop > 0);
+  upf_model_prefill_work(qwen, 0, 1, g, 1, UPF_DTYPE_BF16, &w2); /* layer 0: Gated DeltaNet */
+  CU_ASSERT_DOUBLE_EQUAL(w.gdn_scan_flop, 36 * w2.gdn_scan_flop, 1);
+  CU_ASSERT_EQUAL(w2.attn_flop, 0);
+  /* the limit: 1e12 GEMM+MoE FLOP at 500 TFLOP/s (2 ms), 3e11 attention at 600 (0.5), 6e9 bytes at 3 TB/s (2); the
+   * GDN scan left out; no limit without every ceiling */
+  const upf_prefill_work lw = {6e11, 4e11, 3e11, 1e15, 6e9};
+  CU_ASSERT_DOUBLE_EQUAL(upf_prefill_work_limit(&lw, 500e12, 600e12, 3e12), 4.5e-3, 1e-12);
+  CU_ASSERT(isnan(upf_prefill_work_limit(&lw, 500e12, NAN, 3e12)));
+  CU_ASSERT(isnan(upf_prefill_work_limit(&lw, 500e12, 600e12, 0)));
+  CU_ASSERT(isnan(upf_prefill_work_limit(&lw, INFINITY, 600e12, 3e12)));
+}
+
 /* Per-layer times come from backend marks, not host clocks around synchronisations: each layer's
  * mixer and FFN times are positive and fit inside its layer time, the layers fit inside the TTFT, and
  * the same holds with the host waiting after every sub-layer (UPF_PREFILL_SYNC_LAYERS=1), with the same
@@ -486,6 +534,7 @@ static CU_TestInfo model_tests[] = {
     {"model verify on the CPU twin", test_model_verify_twin},
     {"shared weights: one copy per mixer kind, the same prefill as distinct copies", test_shared_weights},
     {"distinct weight bytes in bf16 and FP8 (Llama-3.1-8B by hand)", test_weight_bytes},
+    {"dense prefill work by ceiling (Llama, Gemma windows, Qwen3-Next MoE and GDN by hand)", test_prefill_work},
     {"per-layer times from backend marks, with and without the host waiting", test_layer_times},
     {"two runs compared bit for bit: a flipped logit or mask entry is named", test_results_identical},
     CU_TEST_INFO_NULL,

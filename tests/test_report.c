@@ -194,6 +194,10 @@ static void test_report_writes_json_the_gate_reads(void) {
   CU_ASSERT(cli_file_contains(md, "\nverdict: OK: verify "));
   CU_ASSERT(cli_file_contains(json, "\"schema\": \"uniprefill-report\", \"version\": 1"));
   CU_ASSERT(cli_file_contains(json, "\"id\": \"llama-tiny/dense/256\""));
+  /* the dense work by hand (llama-tiny, 256 tokens: 6 layers of 2 x 256 x 128 x (256 + 128 + 768) GEMM FLOPs
+   * and the head's 2 x 128 x 512; 6 x 4 x 32 x 4 x 256 x 257 / 2 attention FLOPs); no limit on the CPU */
+  CU_ASSERT(cli_file_contains(json, "\"dense_work\": {\"gemm_flop\": 453115904, \"moe_flop\": 0, \"attn_flop\": 101056512,"));
+  CU_ASSERT(cli_file_contains(md, "limit: not computed"));
   CU_ASSERT(cli_exists(cli_path(&cli, "rep/runs/prefill-llama-tiny-uniprefill-256.json")));
   CLI_ASSERT_STDOUT(&cli, "report written to rep/report.md");
   CLI_ASSERT_STDERR(&cli, "upf report: [1/");

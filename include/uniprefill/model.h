@@ -166,6 +166,24 @@ typedef struct {
 } upf_weight_bytes;
 upf_status upf_model_config_weight_bytes(const upf_model_config *cfg, int32_t layer_begin, int32_t layer_end,
                                          upf_weight_bytes *out);
+/* The work of a dense prefill of requests of lengths[0..n) through cfg's layers [layer_begin, layer_end)
+ * (the embedding and the LM head on each request's last token always), by the ceiling each part is held
+ * to: projections (attention, Gated DeltaNet in/out, dense FFN, LM head) and the MoE layers' routed,
+ * shared and router products as GEMM FLOPs (MoE apart: upf_moe_flops); attention as upf_attn_flops over
+ * each layer's window; the Gated DeltaNet scan (chunked form: per chunk of 64 and value head, the K K^T,
+ * Q K^T, state and output products) apart, since no single ceiling holds it; and the memory-bound glue
+ * (norms, residual adds, RoPE, q/k norms, the attention output gate, activation-and-multiply, the KV
+ * cache write, the embedding) as bytes read plus written in dtype. A lower bound on time: GEMM FLOPs at
+ * the cuBLAS rate + attention FLOPs at the attention kernel's best rate + glue bytes at copy bandwidth
+ * (upf report's "limit"). */
+typedef struct {
+  double gemm_flop, moe_flop, attn_flop, gdn_scan_flop, glue_bytes;
+} upf_prefill_work;
+void upf_model_prefill_work(const upf_model_config *cfg, int32_t layer_begin, int32_t layer_end,
+                            const int32_t *lengths, int32_t n, upf_dtype dtype, upf_prefill_work *out);
+/* Seconds of w at the given ceilings (FLOP/s, FLOP/s, bytes/s): (gemm + moe) / gemm_rate + attn /
+ * attn_rate + glue / copy_rate, the GDN scan left out; NaN unless every ceiling is positive and finite. */
+double upf_prefill_work_limit(const upf_prefill_work *w, double gemm_rate, double attn_rate, double copy_rate);
 /* The same seeded model as a tensor-parallel slice for rank upf_comm_rank(comm) of upf_comm_size(comm)
  * (models/tp.c): column-parallel attn_qkv (the rank's query heads, and kv heads, replicated when
  * Hkv < R) and ffn_gate_up / ssm_in (its columns), row-parallel attn_output, ffn_down, ssm_out (its
