@@ -15,10 +15,10 @@
  * requests of at least MMA_MIN_Q_ROWS query rows (prefill against the cache: chunked prefill) to the
  * prefill kernels and the rest (decode steps, short runs) to the attn.paged variant in effect (mma, the
  * default, or ffma): launches writing disjoint rows. Where the wgmma kernel takes those long runs (its
- * shapes, attn.prefill=wgmma2-nopp), its producer reads the pages in place, 16 keys a page lookup (pages
- * of whole 16-key groups); other page sizes have the runs' visible K/V rows gathered into contiguous rows
- * first (cuda/kv_gather.cuh, a copy at copy bandwidth). The FA2 kernel reads pages at about a third of the
- * wgmma kernel's rate (perf/NOTES.md). Variants: include/uniprefill/variants.def (`upf ops`), selected with
+ * shapes, attn.prefill=wgmma2-nopp), their visible K/V rows are first gathered from the pages into a
+ * contiguous buffer (cuda/kv_gather.cuh: a copy at copy bandwidth, 1-2% of the attention it feeds), since
+ * the wgmma producer reads contiguous rows; the FA2 kernel reads the pages in place at about a third of
+ * the wgmma kernel's rate (perf/NOTES.md). Variants: include/uniprefill/variants.def (`upf ops`), selected with
  * UPF_VARIANT=op=name or --variant.
  * Plans: the prefill kernels take FA_BM-row tiles of one q head, sorted heaviest first, no split (a
  * prefill has rows enough to fill the GPU); the FFMA and decode kernels take ATT_BR-row tiles of
@@ -38,7 +38,6 @@
 #include "cuda/cuda_backend.cuh"
 #include "cuda/cuda_check.cuh"
 #include "cuda/kv_gather.cuh"
-#include "uniprefill/env.h"
 #include "uniprefill/variant.h"
 
 namespace {
@@ -224,14 +223,10 @@ int tile_heavier_first(const void *x, const void *y) {
 }
 
 /* The prefill plan: tiles of FA_BM query rows per (request, q head), no split (a prefill has rows enough
- * to fill the GPU), heaviest first, on the FA2 kernel or (kernel = PREFILL_WGMMA, the shapes of
- * wgmma2_takes: bf16 D = 128, D = 256 without soft-cap; paged: pages of whole 16-key groups) the wgmma
- * kernel. The wgmma kernel over pages starts each tile's keys at a multiple of 16 (a window's first key
- * rounded down; the kernel masks the keys before a row's window), so that its 16-row copy groups each lie
- * in one page. */
+ * to fill the GPU), heaviest first, on the FA2 kernel or (contiguous, kernel = PREFILL_WGMMA, the shapes
+ * of wgmma2_takes: bf16 D = 128, D = 256 without soft-cap) the wgmma kernel. */
 upf_status mma_plan_and_run(attn_args &a, const req_info *reqs, int32_t num_reqs, bool paged, prefill_kernel kernel) {
   constexpr int32_t bm = FA_BM;
-  const bool wgmma = kernel == PREFILL_WGMMA && wgmma2_takes(a) && (!paged || a.page_size % 16 == 0);
   int64_t ntiles = 0;
   for (int32_t r = 0; r < num_reqs; r++)
     ntiles += (reqs[r].q_len + bm - 1) / bm;
@@ -250,8 +245,6 @@ upf_status mma_plan_and_run(attn_args &a, const req_info *reqs, int32_t num_reqs
       const int32_t last = (row0 + bm < q.q_len ? row0 + bm : q.q_len) - 1;
       int32_t lo = a.window > 0 ? row0 + off - a.window + 1 : 0;
       lo = lo < 0 ? 0 : lo;
-      if (wgmma && paged)
-        lo &= ~15;
       tiles[n++] = attn_tile{q.q0, q.q_len, q.kv_len, q.kv_base, q.req, row0, lo, last + off + 1, -1};
     }
   }
@@ -264,8 +257,8 @@ upf_status mma_plan_and_run(attn_args &a, const req_info *reqs, int32_t num_reqs
   free(tiles);
   UPF_TRY(st);
   a.tiles = (const attn_tile *)ws;
-  if (wgmma)
-    return launch_wgmma2(a, paged, (int)ntiles);
+  if (kernel == PREFILL_WGMMA && !paged && wgmma2_takes(a))
+    return launch_wgmma2(a, (int)ntiles);
   return launch_fa2(a, paged, (int)ntiles);
 }
 
@@ -299,18 +292,6 @@ upf_status gathered_plan_and_run(const attn_args &pa, const req_info *reqs, int3
     UPF_TRY(mma_plan_and_run(a, group.data(), n, false, PREFILL_WGMMA));
     r += n;
   }
-  return UPF_OK;
-}
-
-/* Long paged runs on the wgmma kernel: read the pages in place where they hold whole 16-key groups, else
- * through the gather. UPF_ATTN_PAGED_LONG=gather gathers always: the A/B of the two (perf/NOTES.md),
- * until one of them is retired. */
-upf_status paged_in_place(const attn_args &a, bool *in_place) {
-  static const char *const choices[] = {"in-place", "gather"};
-  static int cache = -1;
-  int i = 0;
-  UPF_TRY(upf_env_choice_once("UPF_ATTN_PAGED_LONG", choices, 2, 0, &cache, &i));
-  *in_place = i == 0 && a.page_size % 16 == 0;
   return UPF_OK;
 }
 
@@ -418,8 +399,8 @@ extern "C" upf_status upf_cuda_attn_paged(const upf_attn_paged *b, const upf_ten
   req_info *reqs = (req_info *)malloc((size_t)b->num_reqs * sizeof *reqs);
   if (!reqs)
     return upf_fail(UPF_ERR_NOMEM, "attn.paged (cuda): %d requests", b->num_reqs);
-  /* Long query runs first (when the mma path applies: the wgmma kernel over the pages, or over their
-   * gathered K/V where pages are not whole 16-key groups, or the FA2 kernel), then the rest (the decode kernel of the attn.paged variant, or the FFMA kernel): the launches
+  /* Long query runs first (when the mma path applies: the wgmma kernel over their gathered K/V, or the FA2
+   * kernel), then the rest (the decode kernel of the attn.paged variant, or the FFMA kernel): the launches
    * write disjoint rows. The plans share the workspace; the stream orders each upload after the kernel
    * before it. */
   const bool mma = mma_ok(q, k_cache, v_cache, out);
@@ -443,11 +424,9 @@ extern "C" upf_status upf_cuda_attn_paged(const upf_attn_paged *b, const upf_ten
   prefill_kernel long_kernel = PREFILL_FA2;
   if (st == UPF_OK && n_long && wgmma2_takes(a))
     st = prefill_kernel_chosen(&long_kernel);
-  bool in_place = true;
-  if (st == UPF_OK && n_long && long_kernel == PREFILL_WGMMA)
-    st = paged_in_place(a, &in_place);
   if (st == UPF_OK && n_long)
-    st = in_place ? mma_plan_and_run(a, reqs, n_long, true, long_kernel) : gathered_plan_and_run(a, reqs, n_long);
+    st = long_kernel == PREFILL_WGMMA ? gathered_plan_and_run(a, reqs, n_long)
+                                      : mma_plan_and_run(a, reqs, n_long, true, PREFILL_FA2);
   if (st == UPF_OK && n_long < b->num_reqs)
     st = attn_plan_and_run(a, reqs + n_long, b->num_reqs - n_long, q->dtype, true, decode);
   free(reqs);

@@ -151,7 +151,7 @@ __device__ __forceinline__ float ex2_approx(float x) {
   return y;
 }
 
-template <int D, bool PAGED>
+template <int D>
 __global__ void __launch_bounds__(W2_THREADS, 1) attn_wgmma2_kernel(const __grid_constant__ attn_args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace upf_wgmma;
@@ -215,9 +215,9 @@ __global__ void __launch_bounds__(W2_THREADS, 1) attn_wgmma2_kernel(const __grid
         advance(qp, qstep);
       }
     }
-    const int64_t row = PAGED ? 0 : (int64_t)tile.kv_base + kv_lo + r;
-    const char *kp = (const char *)(K + row * a.k_s0 + (int64_t)hk * (PAGED ? a.k_s2 : a.k_s1) + c * 8);
-    const char *vp = (const char *)(V + row * a.v_s0 + (int64_t)hk * (PAGED ? a.v_s2 : a.v_s1) + c * 8);
+    const int64_t row = (int64_t)tile.kv_base + kv_lo + r;
+    const char *kp = (const char *)(K + row * a.k_s0 + (int64_t)hk * a.k_s1 + c * 8);
+    const char *vp = (const char *)(V + row * a.v_s0 + (int64_t)hk * a.v_s1 + c * 8);
     const int64_t kstep = 16 * 2 * a.k_s0, vstep = 16 * 2 * a.v_s0;
     int nin = tile.kv_hi - (kv_lo + r); /* of tile t: row r + 16 j is a key iff 16 j < nin */
     /* Tile t's ring stage, and the parity its empty barriers' wait needs, (t / W2_NS - 1) & 1: flipped on
@@ -236,22 +236,6 @@ __global__ void __launch_bounds__(W2_THREADS, 1) attn_wgmma2_kernel(const __grid
        * range are zero-filled (src-size 0; the pointer then only needs to be a valid address, and the
        * rows of a range's last tile lie before the next tile's first, which the NJ adds reach anyway). */
       const bool full = nin > 16 * (NJ - 1);
-      /* Paged: keys kv0 + 16 j .. + 15 lie in one page (kv_lo and pages multiples of 16 keys: the plan
-       * and attn.paged's dispatch see to it); row r of them is slot (kv0 + 16 j) % P + r of page
-       * block_table[(kv0 + 16 j) / P], looked up only for groups that start before kv_hi. */
-      auto copy_tile_paged = [&](uint32_t dst, const char *hp, int64_t s0, int64_t s1, const bf16_t *base) {
-        const int kv0 = kv_lo + t * W2_BN;
-        const int32_t *bt = a.block_table + (int64_t)tile.req * a.max_blocks;
-#pragma unroll
-        for (int j = 0; j < NJ; j++) {
-          const int kj = kv0 + 16 * j;
-          const bool in = 16 * j < nin;
-          const char *p = (const char *)base;
-          if (kj < tile.kv_hi)
-            p = hp + 2 * ((int64_t)bt[kj / a.page_size] * s0 + (int64_t)(kj % a.page_size + r) * s1);
-          w2_each<DB>([&](auto b) { cp_async16_to(dst + j * 2048 + b * W2_BLOCK_BYTES, in ? p + b * 128 : p, in); });
-        }
-      };
       auto copy_tile = [&](uint32_t dst, const char *&p, int64_t step, const bf16_t *base) {
         if (full) {
 #pragma unroll
@@ -270,17 +254,11 @@ __global__ void __launch_bounds__(W2_THREADS, 1) attn_wgmma2_kernel(const __grid
           }
         }
       };
-      if constexpr (PAGED)
-        copy_tile_paged(kdst, kp, a.k_s0, a.k_s1, K);
-      else
-        copy_tile(kdst, kp, kstep, K);
+      copy_tile(kdst, kp, kstep, K);
       cp_async_mbar_arrive(fullk + 8 * st);
       if (wait && live)
         live = mbar_wait_bounded(emptyv + 8 * st, eph, W2_WAIT_LIMIT_NS);
-      if constexpr (PAGED)
-        copy_tile_paged(vdst, vp, a.v_s0, a.v_s1, V);
-      else
-        copy_tile(vdst, vp, vstep, V);
+      copy_tile(vdst, vp, vstep, V);
       cp_async_mbar_arrive(fullv + 8 * st);
       nin -= W2_BN;
       st = st == W2_NS - 1 ? 0 : st + 1;
@@ -476,9 +454,9 @@ __global__ void __launch_bounds__(W2_THREADS, 1) attn_wgmma2_kernel(const __grid
 #endif
 }
 
-template <int D, bool PAGED> upf_status launch_wgmma2_d(attn_args &a, int ntiles) {
+template <int D> upf_status launch_wgmma2_d(attn_args &a, int ntiles) {
   static bool attr_set;
-  return launch_prefill_tiles(attn_wgmma2_kernel<D, PAGED>, W2_THREADS, w2_shape<D>::SMEM, false, &attr_set,
+  return launch_prefill_tiles(attn_wgmma2_kernel<D>, W2_THREADS, w2_shape<D>::SMEM, false, &attr_set,
                               "attn_wgmma2_kernel", a, ntiles);
 }
 
@@ -486,16 +464,11 @@ template <int D, bool PAGED> upf_status launch_wgmma2_d(attn_args &a, int ntiles
 
 bool wgmma2_takes(const attn_args &a) { return a.d == 128 || (a.d == 256 && a.softcap == 0.0f); }
 
-upf_status launch_wgmma2(attn_args &a, bool paged, int ntiles) {
+upf_status launch_wgmma2(attn_args &a, int ntiles) {
   if (!wgmma2_takes(a))
     return upf_fail(UPF_ERR_UNSUPPORTED, "attn.prefill (cuda): the wgmma kernel takes D = 128, or 256 without "
                     "soft-cap, not D=%d softcap=%g", a.d, (double)a.softcap);
-  if (paged && a.page_size % 16 != 0)
-    return upf_fail(UPF_ERR_UNSUPPORTED, "attn.paged (cuda): the wgmma kernel reads pages of whole 16-key groups, "
-                    "not of %d keys (cuda/kv_gather.cuh gathers those)", a.page_size);
-  if (a.d == 128)
-    return paged ? launch_wgmma2_d<128, true>(a, ntiles) : launch_wgmma2_d<128, false>(a, ntiles);
-  return paged ? launch_wgmma2_d<256, true>(a, ntiles) : launch_wgmma2_d<256, false>(a, ntiles);
+  return a.d == 128 ? launch_wgmma2_d<128>(a, ntiles) : launch_wgmma2_d<256>(a, ntiles);
 }
 
 } // namespace upf_attn

@@ -304,7 +304,7 @@ upf_status launch_fa2(attn_args &a, bool paged, int ntiles);
 /* cuda/attn_hopper.cu: the wgmma prefill over FA_BM-row tiles, bf16, contiguous K/V, for the shapes
  * wgmma2_takes accepts (D = 128; D = 256 without soft-cap). */
 bool wgmma2_takes(const attn_args &a);
-upf_status launch_wgmma2(attn_args &a, bool paged, int ntiles);
+upf_status launch_wgmma2(attn_args &a, int ntiles);
 /* cuda/attn_decode.cu: the mma decode kernel over the plan's ATT_BR-row tiles (paged, bf16, D =
  * 64/128/256); it takes the caches only where md_strides_ok. */
 upf_status launch_decode_mma(attn_args &a, int ntiles);

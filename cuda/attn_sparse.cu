@@ -329,7 +329,7 @@ upf_status make_tiles(const upf_sparse_batch *b, const upf_sparse_plan *plan, co
   return UPF_OK;
 }
 
-/* The paged Hopper call with pages that do not hold whole 16-key groups: the wgmma producer would look
+/* The paged Hopper call with pages that do not hold whole 64-key blocks: the wgmma producer would look
  * a page up for every row, so each group of requests (kv_gather_plan) has its keys gathered into
  * contiguous rows first (cuda/kv_gather.cuh), then runs the contiguous kernel on its own tiles. */
 upf_status bs_run_gathered(const bs_args &pa, const bs_tile *tiles, int ntiles, int32_t nreq, const int32_t *kv_len) {
@@ -466,7 +466,7 @@ extern "C" upf_status upf_cuda_attn_block_sparse(const upf_sparse_batch *b, cons
     free(tiles);
     return st;
   }
-  if (hopper && paged && a.page_size % 16 != 0 && st == UPF_OK) {
+  if (hopper && paged && a.page_size % 64 != 0 && st == UPF_OK) {
     std::vector<int32_t> kv_len(nreq);
     for (int32_t r = 0; r < nreq; r++)
       kv_len[r] = upf_sparse_kv_len_host(b, r);

@@ -239,18 +239,18 @@ __global__ void __launch_bounds__(BW_THREADS, 1) bs_wgmma_kernel(const __grid_co
     auto copy_sub = [&](uint32_t dst, int kb, bool is_v) {
       const bf16_t *base = is_v ? V : K;
       const int nin = kb == BW_NOKEY ? 0 : tile.kv_len - (kb + r); /* row r + 16 jj is a key iff 16 jj < nin */
-      if (PAGED) { /* pages of whole 16-key groups (other pages are gathered first): rows kb + 16 jj .. + 15 lie
-                    * in page block_table[(kb + 16 jj) / P], looked up once per group (lane-uniform) */
+      if (PAGED) { /* whole 64-key blocks a page (smaller pages are gathered first): the sub-block is in one */
         const int64_t s0 = is_v ? a.v_s0 : a.k_s0, s1 = is_v ? a.v_s1 : a.k_s1, s2 = is_v ? a.v_s2 : a.k_s2;
-        const int32_t *bt = a.block_table + (int64_t)tile.req * a.max_blocks;
-        const char *hp = (const char *)(base + (int64_t)hk * s2 + c * 8);
+        const char *p = (const char *)base;
+        if (nin > 0) {
+          const int64_t page = a.block_table[(int64_t)tile.req * a.max_blocks + kb / a.page_size];
+          p = (const char *)(base + page * s0 + (int64_t)(kb % a.page_size + r) * s1 + (int64_t)hk * s2 + c * 8);
+        }
+        const int64_t step = 16 * 2 * s1;
 #pragma unroll
         for (int jj = 0; jj < 4; jj++) {
           const bool in = 16 * jj < nin;
-          const int kj = kb + 16 * jj;
-          const char *pr = (const char *)base;
-          if (kb != BW_NOKEY && kj < tile.kv_len) /* the group's first row is a key */
-            pr = hp + 2 * ((int64_t)bt[kj / a.page_size] * s0 + (int64_t)(kj % a.page_size + r) * s1);
+          const char *pr = in ? p + jj * step : (const char *)base;
           bw_each<DB>([&](auto b) { cp_async16_to(dst + jj * 2048 + b * BLOCK_BYTES, in ? pr + b * 128 : pr, in); });
         }
       } else {
@@ -659,9 +659,9 @@ upf_status bs_launch_fp8(const bs_args &a, int ntiles) {
 }
 
 upf_status bs_launch_hopper(const bs_args &a, bool paged, int ntiles) {
-  if (paged && a.page_size % 16 != 0)
-    return upf_fail(UPF_ERR_UNSUPPORTED, "attn.block_sparse (cuda): the wgmma kernel reads pages of whole 16-key "
-                    "groups, not of %d keys (cuda/kv_gather.cuh gathers those)", a.page_size);
+  if (paged && a.page_size % 64 != 0)
+    return upf_fail(UPF_ERR_UNSUPPORTED, "attn.block_sparse (cuda): the wgmma kernel reads pages of whole 64-key "
+                    "blocks, not of %d keys (cuda/kv_gather.cuh gathers those)", a.page_size);
   if (a.d == 128)
     return paged ? launch_d<128, true>(a, ntiles) : launch_d<128, false>(a, ntiles);
   if (a.d == 256)

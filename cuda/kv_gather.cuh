@@ -1,9 +1,8 @@
 /* Paged K/V gathered into contiguous rows for the wgmma kernels (C++ header, CUDA sources only): the
- * Hopper attention kernels' producers read pages in place one 16-key group at a time; a cache whose pages
- * do not hold whole 16-key groups (page sizes 1, 8, ...) has a call's visible keys copied out first, at
- * copy bandwidth, then the contiguous kernel runs. attn.paged's long query runs (cuda/attn.cu; all of them
- * under UPF_ATTN_PAGED_LONG=gather, the A/B) and attn.block_sparse's paged calls (cuda/attn_sparse.cu)
- * use it. */
+ * Hopper attention kernels' producers read contiguous K/V rows (one 64-bit add a row); a chunk of prefill
+ * over a paged cache (pages of 16 tokens) has its visible keys copied out first, at copy bandwidth, then
+ * runs the contiguous kernel. attn.paged's long query runs (cuda/attn.cu) and attn.block_sparse's paged
+ * calls with pages that do not hold whole 64-key blocks (cuda/attn_sparse.cu) use it. */
 #ifndef UNIPREFILL_CUDA_KV_GATHER_CUH
 #define UNIPREFILL_CUDA_KV_GATHER_CUH
 

@@ -366,9 +366,9 @@ static const attn_case paged_cases[] = {
      AC_QUICK},
     {"multi-token steps q 3-9, window 600, GQA 8, page 1", 3, {3, 1, 9}, {50, 7, 2000}, 16, 2, 64, 600, 0, 0, 1, 0},
     /* chunked prefill (query runs of >= 16 over cached context): at D = 128 and D = 256 without soft-cap the
-     * wgmma kernel reads pages of whole 16-key groups in place (tiles from the window's first key rounded
-     * down to 16) and has other pages' visible keys gathered first (cuda/attn.cu), more requests than a
-     * gather launch takes (KV_GATHER_REQS) among them */
+     * visible keys are gathered from the pages for the wgmma kernel (cuda/attn.cu), from the window's first
+     * key under a window (windows whose first key is not a multiple of 16; pages of 1, 8, 16, 32, 48); more
+     * requests than a gather launch takes (KV_GATHER_REQS) */
     {"chunks over cached context, page 16, GQA 4", 4, {512, 16, 300, 1}, {4000, 0, 129, 77}, 16, 4, 128, 0, 0, 0, 16,
      AC_QUICK},
     {"chunks, window 1024, D=256, page 16, GQA 2", 3, {200, 130, 1}, {3000, 1000, 50}, 8, 4, 256, 1024, 0, 0.0625f,
@@ -378,7 +378,7 @@ static const attn_case paged_cases[] = {
      {100, 0, 500, 1000, 9, 3, 2000, 17, 64, 640, 300, 31}, 8, 2, 128, 0, 0, 0, 16, AC_QUICK},
     {"chunk 2048 over 30000 cached, page 16, GQA 4", 1, {2048}, {30000}, 32, 8, 128, 0, 0, 0, 16, 0},
     {"chunks, window 300, page 48, GQA 4", 2, {100, 250}, {1000, 37}, 16, 4, 128, 300, 0, 0, 48, AC_QUICK},
-    {"chunks, page 8 (gathered), GQA 2", 3, {64, 20, 9}, {700, 5, 30}, 8, 4, 128, 0, 0, 0, 8, AC_QUICK},
+    {"chunks, page 8, GQA 2", 3, {64, 20, 9}, {700, 5, 30}, 8, 4, 128, 0, 0, 0, 8, AC_QUICK},
     {"chunks, window 77, D=256, page 32, GQA 4", 2, {150, 33}, {500, 90}, 8, 2, 256, 77, 0, 0.0625f, 32, 0},
 };
 

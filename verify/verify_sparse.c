@@ -51,8 +51,8 @@ typedef struct {
 /* Backend under test. Shape classes: ragged batches, q_len g not a multiple of block_m, cached prefixes, a
  * q_len 1 request and short requests whose tiles are all among the last_n (dense), min_sparse_q_len at
  * and around the boundary, GQA 1/4/8, D 64/128/256, block_n 64/128, block_m 64/128, mean correction on and
- * off, alpha 0 / 0.18 / 1, paged P 16 / 48 / 64 / 128 (the wgmma kernel reads pages of whole 16-key groups in
- * place) and P 8 (gathered first); the Llama-3.1-8B 16K and 32K cases take the long-reduction rule. */
+ * off, alpha 0 / 0.18 / 1, paged P 8 / 16 / 48 (gathered for the wgmma kernel) and P 64 / 128 (read in place);
+ * the Llama-3.1-8B 16K and 32K cases take the long-reduction rule. */
 static const sparse_case cases[] = {
     {"ragged GQA4 a.18", 4, {1, 300, 1000, 40}, {0}, 16, 4, 128, 0.18f, 128, 64, 2, 4, 2, 0, 0, 0, SC_QUICK},
     {"cached prefix, mean corr, paged P16", 3, {200, 513, 64}, {700, 300, 2000}, 8, 2, 128, 0.18f, 128, 64, 2, 4,
@@ -67,9 +67,10 @@ static const sparse_case cases[] = {
     {"GQA8 bm64 sink0 window1 last_n0", 2, {1000, 250}, {0, 0}, 8, 1, 128, 0.18f, 64, 64, 0, 1, 0, 0, 1, 0, 0},
     {"D64 bn128 window8 a.5 paged", 3, {3000, 7, 260}, {0, 200, 4000}, 8, 2, 64, 0.5f, 128, 128, 2, 8, 2, 0, 0, 16,
      0},
-    /* larger pages; P 48 puts a page boundary inside a 64-key block; P 8 is gathered for the wgmma kernel */
+    /* P 48 puts a page boundary inside a 64-key block and P 8 a block over 8 pages: both gathered */
     {"paged P48 GQA4 cached", 2, {400, 90}, {800, 77}, 16, 4, 128, 0.18f, 128, 64, 2, 4, 2, 0, 1, 48, SC_QUICK},
-    {"paged P8 (gathered) cached", 2, {300, 20}, {500, 40}, 8, 2, 128, 0.18f, 128, 64, 2, 4, 2, 0, 0, 8, SC_QUICK},
+    {"paged P8 cached", 2, {300, 20}, {500, 40}, 8, 2, 128, 0.18f, 128, 64, 2, 4, 2, 0, 0, 8, SC_QUICK},
+    /* pages of whole 64-key blocks: the wgmma kernel reads them in place */
     {"paged P64 cached, mean corr", 3, {300, 17, 700}, {1000, 64, 129}, 8, 2, 128, 0.18f, 128, 64, 2, 4, 2, 0, 1, 64,
      SC_QUICK},
     {"paged P128 D256 bn128 GQA4", 2, {900, 40}, {2000, 300}, 16, 4, 256, 0.18f, 128, 128, 2, 4, 2, 0, 0, 128, 0},
