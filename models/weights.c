@@ -171,8 +171,13 @@ static int model_specs(upf_model *m, tensor_spec *s) {
   /* unit-variance embeddings after the embed scale */
   add(s, &n, &m->token_embd, "token_embd.weight", 2, c->vocab, c->hidden, 0, sqrt(3.0) / c->embed_scale, 0);
   for (int32_t l = m->layer_begin; l < m->layer_end; l++)
-    if (!m->shared_weights || m->weights_of[l] == l)
+    if (!m->shared_weights || m->weights_of[l] == l) {
       layer_specs(m, l, s, &n);
+    } else if (c->ffn == UPF_FFN_MOE) { /* a layer that borrows keeps its own router (see model.h) */
+      char name[64];
+      snprintf(name, sizeof name, "blk.%d.ffn_gate_inp.weight", l);
+      add(s, &n, &m->layers[l].moe_router, name, 2, c->moe.num_experts, c->hidden, 0, proj_amp(c->hidden), 0);
+    }
   add(s, &n, &m->output_norm, "output_norm.weight", 1, c->hidden, 0, 0, 0.1, norm_off);
   add(s, &n, &m->output, "output.weight", 2, c->hidden, c->vocab, 0, proj_amp(c->hidden), 0);
   if (c->tied_embeddings) {
@@ -299,8 +304,12 @@ static upf_status fill_model(upf_model *m, uint64_t seed) {
   free(specs);
   free(host);
   for (int32_t l = m->layer_begin; m->shared_weights && st == UPF_OK && l < m->layer_end; l++)
-    if (m->weights_of[l] != l)
-      m->layers[l] = m->layers[m->weights_of[l]]; /* borrowed descriptors: upf_model_free skips them */
+    if (m->weights_of[l] != l) { /* borrowed descriptors (upf_model_free skips them) but the layer's own router */
+      const upf_tensor router = m->layers[l].moe_router;
+      m->layers[l] = m->layers[m->weights_of[l]];
+      if (router.data)
+        m->layers[l].moe_router = router;
+    }
   if (st != UPF_OK)
     upf_model_free(m);
   return st;
@@ -413,7 +422,9 @@ void upf_model_free(upf_model *m) {
   release_tensor(m->be, &m->token_embd), release_tensor(m->be, &m->output_norm), release_tensor(m->be, &m->output);
   for (int l = 0; l < UPF_MODEL_MAX_LAYERS; l++) {
     if (m->shared_weights && l >= m->layer_begin && l < m->layer_end && m->weights_of[l] != l) {
-      memset(&m->layers[l], 0, sizeof m->layers[l]); /* borrowed from its kind's first layer */
+      if (m->layers[l].moe_router.data != m->layers[m->weights_of[l]].moe_router.data)
+        release_tensor(m->be, &m->layers[l].moe_router); /* its own */
+      memset(&m->layers[l], 0, sizeof m->layers[l]); /* the rest borrowed from its kind's first layer */
       continue;
     }
     upf_tensor *t = (upf_tensor *)&m->layers[l]; /* upf_layer_weights holds upf_tensor fields only */

@@ -153,7 +153,10 @@ void upf_model_free(upf_model *m);
  * DeltaNet): each layer runs with its own shapes, kind, routing and KV or state sizes on the weights of
  * the first layer of its kind in the range, so a model whose distinct weights do not fit the device
  * (Qwen3-Next-80B-A3B: 48 layers) is timed at full depth. The values are not the whole model's (layer l
- * holds layer weights_of[l]'s): a timing mode, to be stated with every result. */
+ * holds layer weights_of[l]'s): a timing mode, to be stated with every result. A MoE layer keeps its own
+ * router (E x H, the whole model's values of that layer): with one router the same layer applied again
+ * and again sends the tokens to fewer and fewer experts, and the unbalanced expert GEMMs measured up to
+ * 1.25x the distinct model's MoE time (perf/NOTES.md); the experts (1.6 GB a layer) stay shared. */
 upf_status upf_model_init_seeded_shared(upf_model *m, const upf_model_config *cfg, const upf_backend *be,
                                         upf_dtype dtype, uint64_t seed, int32_t layer_begin, int32_t layer_end);
 /* The bytes the distinct weights of cfg's layers [layer_begin, layer_end) (the embedding and head

@@ -43,8 +43,8 @@ Qwen3-Next: every 4th layer full attention (16/2 heads of 256, scale 256^-0.5), 
 
 How PyTorch runs it (recorded in the JSON's context and results):
   - matmuls: F.linear on bf16 (cuBLAS), weights (out, in), distinct weights per layer (--shared-weights:
-    the layers of one mixer kind run on the weights of the first layer of that kind, as `upf --shared-weights`:
-    stated in the context, in each result and its name);
+    the layers of one mixer kind run on the weights of the first layer of that kind, MoE routers apart, as
+    `upf --shared-weights`: stated in the context, in each result and its name);
   - the pointwise glue (norms with the residual add, q/k norm + RoPE, act * up, the attention gate, the
     GDN conv as a shifted sum, its gated norm, the MoE routing and combine) is torch.compile'd (--glue
     compiled, default on the GPU; --glue eager for plain eager ops): a strong peer, not eager PyTorch;
@@ -91,6 +91,7 @@ Usage (GPU machine):
 """
 import argparse
 import contextlib
+import dataclasses
 import math
 import os
 import statistics
@@ -527,7 +528,12 @@ class Model:
         for i in range(num_layers):
             kind = cfg.kind(i)
             if shared and kind in first:
-                layers.append(first[kind])
+                # as upf: a MoE layer keeps its own router (one router sends the tokens to ever fewer experts)
+                lw = first[kind]
+                if cfg.moe_experts:
+                    lw = dataclasses.replace(lw, router=normal((cfg.moe_experts, cfg.hidden), cfg.hidden ** -0.5,
+                                                               gen, device, dtype))
+                layers.append(lw)
                 continue
             lw = make_layer(cfg, kind, gen, device, dtype)
             first.setdefault(kind, lw)
@@ -821,8 +827,8 @@ def run_context(extra, device):
 
 
 def weights_note(shared):
-    return ("shared: the layers of one mixer kind run on the weights of the first layer of that kind "
-            "(as upf --shared-weights; real shapes, routing and state sizes)") if shared \
+    return ("shared: the layers of one mixer kind run on the weights of the first layer of that kind, each MoE "
+            "layer with its own router (as upf --shared-weights; real shapes, routing and state sizes)") if shared \
         else "distinct random weights per layer"
 
 
@@ -996,7 +1002,10 @@ def seeded_model(cfg, dtype, shared, seed=1):
         if src not in made:
             made[src] = LayerWeights(**{k: torch.from_numpy(v) if k in ("ssm_a", "ssm_dt") else t(v)
                                         for k, v in w["layers"][src].items()})
-        layers.append(made[src])
+        lw = made[src]
+        if src != i and "router" in w["layers"][i]:  # its own router, as upf_model_init_seeded_shared
+            lw = dataclasses.replace(lw, router=t(w["layers"][i]["router"]))
+        layers.append(lw)
     output = t(w["embed"]) if cfg.tied else t(w["output"])
     m = Model(cfg, layers, t(w["embed"]), t(w["final_norm"]), output, shared)
     if cfg.tied:
