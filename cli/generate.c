@@ -17,6 +17,7 @@
 #include "uniprefill/npy.h"
 #include "uniprefill/session.h"
 #include "uniprefill/tokenizer.h"
+#include "uniprefill/provenance.h"
 
 const char upf_cli_generate_usage[] =
     "usage: upf generate (--model NAME | --gguf FILE) (--token-ids IDS.npy [--cu-seqlens CU.npy] | --text STR |\n"
@@ -242,14 +243,9 @@ static int cmp_double(const void *a, const void *b) {
 static void print_json(FILE *f, const generate_args *a, const upf_model *m, const upf_session_config *sc,
                        const run_record *rec, int argc, char **argv) {
   const upf_model_config *c = m->cfg;
-  char commit[64] = "unknown";
-  FILE *g = popen("git rev-parse --short HEAD 2>/dev/null", "r");
-  if (g) {
-    if (!fgets(commit, sizeof commit, g))
-      snprintf(commit, sizeof commit, "unknown");
-    commit[strcspn(commit, "\n")] = '\0';
-    pclose(g);
-  }
+  char commit[64];
+  if (!upf_source_commit(commit, sizeof commit))
+    snprintf(commit, sizeof commit, "unknown");
   const int32_t N = rec->N;
   fprintf(f, "{\n  \"model\": \"%s\",\n  \"layers\": [%d, %d],\n  \"partial_model\": %s,\n  \"shared_weights\": %s,\n",
           c->name, m->layer_begin, m->layer_end, upf_model_args_partial(&a->sel) ? "true" : "false",

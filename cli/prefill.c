@@ -18,6 +18,7 @@
 #include "uniprefill/model.h"
 #include "uniprefill/npy.h"
 #include "uniprefill/session.h"
+#include "uniprefill/provenance.h"
 
 const char upf_cli_models_usage[] =
     "usage: upf models\n"
@@ -446,14 +447,9 @@ static upf_status write_json(upf_outputs *outs, const char *path, const prefill_
   FILE *f;
   UPF_TRY(upf_outputs_open(outs, path, "--json", &f));
   const upf_model_config *c = m->cfg;
-  char commit[64] = "unknown";
-  FILE *g = popen("git rev-parse --short HEAD 2>/dev/null", "r");
-  if (g) {
-    if (!fgets(commit, sizeof commit, g))
-      snprintf(commit, sizeof commit, "unknown");
-    commit[strcspn(commit, "\n")] = '\0';
-    pclose(g);
-  }
+  char commit[64];
+  if (!upf_source_commit(commit, sizeof commit))
+    snprintf(commit, sizeof commit, "unknown");
   fprintf(f, "{\n  \"model\": \"%s\",\n  \"layers\": [%d, %d],\n  \"partial_model\": %s,\n  \"shared_weights\": %s,\n",
           c->name, m->layer_begin, m->layer_end, m->layer_begin > 0 || m->layer_end < c->num_layers ? "true" : "false",
           m->shared_weights ? "true" : "false");

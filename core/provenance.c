@@ -20,6 +20,11 @@ static void first_line_of(const char *cmd, char *buf, size_t cap) {
 int upf_source_commit(char *buf, size_t cap) {
   if (cap == 0)
     return 0;
+  const char *env = getenv("UPF_COMMIT");
+  if (env && *env) { /* the caller knows the binaries' commit (a staged bundle run from another checkout) */
+    snprintf(buf, cap, "%s", env);
+    return 1;
+  }
   first_line_of("git rev-parse --short HEAD 2>/dev/null", buf, cap);
   if (buf[0]) {
     char dirty[8];
@@ -28,7 +33,5 @@ int upf_source_commit(char *buf, size_t cap) {
       strcat(buf, "-dirty");
     return 1;
   }
-  const char *env = getenv("UPF_COMMIT");
-  snprintf(buf, cap, "%s", env && *env ? env : "");
-  return buf[0] != '\0';
+  return 0;
 }

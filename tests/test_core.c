@@ -190,8 +190,8 @@ static void test_bench_median(void) {
   CU_ASSERT_DOUBLE_EQUAL(m, 0.0, 0.0);
 }
 
-/* Outside a checkout the commit is $UPF_COMMIT, and nothing when that is unset; inside this one it is
- * git's short hash. */
+/* $UPF_COMMIT wins, inside a checkout too (a staged bundle's binaries run in a copy whose git HEAD is not
+ * their source); without it, outside a checkout nothing, inside this one git's short hash. */
 static void test_source_commit(void) {
   char cwd[4096], buf[64];
   CU_ASSERT_PTR_NOT_NULL_FATAL(getcwd(cwd, sizeof cwd));
@@ -209,10 +209,17 @@ static void test_source_commit(void) {
   if (saved)
     setenv("UPF_COMMIT", keep, 1);
   CU_ASSERT_EQUAL_FATAL(chdir(cwd), 0);
-  if (in_checkout) { /* a short hash of hex digits, maybe "-dirty" */
+  if (in_checkout && !saved) { /* a short hash of hex digits, maybe "-dirty" */
     CU_ASSERT_EQUAL(upf_source_commit(buf, sizeof buf), 1);
     CU_ASSERT(strspn(buf, "0123456789abcdef") >= 7);
   }
+  setenv("UPF_COMMIT", "abc1234", 1); /* in this checkout: the variable, not git's hash */
+  CU_ASSERT_EQUAL(upf_source_commit(buf, sizeof buf), 1);
+  CU_ASSERT_STRING_EQUAL(buf, "abc1234");
+  if (saved)
+    setenv("UPF_COMMIT", keep, 1);
+  else
+    unsetenv("UPF_COMMIT");
 }
 
 static CU_TestInfo core_tests[] = {
@@ -224,7 +231,7 @@ static CU_TestInfo core_tests[] = {
     {"env switch: values, fallback, typo named", test_env_switch},
     {"bench median and the steady timer's bounds", test_bench_median},
     {"cuda probe names a missing device plainly", test_cuda_probe_message},
-    {"source commit: git, else $UPF_COMMIT, else none", test_source_commit},
+    {"source commit: $UPF_COMMIT, else git, else none", test_source_commit},
     CU_TEST_INFO_NULL,
 };
 
