@@ -62,8 +62,9 @@ typedef struct {
 } upf_report_accuracy_row;
 
 /* The ceilings measured in the report's own run that the end-to-end limit holds the dense work to: the
- * cuBLAS bf16 GEMM rate (gemm_ceiling), the best attention prefill rate among the attn_prefill
- * benchmarks, and copy bandwidth (bytes read plus written a second); NaN where the run measured none. */
+ * best cuBLAS bf16 GEMM rate (gemm_ceiling and the model shapes), the best attention prefill rate among
+ * the attn_prefill benchmarks, and copy bandwidth (bytes read plus written a second); NaN where the run
+ * measured none. */
 typedef struct {
   double gemm_flops, attn_flops, copy_bytes;
 } upf_report_ceilings;

@@ -538,7 +538,7 @@ void upf_report_e2e_markdown(FILE *f, const upf_report_e2e *r) {
   const upf_report_ceilings *c = &r->ceilings;
   if (c->gemm_flops > 0 && c->attn_flops > 0 && c->copy_bytes > 0)
     fprintf(f, "limit (dense rows): the run's dense work (upf prefill's dense_work) at this run's ceilings: GEMM and "
-               "MoE FLOPs at %.1f TFLOP/s (gemm_ceiling), attention FLOPs at %.1f TFLOP/s (the best attn_prefill), "
+               "MoE FLOPs at %.1f TFLOP/s (the best cuBLAS GEMM), attention FLOPs at %.1f TFLOP/s (the best attn_prefill), "
                "glue bytes at %.2f TB/s (copy_bandwidth); the Gated DeltaNet scan has no single ceiling and is left "
                "out, so a GDN model's limit is lower still. limit / TTFT: the share of the limit reached.\n\n",
             c->gemm_flops / 1e12, c->attn_flops / 1e12, c->copy_bytes / 1e12);
