@@ -15,9 +15,9 @@
 #include "cli/model_args.h"
 #include "cli/select_args.h"
 #include "uniprefill/npy.h"
+#include "uniprefill/provenance.h"
 #include "uniprefill/session.h"
 #include "uniprefill/tokenizer.h"
-#include "uniprefill/provenance.h"
 
 const char upf_cli_generate_usage[] =
     "usage: upf generate (--model NAME | --gguf FILE) (--token-ids IDS.npy [--cu-seqlens CU.npy] | --text STR |\n"

@@ -17,8 +17,8 @@
 #include "cli/select_args.h"
 #include "uniprefill/model.h"
 #include "uniprefill/npy.h"
-#include "uniprefill/session.h"
 #include "uniprefill/provenance.h"
+#include "uniprefill/session.h"
 
 const char upf_cli_models_usage[] =
     "usage: upf models\n"
