@@ -68,6 +68,10 @@
 #     determinism [MODEL] [--runs BATCH] [--iters N]
 #                                         N (default 100) UniPrefill prefills of one batch (default llama3.1-8b,
 #                                         32768,8192), each bit for bit against the first (--check-determinism)
+#     report [--quick] [--filter REGEX]   upf report (the main job) on this card, into report/r/ (report.md, report.json,
+#                                         plots when matplotlib is carried in .whl): --quick the CI size set (8K; a full
+#                                         report's 8K-128K of three families takes longer than one call); the
+#                                         benchmarks matching --filter (default REPORT_BENCH: the reference set)
 #     session [--quick]                   the standard full pass: verify, sanitize and test side by side, then
 #                                         bench alone on the GPU, then peers
 #   options of every device command:
@@ -127,6 +131,7 @@ stage() {
     cp -L "$path" "$st/lib/"
   done
   cp perf/peers/*.py "$st/peers/"
+  mkdir -p "$st/perf" && cp perf/report_plots.py "$st/perf/" # upf report runs it from its working folder
   cp perf/device.sh perf/serve_sweep.sh "$st/"
   local commit
   commit=$(git rev-parse --short HEAD)
@@ -586,7 +591,7 @@ do_peers() {
       note "$DIR/peers/torch-matmul.log"
       tail -n 16 "$DIR/peers/torch-matmul.log" | cut -c1-120 >>"$DIR/summary.txt" ;;
     fla)
-      fla_wheels
+      carried_wheels
       run "$DIR/peers/fla-gdn.log" "$cap" -- python3 peers/fla_gdn.py --iters 10 --warmup 2 --out "$DIR/peers/fla-gdn.json"
       note "$DIR/peers/fla-gdn.log"
       if [ -s "$DIR/bench/bench-gdn.json" ]; then
@@ -605,7 +610,7 @@ do_peers() {
         popt+=(--layers "${BASH_REMATCH[1]}")
       fi
       [ -z "$SHARED" ] || popt+=(--shared-weights)
-      [[ $pm == qwen3-next ]] && fla_wheels
+      [[ $pm == qwen3-next ]] && carried_wheels
       run "$DIR/peers/torch-prefill-$pm.log" "$cap" -- python3 "$REPO/perf/peers/torch_prefill.py" --model "$pm" \
         --lengths "${plen// /,}" "${popt[@]}" --out "$DIR/peers/torch-prefill-$pm.json"
       note "$DIR/peers/torch-prefill-$pm.log"
@@ -615,13 +620,29 @@ do_peers() {
   done
 }
 
-# The flash-linear-attention wheels carried in .whl, installed once per machine where fla does not import.
-fla_wheels() {
+# The wheels carried in .whl (flash-linear-attention for the GDN peer, matplotlib for the report's plots),
+# installed once per machine where fla does not import.
+carried_wheels() {
   if ! python3 -c 'import fla' 2>/dev/null && compgen -G "$REPO/.whl/*.whl" >/dev/null; then
-    run "$DIR/peers/pip-fla.log" 120 -- python3 -m pip install -q --no-index --no-deps --no-compile \
+    run "$DIR/pip-wheels.log" 120 -- python3 -m pip install -q --no-index --no-deps --no-compile \
       --no-cache-dir --upgrade --target /tmp/upf-site "$REPO"/.whl/*.whl
     export PYTHONPATH=/tmp/upf-site${PYTHONPATH:+:$PYTHONPATH}
   fi
+}
+
+# The report's benchmarks on a device call: the ceilings (copy, GEMM 8192^3), the reference shapes of
+# selection, projections, attention, MoE, GDN, FlashPrefill V2 and CompactAttention.
+REPORT_BENCH='^(gemm_ceiling|copy|select/cuda/bf16/T:(8192|131072)/|attn_prefill/cuda/bf16/llama_causal/B:1/kv:(32768|131072)/|gemm/cuda/bf16/llama_[a-z_]+/T:8192/|gdn[.]scan/cuda/bf16/qwen3next_prefill/chunked/T:(32768|131072)|moe[.]ffn/cuda/bf16/T:|attn[.]block_sparse/cuda/bf16/llama_128k/keep0[.]2/T|compact[.]attn/cuda/bf16/llama_128k/)'
+
+# report: upf report from the bundle's folder (perf/report_plots.py travels in it) into report/r/.
+do_report() {
+  local cap=$1 filter=${2:-$REPORT_BENCH}
+  carried_wheels
+  say "report${QUICK:+ --quick}, benchmarks '$filter' (cap $cap s)"
+  run "$DIR/report/report.log" "$cap" -- bin/upf report ${QUICK:+--quick} --bench-filter "$filter" --out "$DIR/report/r"
+  note "$DIR/report/report.log"
+  grep -m1 '^verdict' "$DIR/report/report.log" | cut -c1-300 | tee -a "$DIR/summary.txt"
+  rm -rf "$DIR/report/r/runs" # each run's JSON: its numbers are in report.json
 }
 
 # profile BENCH KERNEL SKIP COUNT NCUARGS...: ncu of COUNT launches of KERNEL after SKIP, in the
@@ -742,8 +763,8 @@ shift
 case $CMD in
 -h | --help | help) usage; exit 0 ;;
 stage) stage "$@"; exit $? ;;
-verify | sanitize | test | bench | peers | profile | prefill | methods | serve | tp | shared | chunkserve | determinism | session | compact | chunked) ;;
-*) die "unknown command $CMD (stage, verify, sanitize, test, bench, peers, profile, prefill, methods, serve, tp, shared, chunkserve, determinism, session, compact, chunked; --help)" ;;
+verify | sanitize | test | bench | peers | profile | prefill | methods | serve | tp | shared | chunkserve | determinism | session | compact | chunked | report) ;;
+*) die "unknown command $CMD (stage, verify, sanitize, test, bench, peers, profile, prefill, methods, serve, tp, shared, chunkserve, determinism, session, compact, chunked, report; --help)" ;;
 esac
 
 NAME=$CMD BUNDLE="" CAP="" ENVS=() ARGS=()
@@ -816,6 +837,9 @@ profile)
 session)
   [ ${#ARGS[@]} -eq 0 ] || die "session takes no operands"
   do_session "$QUICK" ;;
+report)
+  [ ${#ARGS[@]} -eq 0 ] || die "report takes no operands (--quick, --filter REGEX)"
+  do_report "${CAP:-560}" "$FILTER" ;;
 esac
 finish
 exit "$STATUS"
