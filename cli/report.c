@@ -17,6 +17,7 @@
 #include "cli/args.h"
 #include "cli/cli.h"
 #include "cli/report.h"
+#include "cli/report_json.h"
 #include "perf/bench.h"
 #include "uniprefill/model.h"
 #include "uniprefill/provenance.h"
@@ -24,7 +25,7 @@
 #include "verify/verify.h"
 
 const char upf_cli_report_usage[] =
-    "usage: upf report [--out DIR | --root DIR] [--quick] [--no-bench] [--bench-filter REGEX] [--no-e2e]\n"
+    "usage: upf report [--out DIR | --root DIR] [--quick] [--no-bench] [--bench-filter REGEX] [--peers FILE] [--no-e2e]\n"
     "                  [--models M1,M2,...] [--lengths N1,N2,...] [--backend cpu|cuda]\n"
     "       upf report --compare OLD.json NEW.json [--threshold P%]\n"
     "  The main job: verify, kernel benchmarks, end to end (TTFT of dense, UniPrefill, FlashPrefill V2,\n"
@@ -38,8 +39,10 @@ const char upf_cli_report_usage[] =
     "  variants and every command. --quick: the quick verify set and CI sizes (8K on a device, 512 tokens\n"
     "  on the CPU), no accuracy runs. --bench-filter runs the benchmarks whose name matches REGEX\n"
     "  (bench_upf --benchmark_list_tests lists them; a leading '-' excludes); one matching nothing is an\n"
-    "  error. --models / --lengths replace the end-to-end models (upf models) and lengths. --backend: the\n"
-    "  backend under test (default cuda when usable, else cpu).\n"
+    "  error. --peers FILE: published implementations' times on the same shapes (perf/peers/peer_rows.py\n"
+    "  writes the file from the peer scripts' JSON, run in the same device call), each beside the benchmark\n"
+    "  its id names: the peer's time / ours. --models / --lengths replace the end-to-end models (upf models)\n"
+    "  and lengths. --backend: the backend under test (default cuda when usable, else cpu).\n"
     "  --compare: the CI gate. A table of new/old for every verify, kernel, end-to-end, serving and\n"
     "  accuracy row present in both files; exit 1 when a verify row's failures grew, a top-1 agreement\n"
     "  fell by more than 0.01, or a row slowed by more than P% (default 5) beyond noise: new - old >\n"
@@ -48,6 +51,7 @@ const char upf_cli_report_usage[] =
 typedef struct {
   const char *out_dir, *root;
   const char *bench_filter;
+  const char *peers; /* --peers FILE: perf/peers/peer_rows.py's rows */
   const char *models, *lengths;
   const char *backend;
   int quick, no_bench, no_e2e;
@@ -257,9 +261,84 @@ static void measured_ceilings(const upf_bench_result *res, int nres, const char 
   }
 }
 
+/* ---- peers (--peers FILE: {"schema": "uniprefill-peers", "version": 1, "rows": [{"id", "peer",
+ * "median_ms"}]}, perf/peers/peer_rows.py) ---- */
+
+typedef struct {
+  char id[200], name[120];
+  double ms;
+  int used;
+} peer_row;
+
+typedef struct {
+  peer_row *rows;
+  int n;
+  const char *path;
+} peer_table;
+
+/* Reads --peers FILE; 0 with a message naming the file and what is wrong. */
+static int load_peers(const char *path, peer_table *t) {
+  char *text = NULL;
+  int64_t len = 0;
+  t->rows = NULL, t->n = 0, t->path = path;
+  if (!upf_args_read_file("upf report", "--peers", path, &text, &len))
+    return 0;
+  rj_value doc;
+  upf_status st = rj_parse(text, (size_t)len, path, &doc);
+  free(text);
+  if (st != UPF_OK) {
+    fprintf(stderr, "upf report: --peers: %s\n", upf_last_error());
+    rj_free(&doc);
+    return 0;
+  }
+  const char *schema = rj_string(&doc, "schema");
+  const rj_value *rows = rj_get(&doc, "rows");
+  int ok = schema && !strcmp(schema, "uniprefill-peers") && rj_number(&doc, "version") == 1 && rows &&
+           rows->kind == RJ_ARRAY;
+  if (!ok)
+    fprintf(stderr, "upf report: --peers %s: not a peer table (want \"schema\": \"uniprefill-peers\", \"version\": "
+                    "1 and a \"rows\" array: perf/peers/peer_rows.py writes one)\n", path);
+  if (ok && rows->count > 0 && !(t->rows = calloc((size_t)rows->count, sizeof *t->rows))) {
+    fprintf(stderr, "upf report: --peers %s: out of memory\n", path);
+    ok = 0;
+  }
+  for (int i = 0; ok && i < rows->count; i++) {
+    const rj_value *r = &rows->items[i];
+    const char *id = rj_string(r, "id"), *name = rj_string(r, "peer");
+    const double ms = rj_number(r, "median_ms");
+    if (!id || !*id || !name || !(ms > 0) || isinf(ms) || strlen(id) >= sizeof t->rows[0].id) {
+      fprintf(stderr, "upf report: --peers %s: row %d needs an \"id\" (a benchmark name), a \"peer\" and a positive "
+                      "\"median_ms\"\n", path, i);
+      ok = 0;
+      break;
+    }
+    snprintf(t->rows[t->n].id, sizeof t->rows[0].id, "%s", id);
+    snprintf(t->rows[t->n].name, sizeof t->rows[0].name, "%s", name);
+    t->rows[t->n++].ms = ms;
+  }
+  rj_free(&doc);
+  if (!ok) {
+    free(t->rows);
+    t->rows = NULL, t->n = 0;
+  }
+  return ok;
+}
+
+/* The peer row standing beside benchmark `name`: its id is the name, or a prefix of it ending where a
+ * '/' of the name begins (T:8192 does not match T:81920). */
+static peer_row *peer_of(const peer_table *t, const char *name) {
+  for (int i = 0; t && i < t->n; i++) {
+    const size_t n = strlen(t->rows[i].id);
+    if (!strncmp(name, t->rows[i].id, n) && (name[n] == '\0' || name[n] == '/'))
+      return &t->rows[i];
+  }
+  return NULL;
+}
+
 /* ---- report.md ---- */
 
-static void print_kernels(FILE *out, const upf_bench_result *res, int nres, const report_args *a) {
+static void print_kernels(FILE *out, const upf_bench_result *res, int nres, const report_args *a,
+                          const peer_table *peers) {
   fprintf(out, "## kernels (median over repetitions; spread = coefficient of variation)\n\n");
   if (a->no_bench) {
     fprintf(out, "skipped (--no-bench)\n\n");
@@ -271,15 +350,23 @@ static void print_kernels(FILE *out, const upf_bench_result *res, int nres, cons
   }
   fprintf(out, "Rates and shares are given for device kernels only: the CPU reference is timed as a baseline,\n"
                "and its rates against a device's ceilings mean nothing. The ceilings are measured in the same run\n"
-               "(copy bandwidth, cuBLAS bf16 GEMM); vs: the benchmark's own yardstick (dense equivalent or limit).\n\n");
-  fprintf(out, "| benchmark | median | spread | min | TFLOP/s | TB/s | share of ceiling; vs yardstick |\n");
-  fprintf(out, "|---|---:|---:|---:|---:|---:|---:|\n");
+               "(copy bandwidth, cuBLAS bf16 GEMM); vs: the benchmark's own yardstick (dense equivalent or limit).\n");
+  if (peers)
+    fprintf(out, "peer: a published implementation on the same shapes, run in the same device call (--peers %s); "
+                 "its time / ours (above 1: ours faster).\n", peers->path);
+  fprintf(out, "\n| benchmark | median | spread | min | TFLOP/s | TB/s | share of ceiling; vs yardstick | peer: its time "
+               "/ ours |\n");
+  fprintf(out, "|---|---:|---:|---:|---:|---:|---:|---|\n");
   for (int i = 0; i < nres; i++) {
     const upf_bench_result *r = &res[i];
     if (r->error) {
-      fprintf(out, "| %s | %s | | | | | |\n", r->name, r->no_device ? "skipped (no device)" : r->error);
+      fprintf(out, "| %s | %s | | | | | | |\n", r->name, r->no_device ? "skipped (no device)" : r->error);
       continue;
     }
+    char pc[200] = "";
+    const peer_row *pr = peer_of(peers, r->name);
+    if (pr)
+      snprintf(pc, sizeof pc, "%s: %.3f", pr->name, pr->ms / (r->median_s * 1e3));
     char f[32] = "", b[32] = "", s[128] = "";
     if (!strstr(r->name, "/cpu/")) {
       double flops = upf_bench_result_counter(r, UPF_BENCH_FLOPS), bytes = upf_bench_result_counter(r, UPF_BENCH_BYTES);
@@ -297,9 +384,14 @@ static void print_kernels(FILE *out, const upf_bench_result *res, int nres, cons
                  peers[k] + 3);
         break;
       }
-    fprintf(out, "| %s | %.4g ms | %.1f%% | %.4g ms | %s | %s | %s |\n", r->name, r->median_s * 1e3, r->cv * 100.0,
-            r->min_s * 1e3, f, b, s);
+    fprintf(out, "| %s | %.4g ms | %.1f%% | %.4g ms | %s | %s | %s | %s |\n", r->name, r->median_s * 1e3,
+            r->cv * 100.0, r->min_s * 1e3, f, b, s, pc);
   }
+  int unused = 0;
+  for (int i = 0; peers && i < peers->n; i++)
+    if (!peers->rows[i].used)
+      fprintf(out, "%speer row with no benchmark in this run: %s (%s)\n", unused++ ? "" : "\n", peers->rows[i].id,
+              peers->rows[i].name);
   fprintf(out, "\nfull results: bench.json\n\n");
 }
 
@@ -315,6 +407,7 @@ typedef struct {
   char **commands;
   int num_commands;
   const char *plots; /* the plots section's text */
+  const peer_table *peers; /* --peers, or NULL */
   char verdict[512];
 } report_data;
 
@@ -337,7 +430,7 @@ static void print_report(FILE *out, const report_data *d) {
       fprintf(out, "| %s | %d | %d |\n", upf_op_name((upf_op)op), d->tally->passed[op], d->tally->failed[op]);
   fprintf(out, "\nverify: %s, %d checks (log: verify.log; ops without a check on this backend are left out)\n\n",
           d->verify_failed ? "FAILED" : "all checks passed", d->verify_checks);
-  print_kernels(out, d->res, d->nres, d->a);
+  print_kernels(out, d->res, d->nres, d->a, d->peers);
   if (d->e2e)
     upf_report_e2e_markdown(out, d->e2e);
   else
@@ -415,6 +508,19 @@ static void print_json(FILE *f, const report_data *d) {
     const double vs_dense = upf_bench_result_counter(r, "vs_dense"), vs_limit = upf_bench_result_counter(r, "vs_limit");
     fprintf(f, ", \"peer\": %s, \"peer_ratio\": ", !isnan(vs_dense) ? "\"dense\"" : !isnan(vs_limit) ? "\"limit\"" : "null");
     json_num(f, !isnan(vs_dense) ? vs_dense : vs_limit);
+    const peer_row *pr = peer_of(d->peers, r->name);
+    fprintf(f, ", \"vs_peer\": ");
+    if (pr) {
+      fprintf(f, "{\"name\": ");
+      upf_json_string(f, pr->name);
+      fprintf(f, ", \"median_ms\": ");
+      json_num(f, pr->ms);
+      fprintf(f, ", \"speedup\": ");
+      json_num(f, pr->ms / (r->median_s * 1e3));
+      fprintf(f, "}");
+    } else {
+      fprintf(f, "null");
+    }
     fprintf(f, "}");
   }
   fprintf(f, "\n],\n");
@@ -540,6 +646,7 @@ int upf_cli_report(int argc, char **argv) {
       {"--out", UPF_ARG_STRING, &a.out_dir},
       {"--root", UPF_ARG_STRING, &a.root},
       {"--bench-filter", UPF_ARG_STRING, &a.bench_filter},
+      {"--peers", UPF_ARG_STRING, &a.peers},
       {"--models", UPF_ARG_STRING, &a.models},
       {"--lengths", UPF_ARG_STRING, &a.lengths},
       {"--backend", UPF_ARG_STRING, &a.backend},
@@ -565,6 +672,17 @@ int upf_cli_report(int argc, char **argv) {
   }
   if (a.bench_filter && !filter_compiles(a.bench_filter))
     return 2;
+  if (a.peers && a.no_bench) {
+    fprintf(stderr, "upf report: --peers and --no-bench contradict each other (peers stand beside benchmarks)\n");
+    return 2;
+  }
+  peer_table peers = {0};
+  if (a.peers) { /* checked before any work; read again beside the benchmarks */
+    if (!load_peers(a.peers, &peers))
+      return 2;
+    free(peers.rows);
+    peers.rows = NULL, peers.n = 0;
+  }
   for (const char *list = a.models; list && *list;) { /* every model named must exist, before any work */
     char name[64];
     size_t n = strcspn(list, ",");
@@ -635,6 +753,8 @@ int upf_cli_report(int argc, char **argv) {
 
   upf_bench_result *res = NULL;
   int nres = 0, bench_failed = 0;
+  if (a.peers && !load_peers(a.peers, &peers))
+    bench_failed = 1; /* the file changed since the start: said on stderr */
   if (!a.no_bench) {
     /* Without a device the CPU reference at 128K takes tens of seconds a run; the default keeps the
      * main job to a few minutes there. */
@@ -702,8 +822,13 @@ int upf_cli_report(int argc, char **argv) {
     }
   }
 
+  for (int i = 0; a.peers && i < nres; i++) {
+    peer_row *pr = peer_of(&peers, res[i].name);
+    if (pr && !res[i].error)
+      pr->used = 1;
+  }
   report_data d = {be, &stamp, &tally, verify_failed, checks, res, nres, bench_failed, a.no_e2e ? NULL : &e2e, &a,
-                   commands, num_commands, "", ""};
+                   commands, num_commands, "", a.peers ? &peers : NULL, ""};
   const int failed = verify_failed || bench_failed || e2e_failed;
   /* the best UniPrefill speedup of the longest length, the one number the report is for */
   char best[160] = "";
@@ -729,6 +854,7 @@ int upf_cli_report(int argc, char **argv) {
   print_report(stdout, &d);
   printf("\nreport written to %s/report.md (report.json beside it)\n%s\n", dir, d.verdict);
   upf_bench_results_free(res, nres);
+  free(peers.rows);
   upf_report_e2e_free(&e2e);
   for (int i = 0; i < num_commands; i++)
     free(commands[i]);

@@ -206,6 +206,38 @@ static void test_report_writes_json_the_gate_reads(void) {
   CLI_ASSERT_STDOUT(&cli, "gate: PASS");
 }
 
+/* --peers: a bad table exits 2 naming the file before any work; a good one puts each row beside the
+ * benchmark its id names (a '/'-bounded prefix of the name: decode64_ctx4 is not decode64_ctx4K), in
+ * report.md (the peer's time / ours) and report.json (vs_peer), and lists the rows no benchmark took. */
+static void test_peers(void) {
+  CU_ASSERT_FATAL(cli_write_text(&cli, "notpeers.json", "{\"schema\": \"uniprefill-report\", \"version\": 1}"));
+  CU_ASSERT_EQUAL(cli_run(&cli, "report --peers notpeers.json --out nothing"), 2);
+  CLI_ASSERT_STDERR(&cli, "--peers notpeers.json: not a peer table");
+  CU_ASSERT_FALSE(cli_exists(cli_path(&cli, "nothing")));
+  CU_ASSERT_FATAL(cli_write_text(&cli, "badrow.json", "{\"schema\": \"uniprefill-peers\", \"version\": 1, "
+                                                      "\"rows\": [{\"id\": \"x\", \"peer\": \"p\", \"median_ms\": 0}]}"));
+  CU_ASSERT_EQUAL(cli_run(&cli, "report --peers badrow.json --out nothing"), 2);
+  CLI_ASSERT_STDERR(&cli, "row 0 needs");
+  CU_ASSERT_EQUAL(cli_run(&cli, "report --peers badrow.json --no-bench --out nothing"), 2);
+  CLI_ASSERT_STDERR(&cli, "--peers and --no-bench contradict");
+  if (upf_test_skip_quick("report", "peers", "a report run takes tens of seconds"))
+    return;
+  CU_ASSERT_FATAL(
+      cli_write_text(&cli, "peers.json",
+                     "{\"schema\": \"uniprefill-peers\", \"version\": 1, \"rows\": [\n"
+                     " {\"id\": \"kv.slot_mapping/cpu/decode64_ctx4\", \"peer\": \"not a boundary\", \"median_ms\": 1},\n"
+                     " {\"id\": \"kv.slot_mapping/cpu/decode64_ctx4K\", \"peer\": \"hand peer\", \"median_ms\": 2.5e3},\n"
+                     " {\"id\": \"gemm/cuda/bf16/none\", \"peer\": \"absent\", \"median_ms\": 3}]}\n"));
+  CU_ASSERT_EQUAL_FATAL(cli_run(&cli, "report --quick --no-e2e --backend cpu --bench-filter '^kv[.]slot_mapping/cpu/' "
+                                      "--peers peers.json --out peered"), 0);
+  const char *md = cli_path(&cli, "peered/report.md"), *json = cli_path(&cli, "peered/report.json");
+  CU_ASSERT(cli_file_contains(md, "| peer: its time / ours |"));
+  CU_ASSERT(cli_file_contains(md, " | hand peer: ")); /* 2.5 s against microseconds: a large ratio */
+  CU_ASSERT(cli_file_contains(md, "peer row with no benchmark in this run: kv.slot_mapping/cpu/decode64_ctx4 (not a boundary)"));
+  CU_ASSERT(cli_file_contains(md, "peer row with no benchmark in this run: gemm/cuda/bf16/none (absent)"));
+  CU_ASSERT(cli_file_contains(json, "\"vs_peer\": {\"name\": \"hand peer\", \"median_ms\": 2500, \"speedup\": "));
+}
+
 static CU_TestInfo tests[] = {
     {"identical reports pass", test_identical_passes},
     {"a 10% slowdown with a tight spread fails", test_slowdown_fails},
@@ -214,6 +246,7 @@ static CU_TestInfo tests[] = {
     {"rows in one file only are listed, not failed", test_rows_on_one_side_listed},
     {"bad files and flags exit 2 naming them", test_bad_inputs},
     {"the report's JSON reads back through the gate", test_report_writes_json_the_gate_reads},
+    {"--peers: each peer row beside its benchmark, bad tables refused", test_peers},
     CU_TEST_INFO_NULL,
 };
 
