@@ -16,8 +16,9 @@
 #                                         VAR=a then VAR=b (an empty value unsets VAR), e.g.
 #                                         --ab UPF_VARIANT=,attn.prefill=fa2 or --ab UPF_MOE_BUCKETS=auto,4;
 #                                         --base times this bundle, BUNDLE (another commit's stage), this one again
-#     peers [sdpa|matmul|fla|prefill[:MODEL] ...]
-#                                         the PyTorch / FLA peer scripts of perf/peers on the benchmarks' shapes;
+#     peers [sdpa|matmul|fla|vllm|prefill[:MODEL] ...]
+#                                         the PyTorch / FLA / vLLM fused_moe (.peers/vllm, carried) peer scripts
+#                                         of perf/peers on the benchmarks' shapes;
 #                                         prefill[:MODEL]: the end-to-end PyTorch peer (perf/peers/torch_prefill.py,
 #                                         MODEL llama, gemma or qwen3-next, the default) at --runs (default 32768
 #                                         131072), with --shared (its --shared-weights) and --layers 0:N; FLA from .whl
@@ -68,10 +69,13 @@
 #     determinism [MODEL] [--runs BATCH] [--iters N]
 #                                         N (default 100) UniPrefill prefills of one batch (default llama3.1-8b,
 #                                         32768,8192), each bit for bit against the first (--check-determinism)
-#     report [--quick] [--filter REGEX]   upf report (the main job) on this card, into report/r/ (report.md, report.json,
+#     report [--quick] [--filter REGEX] [--peers]
+#                                         upf report (the main job) on this card, into report/r/ (report.md, report.json,
 #                                         plots when matplotlib is carried in .whl): --quick the CI size set (8K; a full
 #                                         report's 8K-128K of three families takes longer than one call); the
-#                                         benchmarks matching --filter (default REPORT_BENCH: the reference set)
+#                                         benchmarks matching --filter (default REPORT_BENCH: the reference set);
+#                                         --peers first runs the peers (sdpa, matmul, fla, vllm: carry .whl and
+#                                         .peers) and hands their rows to upf report --peers (perf/peers/peer_rows.py)
 #     session [--quick]                   the standard full pass: verify, sanitize and test side by side, then
 #                                         bench alone on the GPU, then peers
 #   options of every device command:
@@ -599,6 +603,12 @@ do_peers() {
           --fla "$DIR/peers/fla-gdn.json"
         tee -a "$DIR/summary.txt" <"$DIR/peers/compare-gdn.txt" >/dev/null
       fi ;;
+    vllm)
+      # vLLM's fused_moe Triton kernel, fetched into the git-ignored .peers/vllm (carry .peers; never committed)
+      run "$DIR/peers/vllm-moe.log" "$cap" -- python3 "$REPO/perf/peers/vllm_moe.py" \
+        --published "$REPO/.peers/vllm/fused_moe.py" --out "$DIR/peers/vllm-moe.json" --iters 20 --warmup 5
+      note "$DIR/peers/vllm-moe.log"
+      grep -E '^moe[.]ffn|error' "$DIR/peers/vllm-moe.log" | cut -c1-200 | head -n 4 >>"$DIR/summary.txt" ;;
     prefill | prefill:*)
       # the working tree's script (with its helper modules), so a peer-only change needs no new bundle
       local pm=${p#prefill} plen=${RUNS_SET:+$RUNS} popt=()
@@ -615,7 +625,7 @@ do_peers() {
         --lengths "${plen// /,}" "${popt[@]}" --out "$DIR/peers/torch-prefill-$pm.json"
       note "$DIR/peers/torch-prefill-$pm.log"
       grep -E '^model\.prefill|not run|layers, weights' "$DIR/peers/torch-prefill-$pm.log" | cut -c1-240 >>"$DIR/summary.txt" ;;
-    *) die "peers: unknown peer $p (sdpa, matmul, fla, prefill[:MODEL])" ;;
+    *) die "peers: unknown peer $p (sdpa, matmul, fla, vllm, prefill[:MODEL])" ;;
     esac
   done
 }
@@ -636,10 +646,28 @@ REPORT_BENCH='^(gemm_ceiling|copy|select/cuda/bf16/T:(8192|131072)/|attn_prefill
 
 # report: upf report from the bundle's folder (perf/report_plots.py travels in it) into report/r/.
 do_report() {
-  local cap=$1 filter=${2:-$REPORT_BENCH}
+  local cap=$1 filter=${2:-$REPORT_BENCH} peer_args=()
   carried_wheels
-  say "report${QUICK:+ --quick}, benchmarks '$filter' (cap $cap s)"
-  run "$DIR/report/report.log" "$cap" -- bin/upf report ${QUICK:+--quick} --bench-filter "$filter" --out "$DIR/report/r"
+  if [ -n "$WITH_PEERS" ]; then
+    local p inputs=()
+    for p in sdpa matmul fla vllm; do
+      [ "$p" != vllm ] || [ -f "$REPO/.peers/vllm/fused_moe.py" ] || { say "peers: vllm skipped (.peers/vllm not carried)"; continue; }
+      do_peers 240 "$p"
+    done
+    for p in torch-sdpa torch-matmul fla-gdn vllm-moe; do
+      [ -s "$DIR/peers/$p.json" ] && inputs+=("$DIR/peers/$p.json")
+    done
+    (cd "$DEV" && bin/bench_upf --benchmark_list_tests) >"$DIR/peers/ids.txt" 2>/dev/null
+    if [ ${#inputs[@]} -gt 0 ] && run "$DIR/peers/peer-rows.log" 60 -- python3 "$REPO/perf/peers/peer_rows.py" \
+      "$DIR/peers/peer-rows.json" "${inputs[@]}" --ids "$DIR/peers/ids.txt"; then
+      peer_args=(--peers "$DIR/peers/peer-rows.json")
+    else
+      say "peers: no peer rows (see peers/peer-rows.log); the report runs without them"
+    fi
+  fi
+  say "report${QUICK:+ --quick}, benchmarks '$filter'${peer_args[*]:+, ${peer_args[*]}} (cap $cap s)"
+  run "$DIR/report/report.log" "$cap" -- bin/upf report ${QUICK:+--quick} --bench-filter "$filter" "${peer_args[@]}" \
+    --out "$DIR/report/r"
   note "$DIR/report/report.log"
   grep -m1 '^verdict' "$DIR/report/report.log" | cut -c1-300 | tee -a "$DIR/summary.txt"
   rm -rf "$DIR/report/r/runs" # each run's JSON: its numbers are in report.json
@@ -769,7 +797,7 @@ esac
 
 NAME=$CMD BUNDLE="" CAP="" ENVS=() ARGS=()
 QUICK="" CASE="" TOOLS=memcheck,racecheck,initcheck,synccheck FILTER="" REPS="" AB="" BASE=""
-KERNEL="" SKIP=0 COUNT=1 NCUARGS=() RUNS="8192 32768 131072" RUNS_SET="" KEEPS=0.5,0.3,0.2 KEEPS_SET="" LAYERS="" ITERS=1 ALPHA="" SHARED=""
+WITH_PEERS="" KERNEL="" SKIP=0 COUNT=1 NCUARGS=() RUNS="8192 32768 131072" RUNS_SET="" KEEPS=0.5,0.3,0.2 KEEPS_SET="" LAYERS="" ITERS=1 ALPHA="" SHARED=""
 while [ $# -gt 0 ]; do
   case $1 in
   --name) NAME=${2:?--name needs a value}; shift 2 ;;
@@ -792,6 +820,7 @@ while [ $# -gt 0 ]; do
   --iters) ITERS=${2:?--iters needs a number}; shift 2 ;;
   --alpha) ALPHA=${2:?--alpha needs a value}; shift 2 ;;
   --shared) SHARED=--shared-weights; shift ;;
+  --peers) WITH_PEERS=1; shift ;;
   --set | --section | --metrics) NCUARGS+=("$1" "${2:?$1 needs a value}"); shift 2 ;;
   -h | --help) usage; exit 0 ;;
   -*) die "$CMD: unknown option $1" ;;
