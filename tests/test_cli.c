@@ -248,9 +248,9 @@ static void test_report_stamps(void) {
   CU_ASSERT(cli_file_contains(json, "\"device\": \""));
   CU_ASSERT(cli_file_contains(json, "\"date\": \""));
   CU_ASSERT(cli_file_contains(json, "\"host_name\": \""));
-  /* The CPU row: median, spread and min, then three empty cells. */
+  /* The CPU row: median, spread and min, then four empty cells (rates, share, and no peer without --peers). */
   CU_ASSERT(cli_file_contains(summary, "| rmsnorm/cpu/bf16/llama/T:4096 | "));
-  CU_ASSERT(cli_file_contains(summary, " ms |  |  |  |\n"));
+  CU_ASSERT(cli_file_contains(summary, " ms |  |  |  |  |\n"));
   CLI_ASSERT_STDERR(&cli, "upf report: verify gemm");
   CLI_ASSERT_STDERR(&cli, "upf report: benchmarks matching");
 }
