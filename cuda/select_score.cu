@@ -12,6 +12,7 @@
 #include "cuda/mma_sync.cuh"
 #include "cuda/select_common.cuh"
 #include "cuda/wgmma.cuh"
+#include "uniprefill/variant.h"
 
 namespace upf_select {
 namespace {
@@ -291,9 +292,45 @@ struct big_state {
   float mrun[2 * MT], usum[2 * MT], mc[2 * MT], lc[2 * MT];
 };
 
+/* Pairwise (fixed-order, so deterministic) reductions: log2(N) dependent steps instead of N. Written as
+ * template recursion so that every index is a constant (a runtime-halved loop would put the array in
+ * local memory). */
+template <int W, int N>
+__device__ __forceinline__ void tree_step_sum(float (&v)[N]) {
+  if constexpr (W >= 1) {
+#pragma unroll
+    for (int i = 0; i < W; i++)
+      v[i] += v[i + W];
+    tree_step_sum<W / 2>(v);
+  }
+}
+
+template <int W, int N>
+__device__ __forceinline__ void tree_step_max(float (&v)[N]) {
+  if constexpr (W >= 1) {
+#pragma unroll
+    for (int i = 0; i < W; i++)
+      v[i] = fmaxf(v[i], v[i + W]);
+    tree_step_max<W / 2>(v);
+  }
+}
+
+/* Max of the row-half h (elements 2h, 2h+1) of NTL n8 accumulator tiles. */
+template <int NTL>
+__device__ __forceinline__ float tree_max(const float (&acc)[NTL][4], int h) {
+  float m[2 * NTL];
+#pragma unroll
+  for (int nt = 0; nt < NTL; nt++) {
+    m[2 * nt] = acc[nt][2 * h];
+    m[2 * nt + 1] = acc[nt][2 * h + 1];
+  }
+  tree_step_max<NTL>(m);
+  return m[0];
+}
+
 /* G >= 64 epilogue of one piece of NTL n8 tiles (keys kb ..): finite check, causal mask, piece max,
  * online update of the segment sum; at a segment end writes (M, U) and folds it into (MC, LC). */
-template <int MT, int NTL>
+template <int MT, int NTL, bool TREE = false>
 __device__ __forceinline__ void epi_big(float (&acc)[MT][NTL][4], int kb, bool need_mask, bool seg_end,
                                         const int (&lim)[MT][2], const bool (&valid)[MT][2],
                                         const int64_t (&R)[MT][2], big_state<MT> &st, const score_args &x,
@@ -311,16 +348,24 @@ __device__ __forceinline__ void epi_big(float (&acc)[MT][NTL][4], int kb, bool n
             acc[mt][nt][e] = -INFINITY;
   }
   float mx[2 * MT];
+  if constexpr (TREE) {
 #pragma unroll
-  for (int j = 0; j < 2 * MT; j++)
-    mx[j] = -INFINITY;
+    for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-  for (int mt = 0; mt < MT; mt++)
+      for (int h = 0; h < 2; h++)
+        mx[mt * 2 + h] = tree_max<NTL>(acc[mt], h);
+  } else {
 #pragma unroll
-    for (int nt = 0; nt < NTL; nt++)
+    for (int j = 0; j < 2 * MT; j++)
+      mx[j] = -INFINITY;
 #pragma unroll
-      for (int e = 0; e < 4; e++)
-        mx[mt * 2 + (e >> 1)] = fmaxf(mx[mt * 2 + (e >> 1)], acc[mt][nt][e]);
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+      for (int nt = 0; nt < NTL; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+          mx[mt * 2 + (e >> 1)] = fmaxf(mx[mt * 2 + (e >> 1)], acc[mt][nt][e]);
+  }
 #pragma unroll
   for (int j = 0; j < 2 * MT; j++) {
     mx[j] = fmaxf(mx[j], __shfl_xor_sync(0xffffffffu, mx[j], 1));
@@ -336,10 +381,21 @@ __device__ __forceinline__ void epi_big(float (&acc)[MT][NTL][4], int kb, bool n
       float ref = mnew == -INFINITY ? 0.f : mnew;
       float alpha = ex2(st.mrun[j] - ref);
       float sum = 0.f;
+      if constexpr (TREE) {
+        float e[2 * NTL];
 #pragma unroll
-      for (int nt = 0; nt < NTL; nt++) {
-        sum += ex2(fmaf(acc[mt][nt][2 * h], c, -ref));
-        sum += ex2(fmaf(acc[mt][nt][2 * h + 1], c, -ref));
+        for (int nt = 0; nt < NTL; nt++) {
+          e[2 * nt] = ex2(fmaf(acc[mt][nt][2 * h], c, -ref));
+          e[2 * nt + 1] = ex2(fmaf(acc[mt][nt][2 * h + 1], c, -ref));
+        }
+        tree_step_sum<NTL>(e);
+        sum = e[0];
+      } else {
+#pragma unroll
+        for (int nt = 0; nt < NTL; nt++) {
+          sum += ex2(fmaf(acc[mt][nt][2 * h], c, -ref));
+          sum += ex2(fmaf(acc[mt][nt][2 * h + 1], c, -ref));
+        }
       }
       st.usum[j] = st.usum[j] * alpha + sum;
       st.mrun[j] = mnew;
@@ -666,10 +722,15 @@ __global__ void __launch_bounds__(P::THREADS, P::MINB) sel_score_kernel(const sc
 /* t (epi_big, the same (M, U, MC, LC) arithmetic as the mma.sync kernel) while the tensor cores    */
 /* work. Every reduction is per thread or per quad in a fixed order: deterministic.                 */
 
-template <int D_>
+template <int D_, int NCW_, bool TREE_>
 struct WgCfg {
   static constexpr int D = D_;
-  static constexpr int NCW = 2;                     /* consumer warpgroups */
+  static constexpr int NCW = NCW_;                  /* consumer warpgroups */
+  /* Accumulator sets per warpgroup: two (tile t+1's wgmma in flight during tile t's epilogue) with two
+   * warpgroups; one with four, whose registers (120 a thread at 544 threads) hold one set, the other
+   * warpgroups' work hiding each one's epilogue. */
+  static constexpr int NACC = NCW == 2 ? 2 : 1;
+  static constexpr bool TREE = TREE_;               /* pairwise max and sum in the epilogue */
   static constexpr int KS = D / 16;                 /* k16 steps */
   static constexpr int NS = D == 64 ? 8 : 4; /* ring stages */
   static constexpr int STAGE = KT * D * 2;          /* bytes per stage */
@@ -678,12 +739,11 @@ struct WgCfg {
   static size_t smem_bytes() { return 1024 + (size_t)NS * STAGE + 2 * NS * 8; }
 };
 
-template <int D>
-__global__ void __launch_bounds__(WgCfg<D>::THREADS, 1) sel_score_wgmma_kernel(const score_args x) {
+template <class C>
+__global__ void __launch_bounds__(C::THREADS, 1) sel_score_wgmma_kernel(const score_args x) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace upf_wgmma;
-  using C = WgCfg<D>;
-  constexpr int NS = C::NS, KS = C::KS, STAGE = C::STAGE, NCW = C::NCW;
+  constexpr int D = C::D, NS = C::NS, KS = C::KS, STAGE = C::STAGE, NCW = C::NCW;
   extern __shared__ __align__(16) uint8_t smem[];
   const uint32_t sraw = (uint32_t)__cvta_generic_to_shared(smem);
   const uint32_t sbase = (sraw + 1023u) & ~1023u; /* swizzle atoms need 1024-byte alignment */
@@ -829,19 +889,31 @@ __global__ void __launch_bounds__(WgCfg<D>::THREADS, 1) sel_score_wgmma_kernel(c
     __syncwarp();
     if (lane == 0)
       mbar_arrive(empty + 8 * stg);
+    const int kb = k0 + t * KT;
     float sv[1][8][4];
 #pragma unroll
     for (int j = 0; j < 8; j++)
 #pragma unroll
       for (int e = 0; e < 4; e++)
         sv[0][j][e] = cur[0][j][e];
-    const int kb = k0 + t * KT;
-    epi_big<1, 8>(sv, kb, kb + KT - 1 > n - x.L, (kb + KT) % x.SG == 0 || t == ntile - 1, lim, valid, R, st, x,
-                  rq, tq);
+    epi_big<1, 8, C::TREE>(sv, kb, kb + KT - 1 > n - x.L, (kb + KT) % x.SG == 0 || t == ntile - 1, lim, valid, R,
+                           st, x, rq, tq);
   };
 
   /* Steady state without branches around the wgmma (ptxas tracks the in-flight groups through it):
    * issue tile t+1, wait for tile t, epilogue of tile t. ntile >= 1: a chunk holds at least one key. */
+  if constexpr (C::NACC == 1) {
+    /* One set: issue tile t, wait for it, ready tile t+1, epilogue of tile t. */
+    float acc[1][8][4];
+    ready(0);
+    for (int t = 0; t < ntile; t++) {
+      issue(acc[0], t);
+      wg_wait<0>();
+      if (t + 1 < ntile)
+        ready(t + 1);
+      epi(acc, t);
+    }
+  } else {
   float accA[1][8][4], accB[1][8][4];
   ready(0);
   if (ntile > 1)
@@ -870,6 +942,7 @@ __global__ void __launch_bounds__(WgCfg<D>::THREADS, 1) sel_score_wgmma_kernel(c
     wg_wait<0>();
     mid(t);
     epi(accA, t);
+  }
   }
 #pragma unroll
   for (int h = 0; h < 2; h++)
@@ -910,16 +983,16 @@ upf_status prepare_score_kernel(kernel_cfg &cfg, int D) {
   return UPF_OK;
 }
 
-template <int D>
+template <class C>
 upf_status prepare_wgmma(kernel_cfg &cfg) {
-  cfg.fn = (const void *)sel_score_wgmma_kernel<D>;
-  cfg.threads = WgCfg<D>::THREADS;
-  cfg.smem = WgCfg<D>::smem_bytes();
-  cfg.rows_per_cta = WgCfg<D>::RPC;
+  cfg.fn = (const void *)sel_score_wgmma_kernel<C>;
+  cfg.threads = C::THREADS;
+  cfg.smem = C::smem_bytes();
+  cfg.rows_per_cta = C::RPC;
   if (cfg.smem > upf_cuda_smem_optin())
     return upf_fail(UPF_ERR_UNSUPPORTED, "select (cuda): the wgmma score kernel needs %zu bytes of shared memory, "
                     "the device allows %zu", cfg.smem, upf_cuda_smem_optin());
-  UPF_CUDA_TRY(cudaFuncSetAttribute(sel_score_wgmma_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  UPF_CUDA_TRY(cudaFuncSetAttribute(sel_score_wgmma_kernel<C>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)cfg.smem));
   return UPF_OK;
 }
@@ -959,11 +1032,18 @@ upf_status pick_score_kernel(const upf_select_inputs *in, int D, bool use_mma, k
       bool ok = false;
       UPF_TRY(wgmma_available(&ok));
       if (ok) {
+        upf_variant v;
+        UPF_TRY(upf_variant_current(UPF_OP_SELECT_PIPELINE, &v));
+        /* wgmma4: four warpgroups where one accumulator set and the Q fragments fit 120 registers */
+        const bool four = v == UPF_VARIANT_SELECT_PIPELINE_WGMMA4 && D <= 128;
+        const bool tree = v != UPF_VARIANT_SELECT_PIPELINE_WGMMA;
+        if (four)
+          return D == 64 ? prepare_wgmma<WgCfg<64, 4, true>>(cfg) : prepare_wgmma<WgCfg<128, 4, true>>(cfg);
         if (D == 64)
-          return prepare_wgmma<64>(cfg);
+          return tree ? prepare_wgmma<WgCfg<64, 2, true>>(cfg) : prepare_wgmma<WgCfg<64, 2, false>>(cfg);
         if (D == 256)
-          return prepare_wgmma<256>(cfg);
-        return prepare_wgmma<128>(cfg);
+          return tree ? prepare_wgmma<WgCfg<256, 2, true>>(cfg) : prepare_wgmma<WgCfg<256, 2, false>>(cfg);
+        return tree ? prepare_wgmma<WgCfg<128, 2, true>>(cfg) : prepare_wgmma<WgCfg<128, 2, false>>(cfg);
       }
     }
   }
