@@ -23,12 +23,13 @@
  *      next 32 keys are issued before the exponentials of the current 32). Ffma<T>: fp32 FFMA (no
  *      TF32) for fp32 inputs, and the bf16 fallback for other D <= 256 or unaligned rows.
  *      Hopper (sm_90a build, G >= 64, bf16 D = 64/128/256; the default there, the fastest measured):
- *      sel_score_wgmma_kernel (section 1b of cuda/select_score.cu). CTA = 2 consumer warpgroups x 64
- *      query rows (Q in registers as the wgmma A operand) + 1 producer warp streaming 64-key K tiles by
- *      cp.async into a 4-stage (D = 64: 8) ring in the 128-byte-swizzle layout, full/empty mbarriers;
- *      wgmma m64n64k16 (B = K tile from smem), two accumulator sets per warpgroup: the wgmma of tile
- *      t+1 runs while the warpgroup does the exponentials of tile t (epi_big, same (M, U, MC, LC)
- *      outputs and per-thread order, so the same bits run to run). The mma.sync kernel is the
+ *      sel_score_wgmma_kernel (section 1b of cuda/select_score.cu). CTA = 4 consumer warpgroups (D = 256:
+ *      2) x 64 query rows (Q in registers as the wgmma A operand) + 1 producer warp streaming 64-key K
+ *      tiles by cp.async into a 4-stage (D = 64: 8) ring in the 128-byte-swizzle layout, full/empty
+ *      mbarriers; wgmma m64n64k16 (B = K tile from smem). With four warpgroups each holds one
+ *      accumulator set and the others' wgmma runs during its exponentials; with two (D = 256) each holds
+ *      two sets and issues tile t+1 before the exponentials of tile t (epi_big, same (M, U, MC, LC)
+ *      outputs, a fixed per-thread order, so the same bits run to run). The mma.sync kernel is the
  *      fallback (sm_90 builds, G < 64).
  *   2. sel_row_stats_kernel: per row: m = max MC, l = sum LC*exp2(MC-m) over chunks (fixed order).
  *   3. sel_block_mass_kernel: one CTA per block: b = sum_rows sum_segments U*exp2(M-m)/l, threads

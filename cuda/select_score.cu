@@ -12,7 +12,6 @@
 #include "cuda/mma_sync.cuh"
 #include "cuda/select_common.cuh"
 #include "cuda/wgmma.cuh"
-#include "uniprefill/variant.h"
 
 namespace upf_select {
 namespace {
@@ -717,20 +716,23 @@ __global__ void __launch_bounds__(P::THREADS, P::MINB) sel_score_kernel(const sc
 /* one producer warp that streams the chunk's K tiles (64 keys) into a WG_NS-stage ring with         */
 /* cp.async (16-byte chunks, written in the 128-byte-swizzle K-major layout wgmma reads: D/64 atoms */
 /* of 64 rows x 128 bytes) and signals `full[s]` with cp.async.mbarrier.arrive.noinc; consumers     */
-/* release a stage on `empty[s]` once the wgmma that read it has completed. Each consumer WG keeps  */
-/* two accumulator sets: it issues the wgmma of tile t+1 (async) and then runs the epilogue of tile */
-/* t (epi_big, the same (M, U, MC, LC) arithmetic as the mma.sync kernel) while the tensor cores    */
-/* work. Every reduction is per thread or per quad in a fixed order: deterministic.                 */
+/* release a stage on `empty[s]` once the wgmma that read it has completed. At D <= 128 four        */
+/* consumer WGs with one accumulator set each: issue tile t, wait, epilogue of tile t (epi_big, the */
+/* same (M, U, MC, LC) arithmetic as the mma.sync kernel, max and sum pairwise), the other WGs'     */
+/* wgmma running meanwhile. At D = 256 two WGs with two sets each: the wgmma of tile t+1 is issued  */
+/* before the epilogue of tile t. Every reduction is per thread or per quad in a fixed order:       */
+/* deterministic.                                                                                   */
 
-template <int D_, int NCW_, bool TREE_>
+template <int D_>
 struct WgCfg {
   static constexpr int D = D_;
-  static constexpr int NCW = NCW_;                  /* consumer warpgroups */
-  /* Accumulator sets per warpgroup: two (tile t+1's wgmma in flight during tile t's epilogue) with two
-   * warpgroups; one with four, whose registers (120 a thread at 544 threads) hold one set, the other
-   * warpgroups' work hiding each one's epilogue. */
+  /* Consumer warpgroups: four where one accumulator set and the Q fragments fit the 96 registers a thread
+   * of 544 gets (D <= 128; 0.86x the time of two at 128K, perf/NOTES.md), their epilogues hidden by
+   * each other's wgmma; two at D = 256, each with two accumulator sets (tile t+1's wgmma in flight
+   * during tile t's epilogue). */
+  static constexpr int NCW = D <= 128 ? 4 : 2;
   static constexpr int NACC = NCW == 2 ? 2 : 1;
-  static constexpr bool TREE = TREE_;               /* pairwise max and sum in the epilogue */
+  static constexpr bool TREE = NCW == 4;            /* pairwise max and sum in the epilogue */
   static constexpr int KS = D / 16;                 /* k16 steps */
   static constexpr int NS = D == 64 ? 8 : 4; /* ring stages */
   static constexpr int STAGE = KT * D * 2;          /* bytes per stage */
@@ -1032,18 +1034,11 @@ upf_status pick_score_kernel(const upf_select_inputs *in, int D, bool use_mma, k
       bool ok = false;
       UPF_TRY(wgmma_available(&ok));
       if (ok) {
-        upf_variant v;
-        UPF_TRY(upf_variant_current(UPF_OP_SELECT_PIPELINE, &v));
-        /* wgmma4: four warpgroups where one accumulator set and the Q fragments fit 120 registers */
-        const bool four = v == UPF_VARIANT_SELECT_PIPELINE_WGMMA4 && D <= 128;
-        const bool tree = v != UPF_VARIANT_SELECT_PIPELINE_WGMMA;
-        if (four)
-          return D == 64 ? prepare_wgmma<WgCfg<64, 4, true>>(cfg) : prepare_wgmma<WgCfg<128, 4, true>>(cfg);
         if (D == 64)
-          return tree ? prepare_wgmma<WgCfg<64, 2, true>>(cfg) : prepare_wgmma<WgCfg<64, 2, false>>(cfg);
+          return prepare_wgmma<WgCfg<64>>(cfg);
         if (D == 256)
-          return tree ? prepare_wgmma<WgCfg<256, 2, true>>(cfg) : prepare_wgmma<WgCfg<256, 2, false>>(cfg);
-        return tree ? prepare_wgmma<WgCfg<128, 2, true>>(cfg) : prepare_wgmma<WgCfg<128, 2, false>>(cfg);
+          return prepare_wgmma<WgCfg<256>>(cfg);
+        return prepare_wgmma<WgCfg<128>>(cfg);
       }
     }
   }
