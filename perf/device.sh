@@ -248,6 +248,8 @@ finish() {
   if [ "$n" -gt 8 ]; then
     for d in "$OUT"/*/*/; do
       [ -d "$d" ] || continue
+      # an earlier step of this call packed the same folder: merge its files back (this step's win)
+      [ -f "${d%/}.tar.xz" ] && tar -C "$(dirname "$d")" --skip-old-files -xJf "${d%/}.tar.xz"
       tar -C "$(dirname "$d")" -cJf "${d%/}.tar.xz" "$(basename "$d")" && rm -rf "$d"
     done
   fi
@@ -526,12 +528,15 @@ BENCH_FAMILIES=(
 
 # bench_one TAG FILTER REPS CAP [ENV ...]: one bench_upf run into bench/bench-TAG.{json,log}.
 bench_one() {
-  local tag=$1 filter=$2 reps=$3 cap=$4
+  local tag=$1 filter=$2 reps=$3 cap=$4 n=2
   shift 4
-  run "$DIR/bench/bench-$tag.log" "$cap" "$@" -- bin/bench_upf --benchmark_filter="$filter" \
-    ${reps:+--benchmark_repetitions="$reps"} --benchmark_out="$DIR/bench/bench-$tag.json" --benchmark_out_format=json
-  note "$DIR/bench/bench-$tag.log"
-  grep -E '_median ' "$DIR/bench/bench-$tag.log" | sed -E 's/ +/ /g' | cut -c1-200 >>"$DIR/summary.txt"
+  # a second bench step of the same call (another --ab) gets bench-A1-2.json etc., not the first one's files
+  local stem=$DIR/bench/bench-$tag
+  while [ -e "$stem.json" ] || [ -e "$stem.log" ]; do stem=$DIR/bench/bench-$tag-$n n=$((n + 1)); done
+  run "$stem.log" "$cap" "$@" -- bin/bench_upf --benchmark_filter="$filter" \
+    ${reps:+--benchmark_repetitions="$reps"} --benchmark_out="$stem.json" --benchmark_out_format=json
+  note "$stem.log"
+  grep -E '_median ' "$stem.log" | sed -E 's/ +/ /g' | cut -c1-200 >>"$DIR/summary.txt"
 }
 
 # bench FILTER REPS CAP AB BASE: one run, or A/B/A over an env setting (AB = VAR=a,b) or a base bundle.
