@@ -5,8 +5,10 @@
 
 #include <cblas.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "uniprefill/bf16.h"
 
@@ -38,18 +40,86 @@ void ref_select_part_gemm_head(const double *q_last, const double *k, int64_t L,
   }
 }
 
-void ref_select_block_softmax_head(const double *s, int64_t L, int64_t n, double *token_mass) {
-  for (int64_t i = 0; i < L; i++) {
-    const double *row = s + i * n;
+/* Stage 2 in two phases that give the same bits for every thread count: each row's max and sum of
+ * exponentials (in key order, a row per job), then each key's mass over the rows (in row order, a
+ * range of keys per job). That is the order of the one-thread loop "for each row, for each key". */
+typedef struct {
+  const double *s;
+  int64_t L, n, begin, end; /* rows (phase 1) or keys (phase 2) [begin, end) */
+  double *m, *l, *token_mass;
+} softmax_job;
+
+static void *softmax_rows(void *arg) {
+  const softmax_job *j = arg;
+  for (int64_t i = j->begin; i < j->end; i++) {
+    const double *row = j->s + i * j->n;
     double m = -INFINITY;
-    for (int64_t j = 0; j < n; j++)
-      m = row[j] > m ? row[j] : m;
+    for (int64_t c = 0; c < j->n; c++)
+      m = row[c] > m ? row[c] : m;
     double l = 0.0;
-    for (int64_t j = 0; j < n; j++)
-      l += exp(row[j] - m);
-    for (int64_t j = 0; j < n; j++)
-      token_mass[j] += exp(row[j] - m) / l;
+    for (int64_t c = 0; c < j->n; c++)
+      l += exp(row[c] - m);
+    j->m[i] = m;
+    j->l[i] = l;
   }
+  return NULL;
+}
+
+static void *softmax_keys(void *arg) {
+  const softmax_job *j = arg;
+  for (int64_t i = 0; i < j->L; i++) {
+    const double *row = j->s + i * j->n;
+    for (int64_t c = j->begin; c < j->end; c++)
+      j->token_mass[c] += exp(row[c] - j->m[i]) / j->l[i];
+  }
+  return NULL;
+}
+
+enum { SOFTMAX_MAX_THREADS = 16 };
+
+/* Runs fn over [0, count) split into `threads` ranges (the caller's thread takes the first). */
+static void softmax_split(void *(*fn)(void *), softmax_job base, int64_t count, int threads) {
+  softmax_job jobs[SOFTMAX_MAX_THREADS];
+  pthread_t th[SOFTMAX_MAX_THREADS];
+  int started[SOFTMAX_MAX_THREADS] = {0};
+  const int64_t per = (count + threads - 1) / threads;
+  for (int k = 0; k < threads; k++) {
+    jobs[k] = base;
+    jobs[k].begin = k * per < count ? k * per : count;
+    jobs[k].end = (k + 1) * per < count ? (k + 1) * per : count;
+    started[k] = k > 0 && jobs[k].begin < jobs[k].end && pthread_create(&th[k], NULL, fn, &jobs[k]) == 0;
+  }
+  for (int k = 0; k < threads; k++)
+    if (!started[k])
+      fn(&jobs[k]); /* the first range, and any whose thread could not start */
+  for (int k = 0; k < threads; k++)
+    if (started[k])
+      pthread_join(th[k], NULL);
+}
+
+int ref_select_threads(void) {
+  const char *env = getenv("OPENBLAS_NUM_THREADS"); /* the share of the cores the BLAS calls get */
+  long t = env && *env ? strtol(env, NULL, 10) : sysconf(_SC_NPROCESSORS_ONLN);
+  return t < 1 ? 1 : (t > SOFTMAX_MAX_THREADS ? SOFTMAX_MAX_THREADS : (int)t);
+}
+
+upf_status ref_select_block_softmax_head_threads(const double *s, int64_t L, int64_t n, double *token_mass,
+                                                 int threads) {
+  double *ml = malloc((size_t)(2 * (L > 0 ? L : 1)) * sizeof *ml);
+  if (!ml)
+    return upf_fail(UPF_ERR_NOMEM, "select (cpu): cannot allocate the row statistics of %lld queries", (long long)L);
+  threads = threads < 1 ? 1 : (threads > SOFTMAX_MAX_THREADS ? SOFTMAX_MAX_THREADS : threads);
+  const softmax_job base = {s, L, n, 0, 0, ml, ml + L, token_mass};
+  softmax_split(softmax_rows, base, L, threads);
+  softmax_split(softmax_keys, base, n, threads);
+  free(ml);
+  return UPF_OK;
+}
+
+upf_status ref_select_block_softmax_head(const double *s, int64_t L, int64_t n, double *token_mass) {
+  /* threads only where they pay: a head of 4M scores and more (128 queries x 32K keys) */
+  const int threads = L * n >= ((int64_t)1 << 22) ? ref_select_threads() : 1;
+  return ref_select_block_softmax_head_threads(s, L, n, token_mass, threads);
 }
 
 void ref_select_block_reduce(const double *token_mass, int64_t n, int32_t block, double *block_score) {
@@ -122,17 +192,19 @@ upf_status ref_select_request_scores(const upf_select_inputs *in, int64_t tok0, 
     return upf_fail(UPF_ERR_NOMEM, "select (cpu): cannot allocate scratch for a request of %lld tokens",
                     (long long)n);
   }
-  for (int64_t kvh = 0; kvh < hkv; kvh++) {
+  upf_status st = UPF_OK;
+  for (int64_t kvh = 0; kvh < hkv && st == UPF_OK; kvh++) {
     ref_load_rows_f64(&in->k, tok0, n, kvh, k);
-    for (int64_t h = kvh * group; h < (kvh + 1) * group; h++) {
+    for (int64_t h = kvh * group; h < (kvh + 1) * group && st == UPF_OK; h++) {
       ref_load_rows_f64(&in->q, tok0 + n - L, L, h, q_last);
       ref_select_part_gemm_head(q_last, k, L, n, D, scale, s);
-      ref_select_block_softmax_head(s, L, n, token_mass);
+      st = ref_select_block_softmax_head(s, L, n, token_mass);
     }
   }
-  ref_select_block_reduce(token_mass, n, params->block, block_score);
+  if (st == UPF_OK)
+    ref_select_block_reduce(token_mass, n, params->block, block_score);
   free(k), free(q_last), free(s), free(token_mass);
-  return UPF_OK;
+  return st;
 }
 
 static upf_status check_rows_finite(const upf_tensor *x, const char *name, int64_t tok0, int64_t ntok) {
@@ -279,15 +351,17 @@ upf_status cpu_select_block_softmax(const upf_select_inputs *in, const upf_selec
       free(s), free(t);
       return upf_fail(UPF_ERR_NOMEM, "select.block_softmax (cpu): cannot allocate scratch");
     }
-    for (int64_t h = 0; h < hq; h++) {
+    upf_status st = UPF_OK;
+    for (int64_t h = 0; h < hq && st == UPF_OK; h++) {
       for (int64_t e = 0; e < L * n; e++)
         s[e] = scores[offset + h * L * n + e];
-      ref_select_block_softmax_head(s, L, n, t);
+      st = ref_select_block_softmax_head(s, L, n, t);
     }
     for (int64_t j = 0; j < n; j++)
       token_mass[tok0 + j] = (float)t[j];
     offset += hq * L * n;
     free(s), free(t);
+    UPF_TRY(st);
   }
   return UPF_OK;
 }

@@ -21,8 +21,16 @@ void ref_select_part_gemm_head(const double *q_last, const double *k, int64_t L,
                                double scale, double *s);
 
 /* Stage 2 for one head: softmax of every row of s (L, n); adds each column's probability mass to
- * token_mass (n). Max and sum over all keys first, then normalise (the two passes of online softmax). */
-void ref_select_block_softmax_head(const double *s, int64_t L, int64_t n, double *token_mass);
+ * token_mass (n). Max and sum over all keys first, then normalise (the two passes of online softmax).
+ * Heads of 4M scores and more run on ref_select_threads() threads, with the same bits as one. */
+upf_status ref_select_block_softmax_head(const double *s, int64_t L, int64_t n, double *token_mass);
+/* The same on `threads` threads (1-16): bitwise equal for every count (each row's statistics in key
+ * order, each key's mass in row order). */
+upf_status ref_select_block_softmax_head_threads(const double *s, int64_t L, int64_t n, double *token_mass,
+                                                 int threads);
+/* Threads of the reference's long loops: OPENBLAS_NUM_THREADS when set (the share of the cores a verify
+ * process gets), else the online cores; at most 16. */
+int ref_select_threads(void);
 
 /* Stage 3: block_score (ceil(n/G)) = sum of token_mass (n) over each block of G tokens. */
 void ref_select_block_reduce(const double *token_mass, int64_t n, int32_t block, double *block_score);

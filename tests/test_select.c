@@ -34,13 +34,47 @@ static void test_golden_expand(void) { run_golden(UPF_GOLDEN_EXPAND); }
 static void test_golden_pipeline(void) { run_golden(UPF_GOLDEN_PIPELINE); }
 static void test_golden_compact(void) { run_golden(UPF_GOLDEN_COMPACT); }
 
+/* The reference softmax on threads: the same bits for 1, 2, 3, 7 and 16 threads, on rows with -inf
+ * (causal) tails and key counts that do not split evenly, and the plain one-thread loop's values. */
+static void test_softmax_threads_same_bits(void) {
+  enum { L = 5, N = 37 };
+  double s[L * N];
+  uint64_t x = 12345;
+  for (int i = 0; i < L; i++)
+    for (int j = 0; j < N; j++) {
+      x = x * 6364136223846793005ull + 1442695040888963407ull;
+      s[i * N + j] = j > N - L + i ? -INFINITY : (double)(x >> 11) / (double)(1ull << 53) * 8.0 - 4.0;
+    }
+  double plain[N] = {0};
+  for (int i = 0; i < L; i++) { /* the definition, written out */
+    double m = -INFINITY, l = 0.0;
+    for (int j = 0; j < N; j++)
+      m = s[i * N + j] > m ? s[i * N + j] : m;
+    for (int j = 0; j < N; j++)
+      l += exp(s[i * N + j] - m);
+    for (int j = 0; j < N; j++)
+      plain[j] += exp(s[i * N + j] - m) / l;
+  }
+  const int counts[] = {1, 2, 3, 7, 16, 40};
+  for (size_t c = 0; c < sizeof counts / sizeof counts[0]; c++) {
+    double t[N] = {0};
+    CU_ASSERT_EQUAL_FATAL(ref_select_block_softmax_head_threads(s, L, N, t, counts[c]), UPF_OK);
+    CU_ASSERT_EQUAL(memcmp(t, plain, sizeof t), 0);
+  }
+  double total = 0.0;
+  for (int j = 0; j < N; j++)
+    total += plain[j];
+  CU_ASSERT_DOUBLE_EQUAL(total, L, 1e-12); /* every row's probabilities sum to one */
+  CU_ASSERT(ref_select_threads() >= 1 && ref_select_threads() <= 16);
+}
+
 /* ---- the stage functions directly, on values worked out by hand ---- */
 
 static void test_stage_functions_by_hand(void) {
   /* Softmax of [0, ln 3] is [1/4, 3/4]; of a row with one visible key, [1, 0]. */
   const double s[] = {0.0, log(3.0), 5.0, -INFINITY};
   double t[2] = {0, 0};
-  ref_select_block_softmax_head(s, 2, 2, t);
+  CU_ASSERT_EQUAL(ref_select_block_softmax_head(s, 2, 2, t), UPF_OK);
   CU_ASSERT_DOUBLE_EQUAL(t[0], 0.25 + 1.0, 1e-15);
   CU_ASSERT_DOUBLE_EQUAL(t[1], 0.75, 1e-15);
   /* Block sums over a partial last block. */
@@ -345,6 +379,7 @@ static CU_TestInfo select_tests[] = {
     {"golden pipeline", test_golden_pipeline},
     {"golden compact", test_golden_compact},
     {"stage functions by hand", test_stage_functions_by_hand},
+    {"reference softmax on threads: the same bits as one", test_softmax_threads_same_bits},
     {"invariants over seeded problems", test_invariants_seeded},
     {"ties prefer the larger block index", test_ties_prefer_larger_index},
     {"deterministic", test_deterministic},
