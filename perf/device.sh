@@ -398,15 +398,21 @@ do_chunkserve() {
   done
   run "$DIR/chunkserve/table.md" 60 -- python3 - "$DIR/chunkserve" <<'PY'
 import glob, json, os, sys
-print("| run | long prompts' TTFT p50 / max ms | decodes' TPOT p50 / p99 ms | output tok/s | kept share |")
-print("|---|---:|---:|---:|---:|")
+rows = []
 for f in sorted(glob.glob(os.path.join(sys.argv[1], "*.json"))):
     d = json.load(open(f)); p = d["points"][0]; reqs = p["per_request"]
-    longs = [r["ttft_ms"] for r in reqs if r.get("prompt_len", 0) > 4096 and "ttft_ms" in r]
+    longs = {r["prompt_len"]: r.get("ttft_ms") for r in reqs if r.get("prompt_len", 0) > 4096}
+    tpot = sorted(r["tpot_ms"] for r in reqs if r.get("prompt_len", 0) <= 4096 and "tpot_ms" in r)
     share = p.get("sparse", {}).get("kept_share")  # the compact / flashprefill selector's, per point
-    print(f'| {os.path.basename(f)[:-5]} | {sorted(longs)[len(longs) // 2] if longs else float("nan"):.1f} / '
-          f'{max(longs) if longs else float("nan"):.1f} | {p["tpot_ms"]["p50"]:.2f} / {p["tpot_ms"]["p99"]:.2f} | '
-          f'{p["output_tokens_per_s"]:.1f} | {share if share is not None else "-"} |')
+    rows.append((os.path.basename(f)[:-5], longs, tpot, p["output_tokens_per_s"], share))
+lens = sorted({n for row in rows for n in row[1]})
+print("| run | " + " | ".join(f"TTFT ms, {n}-token prompt" for n in lens) +
+      " | decodes' TPOT ms (p50 / max) | output tok/s | kept share |")
+print("|---|" + "---:|" * (len(lens) + 3))
+for name, longs, tpot, tps, share in rows:
+    ttft = " | ".join(f"{longs[n]:.1f}" if longs.get(n) is not None else "-" for n in lens)
+    dec = f"{tpot[len(tpot) // 2]:.2f} / {tpot[-1]:.2f}" if tpot else "-"
+    print(f'| {name} | {ttft} | {dec} | {tps:.1f} | {share if share is not None else "-"} |')
 PY
   grep -v '^# rc' "$DIR/chunkserve/table.md" | tee -a "$DIR/summary.txt" >/dev/null
 }
