@@ -543,6 +543,7 @@ bench_one() {
     ${reps:+--benchmark_repetitions="$reps"} --benchmark_out="$stem.json" --benchmark_out_format=json
   note "$stem.log"
   grep -E '_median ' "$stem.log" | sed -E 's/ +/ /g' | cut -c1-200 >>"$DIR/summary.txt"
+  BENCH_JSON=$stem.json # for a step that reads what it just ran
 }
 
 # bench FILTER REPS CAP AB BASE: one run, or A/B/A over an env setting (AB = VAR=a,b) or a base bundle.
@@ -716,7 +717,7 @@ do_compact() {
   say "compact: benchmarks alone on the GPU (cap $bench s)"
   mkdir -p "$DIR/bench" "$DIR/compact"
   bench_one compact '^compact\.(block_union|block_tables|select|attn)/cuda/' "${REPS:-3}" "$bench"
-  run "$DIR/compact/table.txt" 60 -- python3 - "$DIR/bench/bench-compact.json" <<'PY'
+  run "$DIR/compact/table.txt" 60 -- python3 - "$BENCH_JSON" <<'PY'
 import json, sys
 rows = [b for b in json.load(open(sys.argv[1]))["benchmarks"] if b.get("aggregate_name") == "median"]
 keys = ("kept_share", "flop_share", "dense_ms", "vs_dense", "vs_limit", "vs_flop_limit")
@@ -729,7 +730,8 @@ PY
   grep -v '^# rc' "$DIR/compact/table.txt" | cut -c1-300 | tee -a "$DIR/summary.txt"
 }
 
-# chunked MODELS: the methods end to end under chunked prefill (--chunk $CHUNK) beside the unchunked dense and
+# chunked MODELS: dense, UniPrefill (chunks with cached context run dense: what --chunk costs it), CompactAttention
+# and FlashPrefill V2 under chunked prefill (--chunk $CHUNK) beside the unchunked dense and
 # UniPrefill runs, one process each; chunked/table.txt has each run's TTFT and kept share from its JSON.
 do_chunked() {
   local cap=$1
@@ -744,7 +746,7 @@ do_chunked() {
       base=$DIR/chunked/$m-$t
       local common=(bin/upf prefill --model "$m" --lengths "$t" --backend cuda --dtype bf16 --warmup 1 --iters "$ITERS"
         ${LAYERS:+--layers "$LAYERS"})
-      for mode in dense compact flashprefill; do
+      for mode in dense uniprefill compact flashprefill; do
         run "$base-chunk$chunk-$mode.log" "$cap" -- "${common[@]}" --chunk "$chunk" --mode "$mode" \
           ${ALPHA:+$([ "$mode" = dense ] || echo --alpha "$ALPHA")} --json "$base-chunk$chunk-$mode.json"
         note "$base-chunk$chunk-$mode.log"
