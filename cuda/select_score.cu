@@ -902,8 +902,6 @@ __global__ void __launch_bounds__(C::THREADS, 1) sel_score_wgmma_kernel(const sc
                            st, x, rq, tq);
   };
 
-  /* Steady state without branches around the wgmma (ptxas tracks the in-flight groups through it):
-   * issue tile t+1, wait for tile t, epilogue of tile t. ntile >= 1: a chunk holds at least one key. */
   if constexpr (C::NACC == 1) {
     /* One set: issue tile t, wait for it, ready tile t+1, epilogue of tile t. */
     float acc[1][8][4];
@@ -916,35 +914,37 @@ __global__ void __launch_bounds__(C::THREADS, 1) sel_score_wgmma_kernel(const sc
       epi(acc, t);
     }
   } else {
-  float accA[1][8][4], accB[1][8][4];
-  ready(0);
-  if (ntile > 1)
-    ready(1);
-  issue(accA[0], 0);
-  int t = 0;
-  for (; t + 2 < ntile; t += 2) {
-    issue(accB[0], t + 1);
-    wg_wait<1>();
-    mid(t);
-    epi(accA, t);
-    issue(accA[0], t + 2);
-    wg_wait<1>();
-    mid(t + 1);
-    epi(accB, t + 1);
-  }
-  if (t + 1 < ntile) {
-    issue(accB[0], t + 1);
-    wg_wait<1>();
-    mid(t);
-    epi(accA, t);
-    wg_wait<0>();
-    mid(t + 1);
-    epi(accB, t + 1);
-  } else {
-    wg_wait<0>();
-    mid(t);
-    epi(accA, t);
-  }
+    /* Two sets, steady state without branches around the wgmma (ptxas tracks the in-flight groups through
+     * it): issue tile t+1, wait for tile t, epilogue of tile t. ntile >= 1: a chunk holds at least one key. */
+    float accA[1][8][4], accB[1][8][4];
+    ready(0);
+    if (ntile > 1)
+      ready(1);
+    issue(accA[0], 0);
+    int t = 0;
+    for (; t + 2 < ntile; t += 2) {
+      issue(accB[0], t + 1);
+      wg_wait<1>();
+      mid(t);
+      epi(accA, t);
+      issue(accA[0], t + 2);
+      wg_wait<1>();
+      mid(t + 1);
+      epi(accB, t + 1);
+    }
+    if (t + 1 < ntile) {
+      issue(accB[0], t + 1);
+      wg_wait<1>();
+      mid(t);
+      epi(accA, t);
+      wg_wait<0>();
+      mid(t + 1);
+      epi(accB, t + 1);
+    } else {
+      wg_wait<0>();
+      mid(t);
+      epi(accA, t);
+    }
   }
 #pragma unroll
   for (int h = 0; h < 2; h++)
