@@ -83,7 +83,7 @@ UPF := $(BUILD)/upf
 TEST_BIN := $(BUILD)/test_upf
 BENCH_BIN := $(BUILD)/bench_upf
 
-.PHONY: all deps deps-report models run test test-unit test-memcheck test-tp verify bench clean
+.PHONY: all deps deps-report models run gate test test-unit test-memcheck test-tp verify bench clean
 
 all: $(LIB) $(UPF) $(TEST_BIN) $(BENCH_BIN) $(MPI_PLUGIN) $(TP_CHECK)
 
@@ -158,6 +158,11 @@ JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 run: deps-report
 	$(MAKE) -j$(JOBS) all
 	$(UPF) report --root $(BUILD)/report
+
+# The report gate on this machine: the quick CPU reports of BASE (default: the merge base with origin/main,
+# else HEAD~1) and of the checkout, compared (ci/report-gate.sh; exit 1 when the head regressed).
+gate:
+	bash ci/report-gate.sh $(if $(BASE),--base $(BASE)) $(if $(THRESHOLD),--threshold $(THRESHOLD))
 
 # The CPU-only build of the suites under Valgrind memcheck first (the CUDA libraries' own load-time
 # code, libcublasLt's constructors, is not ours to check and trips Valgrind in ld.so), then every
