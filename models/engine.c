@@ -567,7 +567,7 @@ static upf_status run_loop(const upf_engine_ops *ops, const upf_trace *tr, const
       s->rows[n++] = (upf_engine_row){i, 0, 1, &rec->tokens[rec->num_generated - 1], 0, 0};
       tokens++;
     }
-    const int32_t decode_rows = n;
+    int32_t decode_rows = n;
     /* chunked prefill: the next chunk of each request still prefilling, in admission order, within the
      * budget the decode rows left */
     for (int32_t k = 0; C > 0 && k < s->num_running && tokens < opt->token_budget; k++) {
@@ -590,8 +590,8 @@ static upf_status run_loop(const upf_engine_ops *ops, const upf_trace *tr, const
         len = len < opt->token_budget - tokens ? len : opt->token_budget - tokens;
         if (len < 1)
           break;
-      } else if (alone ? n > 0 : tokens + r->prompt_len > opt->token_budget) {
-        break;
+      } else if (alone ? n > decode_rows : tokens + r->prompt_len > opt->token_budget) {
+        break; /* a longer prompt goes first in a step of its own, not after this step's admissions */
       }
       if (ops->max_live > 0 && s->num_running >= ops->max_live)
         break;
@@ -601,6 +601,10 @@ static upf_status run_loop(const upf_engine_ops *ops, const upf_trace *tr, const
         fits &= need <= s->free_pages[g];
       if (!fits)
         break;
+      if (alone) { /* the decodes pause for this step (prefill first, as vLLM schedules without chunks) */
+        n = decode_rows = 0;
+        tokens = 0;
+      }
       UPF_TRY(grow_rows(s, n + 1, V));
       s->rows[n++] = prefill_row(tr, next_wait, 0, (int32_t)len);
       tokens += len;

@@ -211,6 +211,37 @@ static void test_budget(void) {
   upf_trace_free(&t);
 }
 
+/* A prompt longer than the budget, arriving while requests decode, takes the next step alone (their
+ * decode rows pause for it) instead of waiting for every decode to finish; the decodes resume after it
+ * and end with their tokens as if alone. */
+static void test_long_prompt_pauses_decodes(void) {
+  const int32_t lens[] = {4, 4, 4, 40}, max_new[] = {20, 20, 20, 3};
+  const double arrivals[] = {0, 0, 0, 0.001};
+  upf_trace t;
+  make_trace(&t, 4, lens, 4, arrivals, max_new, 4);
+  fake_model f;
+  upf_engine_ops ops = fake_ops(&f, 4, 1000, 0.01, 0.0);
+  upf_engine_options o = {.token_budget = 16, .eos = -1, .keep_steps = 1};
+  upf_engine_result res;
+  run_ok(&ops, &t, &o, &res);
+  /* step 0: the three short prompts (12 tokens); the long one arrives during it and runs in step 1 */
+  CU_ASSERT_EQUAL(res.reqs[0].admit_step, 0);
+  CU_ASSERT_EQUAL(res.reqs[3].admit_step, 1);
+  CU_ASSERT_EQUAL_FATAL(res.num_steps > 2, 1);
+  CU_ASSERT_EQUAL(res.steps[1].prefill_rows, 1);
+  CU_ASSERT_EQUAL(res.steps[1].prefill_tokens, 40);
+  CU_ASSERT_EQUAL(res.steps[1].decode_rows, 0); /* paused */
+  CU_ASSERT_EQUAL(res.steps[2].decode_rows, 4);  /* the three again, and the long one's first decode */
+  for (int32_t i = 0; i < 3; i++) /* a request decodes in every step after its prefill but the paused one */
+    CU_ASSERT_EQUAL(res.reqs[i].finish_step, 20);
+  for (int32_t i = 0; i < t.num_reqs; i++)
+    CU_ASSERT_EQUAL(res.reqs[i].num_generated, res.reqs[i].max_new);
+  CU_ASSERT_EQUAL(f.violations, 0);
+  check_alone(&t, &res, 4, 1000);
+  upf_engine_result_free(&res);
+  upf_trace_free(&t);
+}
+
 /* Strict FCFS: admission follows trace order; a short request behind one that does not fit waits. */
 static void test_fcfs(void) {
   const int32_t lens[] = {20, 20, 2}, max_new[] = {4};
@@ -672,6 +703,7 @@ void upf_register_engine_tests(void) {
   static const CU_TestInfo tests[] = {
       {"budget respected every step, outputs equal alone", test_budget},
       {"FCFS admission", test_fcfs},
+      {"a prompt over the budget pauses the decodes for one step", test_long_prompt_pauses_decodes},
       {"finishing frees pages and admits the waiting", test_pages_release_and_wait},
       {"page exhaustion: a request that can never fit", test_page_exhaustion},
       {"a failing step is named", test_step_failure_releases},
