@@ -293,6 +293,7 @@ typedef struct {
   const int32_t *lens;    /* ... or these num_reqs lengths */
   int64_t iterations;     /* CPU: fixed, a 128K run takes seconds */
   int repetitions;
+  int scores_only;        /* select.block_scores (stages 1-3 fused, what select_run spends most in) */
   /* Prepared on first use, kept across repetitions. */
   sel_data data;
   int ready;
@@ -311,6 +312,9 @@ static const int32_t ragged_lens[] = {32768, 1,    1,    8192, 200,  1,   4096, 
   { .name = "select/cpu/bf16", .dtype = UPF_DTYPE_BF16, .num_reqs = 1, .len = (T), .iterations = (iters), \
     .repetitions = (reps) }
 #define CUDA_CASE(family, dt, B, n) { .name = (family), .on_cuda = 1, .dtype = (dt), .num_reqs = (B), .len = (n) }
+#define SCORES_CASE(n)                                                                                \
+  { .name = "select.block_scores/cuda/bf16", .on_cuda = 1, .dtype = UPF_DTYPE_BF16, .num_reqs = 1, .len = (n), \
+    .scores_only = 1 }
 
 static sel_case cases[] = {
     /* CPU reference, one request: seconds per run at 128K on two cores, so fixed iterations. */
@@ -331,6 +335,10 @@ static sel_case cases[] = {
     CUDA_CASE("select/cuda/bf16/batch", UPF_DTYPE_BF16, 64, 2048),
     {.name = "select/cuda/bf16/ragged", .on_cuda = 1, .dtype = UPF_DTYPE_BF16, .num_reqs = RAGGED_REQS,
      .lens = ragged_lens},
+    /* CUDA, the block scores alone: select_run less its top-p and expansion (their cost by difference). */
+    SCORES_CASE(32768),
+    SCORES_CASE(131072),
+    SCORES_CASE(1048576),
 };
 #define NUM_CASES ((int)(sizeof cases / sizeof cases[0]))
 
@@ -369,7 +377,7 @@ static upf_status case_prepare(sel_case *c, const upf_backend *be, int copies) {
   int32_t *cu = case_cu(c);
   if (!cu)
     return upf_fail(UPF_ERR_NOMEM, "bench select: cu_seqlens");
-  upf_status st = sel_data_create(&c->data, be, c->dtype, cu, c->num_reqs, copies, 0);
+  upf_status st = sel_data_create(&c->data, be, c->dtype, cu, c->num_reqs, copies, c->scores_only);
   free(cu);
   if (st == UPF_OK)
     c->ready = 1, live_case = c;
@@ -571,6 +579,39 @@ static upf_status prepare_cuda_case(sel_case *c, const upf_backend *be) {
 }
 #endif /* UPF_HAVE_CUDA */
 
+#ifdef UPF_HAVE_CUDA
+/* One timed call of the case's op on copy `copy` of its inputs. */
+static upf_status run_case(const sel_case *c, sel_data *d, int copy, const upf_select_params *p) {
+  upf_select_inputs in = sel_inputs(d, copy);
+  return c->scores_only ? d->be->select_block_scores(&in, p, d->out.block_score) : d->be->select_run(&in, p, &d->out);
+}
+
+/* Before timing select.block_scores on the case's own inputs: its scores equal select_run's bit for bit
+ * (the same kernels, and select_run's are verified against the CPU reference first). */
+static upf_status scores_match_pipeline(sel_data *d, const upf_select_params *p, char *why, size_t cap, int *ok) {
+  const size_t nb = (size_t)d->num_blocks;
+  float *a = malloc(nb * sizeof *a), *b = malloc(nb * sizeof *b);
+  upf_select_inputs in = sel_inputs(d, 0);
+  upf_status st = a && b ? UPF_OK : upf_fail(UPF_ERR_NOMEM, "bench select: %zu block scores", nb);
+  if (st == UPF_OK)
+    st = upf_fail_context(d->be->select_run(&in, p, &d->out), "select_run: ");
+  if (st == UPF_OK)
+    st = d->be->download(a, d->out.block_score, nb * sizeof *a);
+  if (st == UPF_OK)
+    st = upf_fail_context(d->be->select_block_scores(&in, p, d->out.block_score), "select.block_scores: ");
+  if (st == UPF_OK)
+    st = d->be->download(b, d->out.block_score, nb * sizeof *b);
+  *ok = 1;
+  for (size_t i = 0; st == UPF_OK && i < nb && *ok; i++)
+    if (memcmp(&a[i], &b[i], sizeof a[i]) != 0) {
+      snprintf(why, cap, "block %zu: select.block_scores %.9g, select_run %.9g", i, (double)b[i], (double)a[i]);
+      *ok = 0;
+    }
+  free(a), free(b);
+  return st;
+}
+#endif
+
 static void bench_select_cuda(upf_bench_state *st, void *ctx) {
 #ifndef UPF_HAVE_CUDA
   upf_bench_skip_no_device(st, "cuda backend unavailable (built with CUDA=0)");
@@ -603,33 +644,39 @@ static void bench_select_cuda(upf_bench_state *st, void *ctx) {
     return;
   }
   upf_status s = UPF_OK;
-  for (int i = 0; s == UPF_OK && i < SEL_WARMUP; i++) {
-    upf_select_inputs in = sel_inputs(d, i % d->copies);
-    s = be->select_run(&in, &p, &d->out);
-  }
-  if (s == UPF_OK && (d->out.kept_total < 1 || d->out.kept_total > d->T))
+  for (int i = 0; s == UPF_OK && i < SEL_WARMUP; i++)
+    s = run_case(c, d, i % d->copies, &p);
+  if (s == UPF_OK && !c->scores_only && (d->out.kept_total < 1 || d->out.kept_total > d->T))
     s = upf_fail(UPF_ERR_INVALID_ARG, "kept_total %lld outside [1, T=%lld]", (long long)d->out.kept_total,
                  (long long)d->T);
+  int same = 1;
+  if (s == UPF_OK && c->scores_only)
+    s = scores_match_pipeline(d, &p, why, sizeof why, &same);
+  if (s == UPF_OK && !same) {
+    upf_bench_skip_with_error(st, "not timed, the block scores differ from select_run's: %s", why);
+    upf_cuda_timer_destroy(timer);
+    return;
+  }
   if (s != UPF_OK) {
-    upf_bench_skip_with_error(st, "warm-up select_run: %s", upf_last_error());
+    upf_bench_skip_with_error(st, "warm-up: %s", upf_last_error());
     upf_cuda_timer_destroy(timer);
     return;
   }
   double total_s = 0.0;
   int64_t iter = 0;
   while (upf_bench_keep_running(st)) {
-    upf_select_inputs in = sel_inputs(d, (int)(iter++ % d->copies));
+    const int copy = (int)(iter++ % d->copies);
     double seconds = 0.0;
     if (c->flush)
       s = upf_cuda_l2_flush_run(c->flush); /* enqueued before the start event: not timed */
     if (s == UPF_OK)
       s = upf_cuda_timer_start(timer);
     if (s == UPF_OK)
-      s = be->select_run(&in, &p, &d->out);
+      s = run_case(c, d, copy, &p);
     if (s == UPF_OK)
       s = upf_cuda_timer_stop(timer, &seconds);
     if (s != UPF_OK) {
-      upf_bench_skip_with_error(st, "select_run: %s", upf_last_error());
+      upf_bench_skip_with_error(st, "%s: %s", c->scores_only ? "select.block_scores" : "select_run", upf_last_error());
       break;
     }
     upf_bench_set_iteration_time(st, seconds);
@@ -638,10 +685,17 @@ static void bench_select_cuda(upf_bench_state *st, void *ctx) {
   upf_cuda_timer_destroy(timer);
   if (s != UPF_OK)
     return;
-  set_work_counters(st, d, d->out.kept_total);
   sel_work w = select_work(d->cu_host, d->num_reqs, d->dtype);
+  /* block_scores writes its scores, select_run its masks, index and counts */
+  const double bytes = c->scores_only ? w.bytes_in + 4.0 * (double)d->num_blocks : select_bytes(d, w, d->out.kept_total);
+  if (c->scores_only) {
+    upf_bench_set_counter(st, UPF_BENCH_FLOPS, w.flops, UPF_BENCH_COUNTER_RATE);
+    upf_bench_set_counter(st, UPF_BENCH_BYTES, bytes, UPF_BENCH_COUNTER_RATE);
+  } else {
+    set_work_counters(st, d, d->out.kept_total);
+  }
   /* The same rate Google Benchmark derives for UPF_BENCH_BYTES (manual seconds summed over the run). */
-  double bytes_per_s = total_s > 0.0 ? select_bytes(d, w, d->out.kept_total) * (double)iter / total_s : NAN;
+  double bytes_per_s = total_s > 0.0 ? bytes * (double)iter / total_s : NAN;
   upf_bench_set_counter(st, UPF_BENCH_COPY_SHARE, bytes_per_s / ceiling, UPF_BENCH_COUNTER_VALUE);
   upf_bench_set_counter(st, "copies", d->copies, UPF_BENCH_COUNTER_VALUE);
 #endif

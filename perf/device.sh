@@ -525,7 +525,7 @@ do_test() {
 # The benchmarks of the standard pass (the reference shapes of perf/reports/H200/INDEX.md), one
 # bench_upf process a family so that a cap cuts one family only.
 BENCH_FAMILIES=(
-  "select|^copy|^select/cuda/bf16/"
+  "select|^copy|^select/cuda/bf16/|^select[.]block_scores/"
   "dense|^copy|^gemm_ceiling|^(gemm|ffn|act_mul)/cuda/bf16/.*/T:(8192|32768)/|^(rmsnorm|rmsnorm_add|qk_norm|rope|gated_output|embed|logits_last|kv_cache_write)/cuda/"
   "moe|^copy|^moe\.(dense_equiv|ffn)/cuda/bf16/T:(8192|32768)/"
   "attn|^copy|^attn_prefill/cuda/bf16/|^attn_paged/cuda/bf16/"
@@ -654,7 +654,7 @@ carried_wheels() {
 
 # The report's benchmarks on a device call: the ceilings (copy, GEMM 8192^3), the reference shapes of
 # selection, projections, attention, MoE, GDN, FlashPrefill V2 and CompactAttention.
-REPORT_BENCH='^(gemm_ceiling|copy|select/cuda/bf16/T:(8192|131072)/|attn_prefill/cuda/bf16/llama_causal/B:1/kv:(32768|131072)/|gemm/cuda/bf16/llama_[a-z_]+/T:8192/|gdn[.]scan/cuda/bf16/qwen3next_prefill/chunked/T:(32768|131072)|moe[.]ffn/cuda/bf16/T:|attn[.]block_sparse/cuda/bf16/llama_128k/keep0[.]2/T|compact[.]attn/cuda/bf16/llama_128k/)'
+REPORT_BENCH='^(gemm_ceiling|copy|select/cuda/bf16/T:(8192|131072)/|select[.]block_scores/cuda/bf16/T:131072/|attn_prefill/cuda/bf16/llama_causal/B:1/kv:(32768|131072)/|gemm/cuda/bf16/llama_[a-z_]+/T:8192/|gdn[.]scan/cuda/bf16/qwen3next_prefill/chunked/T:(32768|131072)|moe[.]ffn/cuda/bf16/T:|attn[.]block_sparse/cuda/bf16/llama_128k/keep0[.]2/T|compact[.]attn/cuda/bf16/llama_128k/)'
 
 # report: upf report from the bundle's folder (perf/report_plots.py travels in it) into report/r/.
 do_report() {
