@@ -17,6 +17,7 @@
 #include "cuda/cuda_backend.cuh"
 #include "cuda/cuda_check.cuh"
 #include "cuda/select_common.cuh"
+#include "uniprefill/variant.h"
 
 namespace upf_select {
 namespace {
@@ -89,14 +90,17 @@ __global__ void __launch_bounds__(BM_THREADS) sel_block_mass_kernel(sel_dev_plan
 /* ---------------------------------------------------------------------------------------------- */
 /* 4. Top-p / top-k                                                                                 */
 
+/* A CTA of TP_THREADS sorts TP_THREADS * ITEMS keys: 4096 (ITEMS 16) for the segmented form's chunks and
+ * the fused form by default; the `sized` variant of select.topp sorts 256 or 1024 where every request has
+ * at most that many blocks. */
 constexpr int TP_THREADS = 256, TP_ITEMS = 16, TP_CHUNK = TP_THREADS * TP_ITEMS;
 
-using tp_sort = cub::BlockRadixSort<unsigned long long, TP_THREADS, TP_ITEMS>;
 using tp_reduce = cub::BlockReduce<float, TP_THREADS>;
 using tp_scan = cub::BlockScan<float, TP_THREADS>;
 
+template <int ITEMS>
 union tp_temp {
-  typename tp_sort::TempStorage sort;
+  typename cub::BlockRadixSort<unsigned long long, TP_THREADS, ITEMS>::TempStorage sort;
   typename tp_reduce::TempStorage reduce;
   typename tp_scan::TempStorage scan;
 };
@@ -125,12 +129,13 @@ __device__ __forceinline__ unsigned long long make_key(const topp_args &a, int r
 }
 
 /* Sum of one chunk of sorted keys (blocked arrangement, ranks rank0 + tid*ITEMS + i); thread 0 gets it. */
-__device__ __forceinline__ float chunk_sum(tp_temp &tmp, const unsigned long long (&keys)[TP_ITEMS], int64_t rank0,
+template <int ITEMS>
+__device__ __forceinline__ float chunk_sum(tp_temp<ITEMS> &tmp, const unsigned long long (&keys)[ITEMS], int64_t rank0,
                                            int64_t nb, int ib) {
   float part = 0.f;
 #pragma unroll
-  for (int i = 0; i < TP_ITEMS; i++) {
-    int64_t rank = rank0 + threadIdx.x * TP_ITEMS + i;
+  for (int i = 0; i < ITEMS; i++) {
+    int64_t rank = rank0 + threadIdx.x * ITEMS + i;
     if (rank < nb)
       part += key_score(keys[i], ib);
   }
@@ -140,12 +145,14 @@ __device__ __forceinline__ float chunk_sum(tp_temp &tmp, const unsigned long lon
 }
 
 /* Decisions for one chunk of sorted keys; carry = exclusive prefix of pi before this chunk. */
-__device__ __forceinline__ void chunk_decide(tp_temp &tmp, const topp_args &a, const unsigned long long (&keys)[TP_ITEMS],
-                                             int64_t rank0, int64_t nb, int64_t blk0, float total, float &carry) {
-  float pi[TP_ITEMS], excl[TP_ITEMS];
+template <int ITEMS>
+__device__ __forceinline__ void chunk_decide(tp_temp<ITEMS> &tmp, const topp_args &a,
+                                             const unsigned long long (&keys)[ITEMS], int64_t rank0, int64_t nb,
+                                             int64_t blk0, float total, float &carry) {
+  float pi[ITEMS], excl[ITEMS];
 #pragma unroll
-  for (int i = 0; i < TP_ITEMS; i++) {
-    int64_t rank = rank0 + threadIdx.x * TP_ITEMS + i;
+  for (int i = 0; i < ITEMS; i++) {
+    int64_t rank = rank0 + threadIdx.x * ITEMS + i;
     pi[i] = (rank < nb && total > 0.f) ? key_score(keys[i], a.ib) / total : 0.f;
   }
   float aggregate;
@@ -153,8 +160,8 @@ __device__ __forceinline__ void chunk_decide(tp_temp &tmp, const topp_args &a, c
   __syncthreads();
   const int64_t topk = a.keep_ratio > 0.f ? (int64_t)ceil((double)a.keep_ratio * (double)nb) : a.topk;
 #pragma unroll
-  for (int i = 0; i < TP_ITEMS; i++) {
-    int64_t rank = rank0 + threadIdx.x * TP_ITEMS + i;
+  for (int i = 0; i < ITEMS; i++) {
+    int64_t rank = rank0 + threadIdx.x * ITEMS + i;
     if (rank < nb) {
       float before = carry + excl[i];
       bool keep = topk > 0 ? rank < topk : (rank == 0 || before <= a.p);
@@ -165,19 +172,20 @@ __device__ __forceinline__ void chunk_decide(tp_temp &tmp, const topp_args &a, c
   carry = carry + aggregate;
 }
 
-/* One CTA per scored request with nb <= TP_CHUNK: sort in shared memory, then decide. */
+/* One CTA per scored request with nb <= TP_THREADS * ITEMS: sort in shared memory, then decide. */
+template <int ITEMS>
 __global__ void __launch_bounds__(TP_THREADS) sel_topp_fused_kernel(const sel_req *__restrict__ reqs, topp_args a) {
-  __shared__ tp_temp tmp;
+  __shared__ tp_temp<ITEMS> tmp;
   __shared__ float s_total;
   const sel_req rq = reqs[blockIdx.x];
   const int nb = rq.nb;
-  unsigned long long keys[TP_ITEMS];
+  unsigned long long keys[ITEMS];
 #pragma unroll
-  for (int i = 0; i < TP_ITEMS; i++) {
-    int cl = threadIdx.x * TP_ITEMS + i;
+  for (int i = 0; i < ITEMS; i++) {
+    int cl = threadIdx.x * ITEMS + i;
     keys[i] = cl < nb ? make_key(a, rq.r, rq.blk0, cl) : 0ull;
   }
-  tp_sort(tmp.sort).SortDescending(keys, 0, 32 + a.ib);
+  cub::BlockRadixSort<unsigned long long, TP_THREADS, ITEMS>(tmp.sort).SortDescending(keys, 0, 32 + a.ib);
   __syncthreads();
   float sum = chunk_sum(tmp, keys, 0, nb, a.ib);
   if (threadIdx.x == 0)
@@ -214,7 +222,7 @@ __device__ __forceinline__ void load_sorted_keys(unsigned long long (&keys)[TP_I
 /* Segmented form, step 3: one CTA per scored request walks its sorted keys chunk by chunk. */
 __global__ void __launch_bounds__(TP_THREADS) sel_topp_decide_kernel(const sel_req *__restrict__ reqs, topp_args a,
                                                                      const unsigned long long *__restrict__ sorted) {
-  __shared__ tp_temp tmp;
+  __shared__ tp_temp<TP_ITEMS> tmp;
   __shared__ float s_total;
   const sel_req rq = reqs[blockIdx.x];
   const int64_t nb = rq.nb;
@@ -553,8 +561,19 @@ upf_status run_topp(const sel_plan &p, const sel_dev_plan &dp, const upf_select_
   a.bad_score = bad_score;
   bool segmented = p.max_nb > TP_CHUNK;
   if (!segmented) {
-    a.ib = 12; /* TP_CHUNK = 4096 = 2^12 */
-    sel_topp_fused_kernel<<<p.S, TP_THREADS, 0, stream>>>(dp.reqs, a);
+    upf_variant v;
+    UPF_TRY(upf_variant_current(UPF_OP_SELECT_TOPP, &v));
+    const bool sized = v == UPF_VARIANT_SELECT_TOPP_SIZED;
+    if (sized && p.max_nb <= TP_THREADS) {
+      a.ib = 8; /* 256 keys = 2^8 */
+      sel_topp_fused_kernel<1><<<p.S, TP_THREADS, 0, stream>>>(dp.reqs, a);
+    } else if (sized && p.max_nb <= 4 * TP_THREADS) {
+      a.ib = 10; /* 1024 keys = 2^10 */
+      sel_topp_fused_kernel<4><<<p.S, TP_THREADS, 0, stream>>>(dp.reqs, a);
+    } else {
+      a.ib = 12; /* TP_CHUNK = 4096 = 2^12 */
+      sel_topp_fused_kernel<TP_ITEMS><<<p.S, TP_THREADS, 0, stream>>>(dp.reqs, a);
+    }
     UPF_CUDA_LAUNCH_TRY("sel_topp_fused_kernel");
     return UPF_OK;
   }
