@@ -248,7 +248,7 @@ finish() {
   if [ "$n" -gt 8 ]; then
     for d in "$OUT"/*/*/; do
       [ -d "$d" ] || continue
-      # an earlier step of this call packed the same folder: merge its files back (this step's win)
+      # an earlier step of this call packed the same folder: merge its files back (this step's files win)
       [ -f "${d%/}.tar.xz" ] && tar -C "$(dirname "$d")" --skip-old-files -xJf "${d%/}.tar.xz"
       tar -C "$(dirname "$d")" -cJf "${d%/}.tar.xz" "$(basename "$d")" && rm -rf "$d"
     done
@@ -748,7 +748,7 @@ do_chunked() {
         ${LAYERS:+--layers "$LAYERS"})
       for mode in dense uniprefill compact flashprefill; do
         run "$base-chunk$chunk-$mode.log" "$cap" -- "${common[@]}" --chunk "$chunk" --mode "$mode" \
-          ${ALPHA:+$([ "$mode" = dense ] || echo --alpha "$ALPHA")} --json "$base-chunk$chunk-$mode.json"
+          ${ALPHA:+$([ "$mode" = compact ] || [ "$mode" = flashprefill ] && echo --alpha "$ALPHA")} --json "$base-chunk$chunk-$mode.json"
         note "$base-chunk$chunk-$mode.log"
       done
       for mode in dense uniprefill; do
