@@ -577,9 +577,7 @@ static upf_status prepare_cuda_case(sel_case *c, const upf_backend *be) {
     UPF_TRY(upf_cuda_l2_flush_create(&c->flush));
   return UPF_OK;
 }
-#endif /* UPF_HAVE_CUDA */
 
-#ifdef UPF_HAVE_CUDA
 /* One timed call of the case's op on copy `copy` of its inputs. */
 static upf_status run_case(const sel_case *c, sel_data *d, int copy, const upf_select_params *p) {
   upf_select_inputs in = sel_inputs(d, copy);
@@ -610,7 +608,7 @@ static upf_status scores_match_pipeline(sel_data *d, const upf_select_params *p,
   free(a), free(b);
   return st;
 }
-#endif
+#endif /* UPF_HAVE_CUDA */
 
 static void bench_select_cuda(upf_bench_state *st, void *ctx) {
 #ifndef UPF_HAVE_CUDA
