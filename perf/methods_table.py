@@ -3,11 +3,14 @@
 the per-layer-kind time breakdown that explains them (from `upf prefill --json` files).
 
   perf/methods_table.py DIR [--out table.md] [--json methods.json]
+  perf/methods_table.py --self-test      (the work shares on hand-computed runs)
 
 DIR holds <model>-<length>-<method>.json as perf/device.sh's `methods` step writes them (method: dense,
 flashprefill, flashprefill-aA for further alphas, uniprefill-topp, uniprefill-keepR). Columns: TTFT (median of the iterations), speedup over
 dense of the same run, the kept share (FlashPrefill: key blocks kept of those visible, over its
-full-attention layers; UniPrefill: tokens kept after the last drop layer), and the time of the last
+full-attention layers; UniPrefill: tokens kept after the last drop layer), the full-attention work (the share
+of dense's causal query-key pairs the full-attention layers computed: what "equal attention work" compares),
+and the time of the last
 iteration's layers by kind: full attention (pre-norm + attention block), sliding-window attention, Gated
 DeltaNet, FFN / MoE, and the method's own overhead (FlashPrefill: block means + index; UniPrefill:
 selection + compaction). The layer times are per-layer host timings with a synchronise between
@@ -51,12 +54,72 @@ def kept_share(d):
     return None
 
 
+def full_attn_work(d):
+    """The share of dense's full-attention work (causal query-key pairs) the run's full-attention layers did:
+    FlashPrefill, each layer's kept share of visible key blocks; UniPrefill, the pairs of each request's
+    tokens at that layer (a drop layer attends over what it received, the layers after it over what it
+    kept); dense 1. The comparison "at equal kept shares of attention work" reads this column."""
+    full = [l for l, k in enumerate(d.get("layer_kind", [])) if k == "full"]
+    if not full:
+        return None
+    if d["mode"] == "dense":
+        return 1.0
+    if d["mode"] == "flashprefill":
+        per = {x["layer"]: x["kept_share"] for x in d.get("sparse_layers", []) if "kept_share" in x}
+        if all(l in per for l in full):
+            return sum(per[l] for l in full) / len(full)
+        return d.get("kept_share")
+    if d["mode"] == "uniprefill":
+        reqs = list(d["requests"])
+        pairs = lambda counts: sum(n * (n + 1) / 2 for n in counts)
+        drops = sorted(d.get("drops", []), key=lambda x: x["layer"])
+        done = 0.0
+        for l in full:
+            counts = reqs
+            for x in drops:
+                if x["layer"] < l:
+                    counts = x["kept_per_request"]
+            done += pairs(counts)
+        return done / (len(full) * pairs(reqs))
+    return None
+
+
 def method_key(name):
     order = {"dense": 0, "flashprefill": 1, "uniprefill-topp": 3}
     return (2 if name.startswith("flashprefill-a") else order.get(name, 4), name)
 
 
+def self_test():
+    """full_attn_work on runs worked out by hand; exit 1 on a mismatch."""
+    kinds = ["full", "sliding", "full", "gdn", "full"]  # full-attention layers 0, 2, 4
+    cases = [
+        ("dense", {"mode": "dense", "layer_kind": kinds, "requests": [8]}, 1.0),
+        # per-layer kept shares 0.5, 0.25, 0.75: their mean
+        ("flashprefill per layer", {"mode": "flashprefill", "layer_kind": kinds, "requests": [8], "kept_share": 0.1,
+                                    "sparse_layers": [{"layer": l, "kept_share": k} for l, k in
+                                                      ((0, 0.5), (2, 0.25), (4, 0.75))]}, 0.5),
+        # a layer missing from sparse_layers: the run's overall share
+        ("flashprefill overall", {"mode": "flashprefill", "layer_kind": kinds, "requests": [8], "kept_share": 0.1,
+                                  "sparse_layers": [{"layer": 0, "kept_share": 0.5}]}, 0.1),
+        # requests of 3 and 8 tokens (pairs 6 + 36 = 42 a dense layer); a drop at layer 2 keeps 1 and 4 (pairs 1 + 10):
+        # layer 0 and the drop layer 2 attend over everything, layer 4 over what was kept: (42 + 42 + 11) / (3 x 42)
+        ("uniprefill", {"mode": "uniprefill", "layer_kind": kinds, "requests": [3, 8],
+                        "drops": [{"layer": 2, "kept_per_request": [1, 4]}]}, (42 + 42 + 11) / 126),
+        ("no full-attention layer", {"mode": "uniprefill", "layer_kind": ["gdn"], "requests": [8]}, None),
+    ]
+    failures = 0
+    for name, d, want in cases:
+        got = full_attn_work(d)
+        ok = got is None if want is None else got is not None and abs(got - want) < 1e-12
+        failures += not ok
+        print(f"{'ok  ' if ok else 'FAIL'} {name}: {got} (want {want})")
+    print(f"{failures} failed" if failures else "self-test passed")
+    return 1 if failures else 0
+
+
 def main():
+    if sys.argv[1:] == ["--self-test"]:
+        return self_test()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("dir")
     ap.add_argument("--out", help="write the markdown table here (default: stdout)")
@@ -77,8 +140,8 @@ def main():
     if not runs:
         print(f"methods_table: no <model>-<length>-<method>.json under {a.dir}", file=sys.stderr)
         return 2
-    lines = ["| model | tokens | method | TTFT ms | vs dense | kept share | full attn ms | sliding ms | GDN ms |"
-             " FFN/MoE ms | own overhead ms |", "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| model | tokens | method | TTFT ms | vs dense | kept share | full-attn work | full attn ms | sliding ms |"
+             " GDN ms | FFN/MoE ms | own overhead ms |", "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     rows = []
     for (model, length), methods in sorted(runs.items()):
         dense = methods.get("dense")
@@ -88,6 +151,7 @@ def main():
             ttft = d["ttft_ms"]["median"]
             b = breakdown(d)
             share = kept_share(d)
+            work = full_attn_work(d)
             label = name
             if name.startswith("flashprefill"):
                 fp = d.get("flashprefill", {})
@@ -95,12 +159,13 @@ def main():
                     " mc" if fp.get("mean_correction") else "")
             partial = " (layers %d:%d)" % tuple(d["layers"]) if d.get("partial_model") else ""
             row = {"model": model + partial, "tokens": length, "method": label, "ttft_ms": ttft,
-                   "speedup": base / ttft if base else None, "kept_share": share, **{k + "_ms": v for k, v in b.items()}}
+                   "speedup": base / ttft if base else None, "kept_share": share, "full_attn_work": work,
+                   **{k + "_ms": v for k, v in b.items()}}
             rows.append(row)
-            lines.append("| %s | %d | %s | %.1f | %s | %s | %.1f | %.1f | %.1f | %.1f | %.1f |" % (
+            lines.append("| %s | %d | %s | %.1f | %s | %s | %s | %.1f | %.1f | %.1f | %.1f | %.1f |" % (
                 row["model"], length, label, ttft, "%.2fx" % row["speedup"] if base else "-",
-                "%.3f" % share if share is not None else "-", b["full"], b["sliding"], b["gdn"], b["ffn"],
-                b["overhead"]))
+                "%.3f" % share if share is not None else "-", "%.3f" % work if work is not None else "-",
+                b["full"], b["sliding"], b["gdn"], b["ffn"], b["overhead"]))
     text = "\n".join(lines) + "\n"
     if a.out:
         with open(a.out, "w") as f:
