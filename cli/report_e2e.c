@@ -453,13 +453,21 @@ void upf_report_e2e_run(const upf_report_e2e_options *o, upf_report_e2e *out) {
     }
   }
   fill_speedups(out);
-  /* serving: dense against UniPrefill top-k 0.5, every request at t = 0 */
+  /* serving: dense against UniPrefill top-k 0.5 and chunked prefill (dense, CompactAttention), every request
+   * at t = 0 */
   const char *serve_model = o->on_device ? "llama3.1-8b" : "llama-tiny";
   const char *load = o->on_device ? (o->quick ? "--requests 4 --prompt-len 8192..16384 --decode-len 16"
                                               : "--requests 16 --prompt-len 8192..32768 --decode-len 32")
                                   : "--requests 8 --prompt-len 256..512 --decode-len 8";
   serve_point(&c, serve_model, "dense", "--mode dense", load);
   serve_point(&c, serve_model, "uniprefill-keep0.5", "--mode uniprefill --keep 0.5", load);
+  /* chunked prefill as serving stacks run it: dense, and CompactAttention on the chunks with cached context */
+  const char *chunk = o->on_device ? "--chunk 2048" : "--chunk 128";
+  char args[64];
+  snprintf(args, sizeof args, "--mode dense %s", chunk);
+  serve_point(&c, serve_model, "dense-chunked", args, load);
+  snprintf(args, sizeof args, "--mode compact %s", chunk);
+  serve_point(&c, serve_model, "compact-chunked", args, load);
   /* accuracy on the real weights, where the files are */
   if (o->quick) {
     note(out, "accuracy on real weights skipped (--quick)\n");

@@ -189,6 +189,10 @@ static void test_report_writes_json_the_gate_reads(void) {
   CU_ASSERT(cli_file_contains(md, "| 256 | uniprefill |"));
   CU_ASSERT(cli_file_contains(md, "| 256 | compact |"));
   CU_ASSERT(cli_file_contains(md, "## serving"));
+  CU_ASSERT(cli_file_contains(md, "| llama-tiny | compact-chunked | 8 |")); /* every serving method served its 8 */
+  CU_ASSERT(cli_file_contains(md, "| llama-tiny | dense-chunked | 8 |"));
+  CU_ASSERT(cli_file_contains(md, "upf serve-sim --model llama-tiny --requests 8 --prompt-len 256..512 --decode-len 8 "
+                                  "--mode compact --chunk 128"));
   CU_ASSERT(cli_file_contains(md, "## plots"));
   CU_ASSERT(cli_file_contains(md, "upf prefill --model llama-tiny --lengths 256 --mode flashprefill"));
   CU_ASSERT(cli_file_contains(md, "\nverdict: OK: verify "));
