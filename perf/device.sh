@@ -34,8 +34,9 @@
 #                                         (default llama3.1-8b gemma3-12b) and length (default "32768 131072"):
 #                                         dense, FlashPrefill V2 (--mode flashprefill; --alpha A, default the
 #                                         mode's 0.18 at block_n 128), UniPrefill at the model's p, and UniPrefill
-#                                         top-k at FlashPrefill's kept share; methods/table.md (perf/methods_table.py:
-#                                         TTFT, speedup, kept share, time by layer kind) and one JSON a run
+#                                         top-k at FlashPrefill's full-attention work (where the drop layers allow;
+#                                         else at its kept share); methods/table.md (perf/methods_table.py: TTFT,
+#                                         speedup, kept share, full-attention work, time by layer kind), JSON a run
 #     serve [MODEL] [--keep R1,R2]        perf/serve_sweep.sh: upf serve-sim dense vs UniPrefill top-k (default
 #                                         llama3.1-8b, keep 0.5,0.3) at 1, 4, 16, 64 requests of 8K-32K tokens
 #                                         (SERVE_* settings: serve_sweep.sh --help); JSON and summary.md under serve/
@@ -343,10 +344,19 @@ do_methods() {
           --json "$base-uniprefill-keep$r.json"
         note "$base-uniprefill-keep$r.log"
       done
-      if [ -n "$share" ]; then
-        run "$base-uniprefill-keep$share.log" "$cap" -- "${common[@]}" --mode uniprefill --select topk --keep "$share" \
-          --json "$base-uniprefill-keep$share.json"
-        note "$base-uniprefill-keep$share.log"
+      # UniPrefill top-k at FlashPrefill's full-attention work (perf/methods_table.py --keep-for-work, from the
+      # top-p run's drop layers); where even keep -> 0 does more work (the layers before the first drop run
+      # whole), at FlashPrefill's kept share as a keep ratio instead, and the summary says so
+      local keep=""
+      [ -n "$share" ] && keep=$(python3 "$REPO/perf/methods_table.py" --keep-for-work "$base-uniprefill-topp.json" "$share" 2>/dev/null)
+      if [ -z "$keep" ] && [ -n "$share" ]; then
+        say "methods $m $t: FlashPrefill's full-attention work $share is below what UniPrefill can do (its first drop layer); keep $share instead"
+        keep=$share
+      fi
+      if [ -n "$keep" ]; then
+        run "$base-uniprefill-keep$keep.log" "$cap" -- "${common[@]}" --mode uniprefill --select topk --keep "$keep" \
+          --json "$base-uniprefill-keep$keep.json"
+        note "$base-uniprefill-keep$keep.log"
       fi
     done
   done

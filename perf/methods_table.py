@@ -4,6 +4,7 @@ the per-layer-kind time breakdown that explains them (from `upf prefill --json` 
 
   perf/methods_table.py DIR [--out table.md] [--json methods.json]
   perf/methods_table.py --self-test      (the work shares on hand-computed runs)
+  perf/methods_table.py --keep-for-work UNIPREFILL.json WORK   (the top-k keep ratio matching WORK, or nothing)
 
 DIR holds <model>-<length>-<method>.json as perf/device.sh's `methods` step writes them (method: dense,
 flashprefill, flashprefill-aA for further alphas, uniprefill-topp, uniprefill-keepR). Columns: TTFT (median of the iterations), speedup over
@@ -84,6 +85,28 @@ def full_attn_work(d):
     return None
 
 
+def keep_for_work(d, work):
+    """The UniPrefill top-k keep ratio r whose full-attention work (full_attn_work, with each drop layer keeping
+    r of the tokens it receives: r^k of the prompt after k drops) equals `work`, for the drop layers and layer
+    kinds of the UniPrefill run d; None when even r -> 0 does more (the full-attention layers up to the first
+    drop always run whole)."""
+    full = [l for l, k in enumerate(d.get("layer_kind", [])) if k == "full"]
+    drops = sorted(x["layer"] for x in d.get("drops", []))
+    if not full or not drops:
+        return None
+
+    def share(r):
+        return sum(r ** (2 * sum(1 for x in drops if x < l)) for l in full) / len(full)
+
+    if share(0.0) > work:
+        return None
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if share(mid) < work else (lo, mid)
+    return (lo + hi) / 2
+
+
 def method_key(name):
     order = {"dense": 0, "flashprefill": 1, "uniprefill-topp": 3}
     return (2 if name.startswith("flashprefill-a") else order.get(name, 4), name)
@@ -113,6 +136,14 @@ def self_test():
         ok = got is None if want is None else got is not None and abs(got - want) < 1e-12
         failures += not ok
         print(f"{'ok  ' if ok else 'FAIL'} {name}: {got} (want {want})")
+    # keep_for_work on the same layers with drops after layers 0 and 2: shares (1 + r^2 + r^4) / 3; r = 0.5
+    # gives (1 + 0.25 + 0.0625) / 3 = 0.4375; below 1/3 (layer 0 always whole) nothing matches
+    run = {"mode": "uniprefill", "layer_kind": kinds, "requests": [8], "drops": [{"layer": 0}, {"layer": 2}]}
+    for work, want in ((0.4375, 0.5), (1.0, 1.0), (0.3, None)):
+        got = keep_for_work(run, work)
+        ok = (got is None) if want is None else got is not None and abs(got - want) < 1e-9
+        failures += not ok
+        print(f"{'ok  ' if ok else 'FAIL'} keep for work {work}: {got} (want {want})")
     print(f"{failures} failed" if failures else "self-test passed")
     return 1 if failures else 0
 
@@ -120,6 +151,11 @@ def self_test():
 def main():
     if sys.argv[1:] == ["--self-test"]:
         return self_test()
+    if len(sys.argv) == 4 and sys.argv[1] == "--keep-for-work":
+        r = keep_for_work(load(sys.argv[2]), float(sys.argv[3]))
+        if r is not None:
+            print("%.4f" % r)
+        return 0
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("dir")
     ap.add_argument("--out", help="write the markdown table here (default: stdout)")
