@@ -196,9 +196,8 @@ typedef struct {
  *    still append. The first request that does not fit stops admission (strict FCFS: none overtakes it).
  *    Without chunking a prompt longer than the budget runs alone, in a step with no other row: at the
  *    head of the queue it takes the next step, and the running requests' decode rows pause for that
- *    step (prefill first, as vLLM schedules without chunked prefill; earlier it waited until nothing
- *    ran, which starved it under steady decodes); with chunking no step exceeds the budget but for
- *    decode rows beyond it.
+ *    step (prefill first, as vLLM schedules without chunked prefill, so steady decodes cannot starve
+ *    it); with chunking no step exceeds the budget but for decode rows beyond it.
  *  - a chunk that does not end its prompt is not sampled; the last one gives the first token.
  *  - when pages run short, requests wait; nothing is preempted: the reservation guarantees every
  *    admitted request can decode to max_new.
