@@ -65,6 +65,8 @@ static sb_case cases[] = {
     {"attn.block_sparse/cuda/bf16/llama_128k/keep0.1", SB_ATTN, 1, BF, 131072, 32, 8, 128, 64, 0.1f},
     {"attn.block_sparse/cuda/bf16/llama_128k/keep0.2", SB_ATTN, 1, BF, 131072, 32, 8, 128, 64, 0.2f},
     {"attn.block_sparse/cuda/bf16/llama_128k/keep0.5", SB_ATTN, 1, BF, 131072, 32, 8, 128, 64, 0.5f},
+    /* every visible block kept: the list walk's cost against dense attention, before any sparsity */
+    {"attn.block_sparse/cuda/bf16/llama_128k/keep1.0", SB_ATTN, 1, BF, 131072, 32, 8, 128, 64, 1.0f},
     {"attn.block_sparse/cuda/bf16/llama_128k/keep0.2/bn128", SB_ATTN, 1, BF, 131072, 32, 8, 128, 128, 0.2f},
     {"attn.block_sparse/cuda/bf16/llama_128k/keep0.2/mean_corr", SB_ATTN, 1, BF, 131072, 32, 8, 128, 64, 0.2f, 1},
     {"attn.block_sparse/cuda/bf16/gemma_32k/keep0.2", SB_ATTN, 1, BF, 32768, 16, 8, 256, 64, 0.2f},

@@ -24,6 +24,8 @@
 #                                         131072), with --shared (its --shared-weights) and --layers 0:N; FLA from .whl
 #     profile BENCH [--kernel REGEX] [--skip N] [--count N] [--set SET | --section S ... | --metrics LIST]
 #                                         ncu (clocks left alone) of one benchmark's kernel launches
+#                                         --filter-mode per-launch-config: skip and count per launch shape
+#                                         (the timed shape's launch without counting the verify launches)
 #     prefill [MODELS...] [--runs "T1 T2,T2 ..."] [--keep R1,R2] [--layers A:B] [--iters N]
 #                                         end-to-end TTFT (upf prefill, bf16, cuda): per model (default
 #                                         llama3.1-8b gemma3-12b) and run (a length, or a comma list: one
@@ -844,7 +846,7 @@ while [ $# -gt 0 ]; do
   --alpha) ALPHA=${2:?--alpha needs a value}; shift 2 ;;
   --shared) SHARED=--shared-weights; shift ;;
   --peers) WITH_PEERS=1; shift ;;
-  --set | --section | --metrics) NCUARGS+=("$1" "${2:?$1 needs a value}"); shift 2 ;;
+  --set | --section | --metrics | --filter-mode) NCUARGS+=("$1" "${2:?$1 needs a value}"); shift 2 ;;
   -h | --help) usage; exit 0 ;;
   -*) die "$CMD: unknown option $1" ;;
   *) ARGS+=("$1"); shift ;;
@@ -884,7 +886,7 @@ bench)
 peers) do_peers "${CAP:-120}" "${ARGS[@]}" ;;
 profile)
   [ ${#ARGS[@]} -eq 1 ] || die "profile takes one benchmark name regex"
-  [ ${#NCUARGS[@]} -gt 0 ] || NCUARGS=(--set full)
+  [[ " ${NCUARGS[*]} " =~ \ --(set|section|metrics)\  ]] || NCUARGS+=(--set full)
   do_profile "${ARGS[0]}" "$KERNEL" "$SKIP" "$COUNT" "${CAP:-120}" "${NCUARGS[@]}" ;;
 session)
   [ ${#ARGS[@]} -eq 0 ] || die "session takes no operands"
