@@ -107,9 +107,12 @@ __device__ __forceinline__ float quad_max(float v) {
 /* The key base of sub-block u of the segment's list (entries from e0), or BW_NOKEY where no row of the
  * CTA sees it (a negative id, or a first key past maxpos). */
 __device__ __forceinline__ int bw_sub_kb(const bs_args &a, int e0, int u, int maxpos) {
-  const int spb = a.block_n >> 6;
-  const int64_t kb = (int64_t)a.blocks[e0 + u / spb] * a.block_n + (int64_t)(u % spb) * 64;
-  return kb >= 0 && kb <= maxpos ? (int)kb : BW_NOKEY;
+  /* block_n is 64 or 128 (the host checks): a block holds 1 << lgs sub-blocks, so a shift and a mask
+   * instead of a division on the path of every tile; a block id is below kv_len / block_n (or -1), so
+   * its first key fits an int */
+  const int lgs = a.block_n >> 7;
+  const int kb = a.blocks[e0 + (u >> lgs)] * a.block_n + ((u & lgs) << 6);
+  return kb >= 0 && kb <= maxpos ? kb : BW_NOKEY;
 }
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -195,10 +198,8 @@ __global__ void __launch_bounds__(BW_THREADS, 1) bs_wgmma_kernel(const __grid_co
       mbar_init(emptyv + 8 * i, 8);
     }
     /* The list's sub-blocks less its tail that starts past the CTA's last row. */
-    const int spb = a.block_n >> 6;
-    int nsub = (e1 - e0) * spb;
-    while (nsub > 0 &&
-           (int64_t)a.blocks[e0 + (nsub - 1) / spb] * a.block_n + (int64_t)((nsub - 1) % spb) * 64 > maxpos)
+    int nsub = (e1 - e0) * (a.block_n >> 6);
+    while (nsub > 0 && bw_sub_kb(a, e0, nsub - 1, maxpos) == BW_NOKEY)
       nsub--;
     info[0] = nsub;
   }
