@@ -19,6 +19,7 @@
 #include "uniprefill/npy.h"
 #include "uniprefill/provenance.h"
 #include "uniprefill/session.h"
+#include "uniprefill/timeline.h"
 
 const char upf_cli_models_usage[] =
     "usage: upf models\n"
@@ -61,7 +62,7 @@ const char upf_cli_prefill_usage[] =
     "                   [--dtype f32|bf16] [--backend cpu|cuda] [--layers A:B] [--out-logits L.npy]\n"
     "                   [--tp R] [--comm auto|single|mpi|nccl] [--plan-only] [--check-determinism]\n"
     "                   [--dump-masks DIR] [--replay-masks DIR] [--json R.json] [--warmup N] [--iters N]\n"
-    "                   [--out-argmax A.npy] [--out-nll N.npy] [--chunk C]\n"
+    "                   [--out-argmax A.npy] [--out-nll N.npy] [--chunk C] [--timeline TRACE.json]\n"
     "  End-to-end prefill of a built-in model (upf models) on weights seeded by S, or of the llama or\n"
     "  gemma3 model of a GGUF file (--gguf: its weights dequantised to --dtype; drop layers scaled from\n"
     "  the family's published choice, models/README.md).\n"
@@ -113,7 +114,12 @@ const char upf_cli_prefill_usage[] =
     "  flashprefill's (last_n 0); whole prompts, first chunks and decode rows run dense. Reports per\n"
     "  full-attention layer the kept share of the chunks' key blocks (kept / visible). --dump-tables DIR\n"
     "  writes DIR/layer<l>/chunk<c>.npy (|u1 (B, Hkv, key_blocks): the union table of step c's chunks; steps\n"
-    "  without a chunk with cached context, such as step 0, write none).\n";
+    "  without a chunk with cached context, such as step 0, write none).\n"
+    "  --timeline TRACE.json (--backend cuda): one more run after the timed ones, its kernels, copies and\n"
+    "  fills recorded by CUPTI (libcupti of the CUDA toolkit; UPF_CUPTI_LIB names another file): prints\n"
+    "  the GPU's busy and idle time over the run, the time of each kind of kernel and the gaps between\n"
+    "  kernels by length, adds them to the JSON record, and writes the run as a Chrome trace (open it in\n"
+    "  ui.perfetto.dev or chrome://tracing). Not with --tp.\n";
 
 typedef struct {
   upf_model_args sel; /* --model, --seed, --dtype, --backend, --layers */
@@ -121,7 +127,7 @@ typedef struct {
   upf_sparse_args fa; /* --alpha, --block-n, --mean-correction, --sink, --window, --last-n */
   const char *lengths, *ids_path, *cu_path, *text, *text_file, *select;
   const char *out_logits, *dump_dir, *replay_dir, *json, *comm;
-  const char *out_argmax, *out_nll, *dump_tables;
+  const char *out_argmax, *out_nll, *dump_tables, *timeline;
   int32_t warmup, iters, ideal, tp, chunk, plan_only, check_determinism;
 } prefill_args;
 
@@ -442,7 +448,8 @@ static int plan_only(const prefill_args *a, const upf_prefill_options *opt, cons
  * times, the memory plan, the commit and the command). */
 static upf_status write_json(upf_outputs *outs, const char *path, const prefill_args *a, const upf_model *m, const int32_t *cu, int32_t B,
                              const upf_prefill_result *res, const double *totals, int iters,
-                             const upf_memory_plan *plan, const ideal_times *ideal, const chunk_record *cr, int argc,
+                             const upf_memory_plan *plan, const ideal_times *ideal, const chunk_record *cr,
+                             const upf_timeline *tl, const upf_timeline_summary *tls, double traced_s, int argc,
                              char **argv) {
   FILE *f;
   UPF_TRY(upf_outputs_open(outs, path, "--json", &f));
@@ -575,6 +582,13 @@ static upf_status write_json(upf_outputs *outs, const char *path, const prefill_
              "\"allreduce_ms\": %.4f},\n",
           m->tp_size, m->comm ? upf_comm_kind_name(upf_comm_kind_of(m->comm)) : "none", (long long)res->comm_calls,
           res->comm_bytes, res->comm_seconds * 1e3);
+  if (tl) {
+    fprintf(f, "  \"timeline\": {\"file\": ");
+    upf_json_string(f, a->timeline);
+    fprintf(f, ", \"traced_run_ms\": %.4f, \"summary\": ", traced_s * 1e3);
+    upf_timeline_summary_json(f, tl, tls);
+    fprintf(f, "},\n");
+  }
   fprintf(f, "  \"commit\": \"%s\",\n  \"command\": ", commit);
   upf_json_command(f, "upf", argc, argv);
   fprintf(f, "\n}\n");
@@ -657,7 +671,7 @@ int upf_cli_prefill(int argc, char **argv) {
       {"--tp", UPF_ARG_INT, &a.tp, 0, 1, 1 << 16},     {"--comm", UPF_ARG_STRING, &a.comm},
       {"--out-argmax", UPF_ARG_STRING, &a.out_argmax}, {"--out-nll", UPF_ARG_STRING, &a.out_nll},
       {"--chunk", UPF_ARG_INT, &a.chunk, 0, 1, INT32_MAX},
-      {"--dump-tables", UPF_ARG_STRING, &a.dump_tables},
+      {"--dump-tables", UPF_ARG_STRING, &a.dump_tables}, {"--timeline", UPF_ARG_STRING, &a.timeline},
   };
   upf_arg_parser p = {"upf prefill", upf_cli_prefill_usage, args, (int)(sizeof args / sizeof *args), NULL, 0, 0};
   const upf_args_result pr = upf_args_parse(&p, argc, argv);
@@ -717,6 +731,15 @@ int upf_cli_prefill(int argc, char **argv) {
                     "at its kept positions only)\n");
     return 2;
   }
+  if (a.timeline && (a.tp > 1 || a.comm)) {
+    fprintf(stderr, "upf prefill: --timeline records one process's device: not with --tp or --comm\n");
+    return 2;
+  }
+  if (a.timeline && strcmp(a.sel.be->name, "cuda") != 0) {
+    fprintf(stderr, "upf prefill: --timeline records CUDA kernels: it needs --backend cuda (this run is on %s)\n",
+            a.sel.be->name);
+    return 2;
+  }
   if (a.chunk && (a.tp > 1 || a.comm || a.dump_dir || a.replay_dir || a.ideal || a.out_argmax || a.out_nll)) {
     fprintf(stderr, "upf prefill: --chunk runs through a session on one rank: not with --tp, --comm, --dump-masks, "
                     "--replay-masks, --ideal, --out-argmax or --out-nll\n");
@@ -736,7 +759,8 @@ int upf_cli_prefill(int argc, char **argv) {
                                 {"--replay-masks", a.replay_dir, 0, 1},
                                 {"--out-logits", a.out_logits, 1}, {"--json", a.json, 1},
                                 {"--out-argmax", a.out_argmax, 1}, {"--out-nll", a.out_nll, 1},
-                                {"--dump-masks", a.dump_dir, 1, 1}, {"--dump-tables", a.dump_tables, 1, 1}};
+                                {"--dump-masks", a.dump_dir, 1, 1}, {"--dump-tables", a.dump_tables, 1, 1},
+                                {"--timeline", a.timeline, 1}};
   if (!upf_args_check_paths("upf prefill", paths, (int)(sizeof paths / sizeof *paths)))
     return 2;
   const upf_backend *be = a.sel.be;
@@ -870,6 +894,29 @@ int upf_cli_prefill(int argc, char **argv) {
     }
   }
   upf_prefill_result_free(&first);
+  /* --timeline: one more run, recorded by CUPTI; not among the timed runs */
+  upf_timeline tl;
+  upf_timeline_summary tls;
+  memset(&tl, 0, sizeof tl);
+  double traced_s = 0;
+  if (rc == 0 && a.timeline) {
+    upf_prefill_result tr;
+    memset(&tr, 0, sizeof tr);
+    chunk_record tcr = {0, NULL, calloc((size_t)B, sizeof(int32_t))};
+    st = a.chunk && !tcr.chunks ? upf_fail(UPF_ERR_NOMEM, "--timeline: chunk record") : upf_timeline_start();
+    if (st == UPF_OK) {
+      st = a.chunk ? chunked_run(&m, ids, cu, B, &opt, a.chunk, NULL, &tr, &tcr) : upf_model_prefill(&m, ids, cu, B, &opt, &tr);
+      const upf_status stop = upf_timeline_stop(&tl);
+      st = st == UPF_OK ? stop : st;
+    }
+    if (st == UPF_OK)
+      st = upf_timeline_summarize(&tl, &tls);
+    traced_s = tr.total_seconds;
+    upf_prefill_result_free(&tr);
+    free(tcr.chunks), free(tcr.step_seconds);
+    if (st != UPF_OK)
+      rc = upf_cli_error(st, "prefill: --timeline");
+  }
   if (rc == 0 && rank0) {
     printf("%s%s, %s, %s on %s: %d requests, %d tokens\n", cfg->name, upf_model_args_label(&a.sel), a.sa.mode, upf_dtype_name(dtype), be->name, B,
            cu[B]);
@@ -939,6 +986,11 @@ int upf_cli_prefill(int argc, char **argv) {
                r->visible_blocks ? (double)r->kept_blocks / (double)r->visible_blocks : 1.0, r->attn_seconds * 1e3);
       }
     }
+    if (a.timeline) {
+      printf("  timeline of one more run (%.3f ms with CUPTI recording; not in the median), %s:\n", traced_s * 1e3,
+             a.timeline);
+      upf_timeline_print(stdout, "    ", &tl, &tls);
+    }
     if (a.ideal && !comm) { /* the dense runs are collective under TP: every rank measures below */
       st = measure_ideal(&m, cu, B, &res, &ideal);
       if (st != UPF_OK)
@@ -993,10 +1045,20 @@ int upf_cli_prefill(int argc, char **argv) {
       rc = upf_cli_error(st, "prefill");
   }
   if (rc == 0 && a.json && rank0) {
-    st = write_json(outs, a.json, &a, &m, cu, B, &res, totals, a.iters, &plan, &ideal, &cr, argc, argv);
+    st = write_json(outs, a.json, &a, &m, cu, B, &res, totals, a.iters, &plan, &ideal, &cr, a.timeline ? &tl : NULL,
+                    &tls, traced_s, argc, argv);
     if (st != UPF_OK)
       rc = upf_cli_error(st, "prefill");
   }
+  if (rc == 0 && a.timeline && rank0) {
+    FILE *f = NULL;
+    st = upf_outputs_open(outs, a.timeline, "--timeline", &f);
+    if (st == UPF_OK)
+      st = upf_timeline_write_chrome(f, &tl, a.timeline);
+    if (st != UPF_OK)
+      rc = upf_cli_error(st, "prefill");
+  }
+  upf_timeline_free(&tl);
   if (rc == 0 && outs && (st = upf_outputs_commit(outs)) != UPF_OK)
     rc = upf_cli_error(st, "prefill");
   upf_outputs_free(outs); /* after a failure: the staged files go, then the folders made for them */

@@ -72,6 +72,12 @@
 #     determinism [MODEL] [--runs BATCH] [--iters N]
 #                                         N (default 100) UniPrefill prefills of one batch (default llama3.1-8b,
 #                                         32768,8192), each bit for bit against the first (--check-determinism)
+#     timeline [MODELS...] [--runs "T1 T2"] [--keep R]
+#                                         one prefill's GPU timeline (upf prefill --timeline: CUPTI, bf16, cuda) per
+#                                         model (default llama3.1-8b) and length (default 8192): dense, and UniPrefill
+#                                         top-k at --keep R when given; the breakdown (busy, idle, time by kind of
+#                                         kernel, gaps by length) into timeline/ and the summary, the Chrome traces
+#                                         beside them
 #     report [--quick] [--filter REGEX] [--peers]
 #                                         upf report (the main job) on this card, into report/r/ (report.md, report.json,
 #                                         plots when matplotlib is carried in .whl): --quick the CI size set (8K; a full
@@ -106,7 +112,7 @@ usage() {
 
 # ---------------------------------------------------------------------------------------------- stage
 # The bundle: bin/ (upf, test_upf, bench_upf, stripped), lib/ (the shared libraries of the Debian
-# packages they link, which the device machine lacks), peers/ (perf/peers/*.py), device.sh, COMMIT.
+# packages they link, which the device machine lacks, and the toolkit's libcupti), peers/ (perf/peers/*.py), device.sh, COMMIT.
 STAGE_LIBS="libopenblas.so.0 libgfortran.so.5 libquadmath.so.0 libcunit.so.1 libbenchmark.so.1debian"
 BUNDLE_MAX=$((64 * 1024 * 1024)) # the device tool carries at most 64 MiB, working tree included
 
@@ -136,6 +142,10 @@ stage() {
     path=$(ldd build/test_upf build/bench_upf | awk -v l="$lib" '$1 == l { print $3; exit }')
     [ -n "$path" ] || die "stage: $lib is not linked by test_upf or bench_upf"
     cp -L "$path" "$st/lib/"
+  done
+  # libcupti for upf prefill --timeline, in case the device's toolkit lacks it (the timeline opens it at run time)
+  for path in /usr/local/cuda/lib64/libcupti.so.13 /usr/local/cuda/extras/CUPTI/lib64/libcupti.so.13; do
+    if [ -f "$path" ]; then cp -L "$path" "$st/lib/" && break; fi
   done
   cp perf/peers/*.py "$st/peers/"
   mkdir -p "$st/perf" && cp perf/report_plots.py "$st/perf/" # upf report runs it from its working folder
@@ -440,6 +450,31 @@ do_determinism() {
     --mode uniprefill --backend cuda --dtype bf16 --warmup 0 --iters "$iters" --check-determinism
   note "$DIR/determinism/$m-${batch//,/+}.log"
   grep -E 'determinism:' "$DIR/determinism/$m-${batch//,/+}.log" | tee -a "$DIR/summary.txt"
+}
+
+# timeline [MODELS...]: a dense prefill per model and length (and UniPrefill top-k at --keep) with --timeline;
+# the breakdown lines go to the summary.
+do_timeline() {
+  local cap=$1
+  shift
+  local models=("$@") m t runs=${RUNS_SET:+$RUNS} mode base
+  [ ${#models[@]} -gt 0 ] || models=(llama3.1-8b)
+  runs=${runs:-8192}
+  say "timeline ${models[*]}: runs '$runs'${KEEPS_SET:+, UniPrefill keep $KEEPS} (cap $cap s each)"
+  mkdir -p "$DIR/timeline"
+  for m in "${models[@]}"; do
+    for t in $runs; do
+      for mode in dense ${KEEPS_SET:+uniprefill}; do
+        base=$DIR/timeline/$m-$t-$mode
+        run "$base.log" "$cap" -- bin/upf prefill --model "$m" --lengths "$t" --backend cuda --dtype bf16 --warmup 1 \
+          --iters 3 --mode "$mode" ${KEEPS_SET:+$([ "$mode" = uniprefill ] && echo --select topk --keep "$KEEPS")} \
+          --timeline "$base.trace.json" --json "$base.json"
+        note "$base.log"
+        { echo "$m $t $mode:"; sed -n '/prefill .* ms (median/p; /timeline of one more run/,$p' "$base.log" | grep -v '^# rc'; } \
+          | tee -a "$DIR/summary.txt" >/dev/null
+      done
+    done
+  done
 }
 
 # serve [MODEL]: the serving sweep (perf/serve_sweep.sh), each serve-sim process capped at CAP seconds.
@@ -816,8 +851,8 @@ shift
 case $CMD in
 -h | --help | help) usage; exit 0 ;;
 stage) stage "$@"; exit $? ;;
-verify | sanitize | test | bench | peers | profile | prefill | methods | serve | tp | shared | chunkserve | determinism | session | compact | chunked | report) ;;
-*) die "unknown command $CMD (stage, verify, sanitize, test, bench, peers, profile, prefill, methods, serve, tp, shared, chunkserve, determinism, session, compact, chunked, report; --help)" ;;
+verify | sanitize | test | bench | peers | profile | prefill | methods | serve | tp | shared | chunkserve | timeline | determinism | session | compact | chunked | report) ;;
+*) die "unknown command $CMD (stage, verify, sanitize, test, bench, peers, profile, prefill, methods, serve, tp, shared, chunkserve, timeline, determinism, session, compact, chunked, report; --help)" ;;
 esac
 
 NAME=$CMD BUNDLE="" CAP="" ENVS=() ARGS=()
@@ -866,6 +901,7 @@ serve)
   [ ${#ARGS[@]} -le 1 ] || die "serve takes at most one model"
   do_serve "${CAP:-240}" "${ARGS[@]}" ;;
 tp) do_tp "${CAP:-240}" "${ARGS[@]}" ;;
+timeline) do_timeline "${CAP:-120}" "${ARGS[@]}" ;;
 determinism)
   [ ${#ARGS[@]} -le 1 ] || die "determinism takes at most one model"
   do_determinism "${CAP:-300}" "${ARGS[@]}" ;;

@@ -343,6 +343,7 @@ static void test_prefill(void) {
       {"--model llama-tiny --lengths 100 --layers 3:2", "--layers '3:2'"},
       {"--model llama-tiny --lengths 100 --dtype f16", "--dtype 'f16'"},
       {"--model llama-tiny --mode fast --lengths 100", "--mode 'fast'"},
+      {"--model llama-tiny --lengths 100 --timeline trace.json", "--timeline records CUDA kernels: it needs --backend cuda"},
       {bad_ids, "outside the vocabulary"},
       {bad_replay, "replay mask: 7 entries, the layer has 141 tokens"},
   };

@@ -43,6 +43,7 @@ void upf_register_compact_attn_tests(void);
 void upf_register_cli_sparse_tests(void);
 void upf_register_model_sparse_tests(void);
 void upf_register_report_tests(void);
+void upf_register_timeline_tests(void);
 void upf_register_cuda_tests(void);
 
 static void (*const suites[])(void) = {
@@ -79,6 +80,7 @@ static void (*const suites[])(void) = {
     upf_register_model_sparse_tests,
     upf_register_tp_tests,
     upf_register_report_tests,
+    upf_register_timeline_tests,
     upf_register_cuda_tests,
 };
 
