@@ -106,18 +106,27 @@ upf_status upf_timeline_summarize(const upf_timeline *t, upf_timeline_summary *s
   s->dropped = t->dropped;
   if (t->count == 0)
     return UPF_OK;
-  uint32_t streams[64];
-  int32_t nstreams = 0;
-  uint64_t covered_to = t->events[0].start_ns, busy = 0, sum = 0;
-  const uint64_t t0 = t->events[0].start_ns;
-  int64_t last_end_event = 0;
   for (int64_t i = 0; i < t->count; i++) {
-    const upf_timeline_event *e = &t->events[i];
-    if (e->end_ns < e->start_ns)
+    if (t->events[i].end_ns < t->events[i].start_ns)
       return upf_fail(UPF_ERR_INVALID_ARG, "timeline: event %lld ends before it starts", (long long)i);
-    if (i > 0 && e->start_ns < t->events[i - 1].start_ns)
+    if (i > 0 && t->events[i].start_ns < t->events[i - 1].start_ns)
       return upf_fail(UPF_ERR_INVALID_ARG, "timeline: event %lld starts before event %lld", (long long)i,
                       (long long)(i - 1));
+  }
+  int64_t first = 0; /* the first kernel: the window opens there */
+  while (first < t->count && t->events[first].kind != UPF_TIMELINE_KERNEL)
+    first++;
+  if (first == t->count)
+    first = 0;
+  s->lead_events = first;
+  s->lead_ms = (double)(t->events[first].start_ns - t->events[0].start_ns) * 1e-6;
+  uint32_t streams[64];
+  int32_t nstreams = 0;
+  uint64_t covered_to = t->events[first].start_ns, busy = 0, sum = 0;
+  const uint64_t t0 = t->events[first].start_ns;
+  int64_t last_end_event = first;
+  for (int64_t i = first; i < t->count; i++) {
+    const upf_timeline_event *e = &t->events[i];
     if (e->kind == UPF_TIMELINE_KERNEL)
       s->kernels++;
     else
@@ -129,7 +138,7 @@ upf_status upf_timeline_summarize(const upf_timeline *t, upf_timeline_summary *s
       streams[nstreams++] = e->stream;
     sum += e->end_ns - e->start_ns;
     /* the union of the intervals, and the idle stretches between them */
-    if (i > 0 && e->start_ns > covered_to) {
+    if (e->start_ns > covered_to) {
       const double ms = (double)(e->start_ns - covered_to) * 1e-6;
       const double us = ms * 1e3;
       int c = 0;
@@ -198,9 +207,13 @@ static const char *event_short(const upf_timeline *t, int64_t i, char *buf, size
 
 void upf_timeline_print(FILE *f, const char *indent, const upf_timeline *t, const upf_timeline_summary *s) {
   const double w = s->window_ms > 0 ? s->window_ms : 1.0;
-  fprintf(f, "%swindow %.3f ms (first start to last end), %lld kernels and %lld copies or fills on %d stream(s)%s\n",
+  fprintf(f, "%swindow %.3f ms (the first kernel's start to the last end), %lld kernels and %lld copies or fills on "
+             "%d stream(s)%s\n",
           indent, s->window_ms, (long long)s->kernels, (long long)s->copies, s->streams,
           s->dropped ? "; SOME RECORDS WERE DROPPED, the numbers undercount" : "");
+  if (s->lead_events)
+    fprintf(f, "%sbefore the window: %lld copies or fills over %.3f ms (inputs uploaded before the run's timer)\n",
+            indent, (long long)s->lead_events, s->lead_ms);
   fprintf(f, "%sGPU busy %.3f ms (%.1f%%), idle %.3f ms (%.1f%%) in %lld gaps, work beside other work %.3f ms\n", indent,
           s->busy_ms, 100.0 * s->busy_ms / w, s->idle_ms, 100.0 * s->idle_ms / w, (long long)s->gaps, s->overlap_ms);
   for (int32_t c = 0; c < s->num_categories; c++)
@@ -232,9 +245,9 @@ static void json_str(FILE *f, const char *s) {
 
 void upf_timeline_summary_json(FILE *f, const upf_timeline *t, const upf_timeline_summary *s) {
   fprintf(f,
-          "{\"window_ms\": %.6f, \"busy_ms\": %.6f, \"idle_ms\": %.6f, \"overlap_ms\": %.6f, \"kernels\": %lld, "
+          "{\"lead_events\": %lld, \"lead_ms\": %.6f, \"window_ms\": %.6f, \"busy_ms\": %.6f, \"idle_ms\": %.6f, \"overlap_ms\": %.6f, \"kernels\": %lld, "
           "\"copies\": %lld, \"streams\": %d, \"dropped\": %lld, \"categories\": [",
-          s->window_ms, s->busy_ms, s->idle_ms, s->overlap_ms, (long long)s->kernels, (long long)s->copies, s->streams,
+          (long long)s->lead_events, s->lead_ms, s->window_ms, s->busy_ms, s->idle_ms, s->overlap_ms, (long long)s->kernels, (long long)s->copies, s->streams,
           (long long)s->dropped);
   for (int32_t c = 0; c < s->num_categories; c++) {
     fprintf(f, "%s{\"name\": ", c ? ", " : "");

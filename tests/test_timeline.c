@@ -80,6 +80,41 @@ static void test_breakdown_by_hand(void) {
   free(text);
 }
 
+static upf_timeline_event copy(uint64_t start, uint64_t end) {
+  upf_timeline_event e = kernel("memcpy", start, end, 1);
+  e.kind = UPF_TIMELINE_MEMCPY, e.bytes = 8;
+  return e;
+}
+
+/* Copies before the first kernel (a run's upload before its timer) are the lead, not the window: uploads at
+ * 0 and 5000 us, kernels at [5010, 5020) and [5040, 5050) us, a fill at [5030, 5031) between them. */
+static void test_window_opens_at_first_kernel(void) {
+  upf_timeline_event ev[5] = {copy(0, 1000), copy(5000000, 5001000), kernel("k1", 5010000, 5020000, 1),
+                              copy(5030000, 5031000), kernel("k2", 5040000, 5050000, 1)};
+  ev[3].kind = UPF_TIMELINE_MEMSET;
+  upf_timeline t = {ev, 5, 0, NULL, 0};
+  upf_timeline_summary s;
+  CU_ASSERT_EQUAL_FATAL(upf_timeline_summarize(&t, &s), UPF_OK);
+  CU_ASSERT_EQUAL(s.lead_events, 2);
+  CU_ASSERT(NEAR(s.lead_ms, 5.010));
+  CU_ASSERT(NEAR(s.window_ms, 0.040));
+  CU_ASSERT(NEAR(s.busy_ms, 0.021));
+  CU_ASSERT(NEAR(s.idle_ms, 0.019));
+  CU_ASSERT_EQUAL(s.kernels, 2);
+  CU_ASSERT_EQUAL(s.copies, 1);
+  CU_ASSERT_EQUAL(s.gaps, 2);
+  CU_ASSERT_EQUAL(s.gap_count[0], 1); /* 9 us */
+  CU_ASSERT_EQUAL(s.gap_count[1], 1); /* 10 us: the class's lower bound */
+  CU_ASSERT(NEAR(s.top_gaps[0].ms, 0.010) && NEAR(s.top_gaps[0].at_ms, 0.010));
+  CU_ASSERT_EQUAL(s.top_gaps[0].before, 2);
+  /* without a kernel, the window is the events' own */
+  t.events = ev, t.count = 2;
+  CU_ASSERT_EQUAL_FATAL(upf_timeline_summarize(&t, &s), UPF_OK);
+  CU_ASSERT_EQUAL(s.lead_events, 0);
+  CU_ASSERT(NEAR(s.window_ms, 5.001));
+  CU_ASSERT_EQUAL(s.gap_count[2], 1);
+}
+
 static void test_breakdown_rejects_disorder(void) {
   upf_timeline_event ev[2] = {kernel("a", 10, 20, 0), kernel("b", 5, 30, 0)};
   upf_timeline t = {ev, 2, 0, NULL, 0};
@@ -196,6 +231,7 @@ static void test_cuda_recording(void) {
 
 static CU_TestInfo timeline_tests[] = {
     {"breakdown counted by hand: busy, idle, gaps, overlap, categories", test_breakdown_by_hand},
+    {"the window opens at the first kernel; earlier copies are the lead", test_window_opens_at_first_kernel},
     {"breakdown refuses events out of order", test_breakdown_rejects_disorder},
     {"kernel names to categories and readable names", test_categories_and_names},
     {"Chrome trace", test_chrome_trace},

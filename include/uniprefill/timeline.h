@@ -60,8 +60,13 @@ void upf_timeline_short_name(const char *name, char *buf, size_t n);
 #define UPF_TIMELINE_GAP_CLASSES 3
 extern const double upf_timeline_gap_bounds_us[UPF_TIMELINE_GAP_CLASSES - 1];
 
+/* The window opens at the first kernel: copies and fills before it (a run's upload of its inputs, before
+ * its timer starts, and the host's time between them) are counted apart as the lead. Without a kernel,
+ * the window opens at the first event. */
 typedef struct {
-  double window_ms;  /* first start to last end */
+  int64_t lead_events; /* copies and fills before the first kernel */
+  double lead_ms;      /* from the first of them to the first kernel's start */
+  double window_ms;    /* the first kernel's start to the last end */
   double busy_ms;    /* time some event ran (the union of the intervals) */
   double idle_ms;    /* window - busy: nothing ran */
   double overlap_ms; /* sum of the events' durations - busy: work that ran beside other work */
@@ -77,7 +82,8 @@ typedef struct {
   int64_t gap_count[UPF_TIMELINE_GAP_CLASSES];
   double gap_ms[UPF_TIMELINE_GAP_CLASSES];
   int32_t num_top_gaps; /* the longest gaps, longest first: from ms after the window's start, the
-                           event that ended last before it and the first one after it */
+                           event that ended last before it and the first one after it (indices into
+                           the timeline's events) */
   struct {
     double at_ms, ms;
     int64_t before, after; /* event indices */
