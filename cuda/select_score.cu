@@ -277,6 +277,12 @@ __device__ __forceinline__ float quad_sum(float v) {
 }
 
 /* Merges (m, s) into the running (mc, lc) of online softmax, in log2 units. */
+/* Segments of SG keys: SG is a power of two (min of the block size G and the key chunk, both powers of
+ * two), so the test of a segment's end and its index take a mask and a shift, not a runtime division on
+ * every tile's path (one of those cost the block-sparse kernel 10%: perf/NOTES.md). k >= 0. */
+__device__ __forceinline__ bool sg_boundary(int k, int SG) { return (k & (SG - 1)) == 0; }
+__device__ __forceinline__ int sg_index(int k, int SG) { return k >> (__ffs(SG) - 1); }
+
 __device__ __forceinline__ void merge_stats(float &mc, float &lc, float m, float s) {
   float mn = fmaxf(mc, m);
   if (mn != -INFINITY) {
@@ -401,7 +407,7 @@ __device__ __forceinline__ void epi_big(float (&acc)[MT][NTL][4], int kb, bool n
     }
   if (seg_end) {
     /* rows of this thread are R[0][0] + 16*mt + 8*h: one base pointer, immediate offsets */
-    const int64_t at = (int64_t)(kb / x.SG) * x.Rn + R[0][0];
+    const int64_t at = (int64_t)sg_index(kb, x.SG) * x.Rn + R[0][0];
     float *Mp = x.M + rq.m0 + at, *Up = x.U + rq.u0 + at;
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
@@ -491,7 +497,7 @@ __global__ void __launch_bounds__(P::THREADS, P::MINB) sel_score_kernel(const sc
     for (int t = 0; t < ntile; t++) {
       const int kb = k0 + t * KT;
       pol.compute_half(smem, t & 1, 1, acc1);
-      epi_big<MT, 4>(acc0, kb, kb + 31 > n - x.L, (kb + 32) % x.SG == 0, lim, valid, R, st, x, rq, tq);
+      epi_big<MT, 4>(acc0, kb, kb + 31 > n - x.L, sg_boundary(kb + 32, x.SG), lim, valid, R, st, x, rq, tq);
       upf_mma::cp_async_wait<0>();
       __syncthreads();
       if (t + 2 < ntile)
@@ -501,7 +507,7 @@ __global__ void __launch_bounds__(P::THREADS, P::MINB) sel_score_kernel(const sc
           pol.check_tile(smem, (t + 1) & 1);
         pol.compute_half(smem, (t + 1) & 1, 0, acc0);
       }
-      epi_big<MT, 4>(acc1, kb + 32, kb + 63 > n - x.L, (kb + 64) % x.SG == 0 || t == ntile - 1, lim, valid, R,
+      epi_big<MT, 4>(acc1, kb + 32, kb + 63 > n - x.L, sg_boundary(kb + 64, x.SG) || t == ntile - 1, lim, valid, R,
                      st, x, rq, tq);
     }
 #pragma unroll
@@ -594,7 +600,7 @@ __global__ void __launch_bounds__(P::THREADS, P::MINB) sel_score_kernel(const sc
 
     if constexpr (MODE == 1) {
       /* G >= 64: online max across the tiles of a segment. */
-      const bool seg_end = ((kb + KT) % x.SG == 0) || (t == ntile - 1);
+      const bool seg_end = sg_boundary(kb + KT, x.SG) || (t == ntile - 1);
 #pragma unroll
       for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -613,7 +619,7 @@ __global__ void __launch_bounds__(P::THREADS, P::MINB) sel_score_kernel(const sc
           mrun[j] = mnew;
         }
       if (seg_end) {
-        const int64_t seg = kb / x.SG;
+        const int64_t seg = sg_index(kb, x.SG);
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -898,7 +904,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) sel_score_wgmma_kernel(const sc
 #pragma unroll
       for (int e = 0; e < 4; e++)
         sv[0][j][e] = cur[0][j][e];
-    epi_big<1, 8, C::TREE>(sv, kb, kb + KT - 1 > n - x.L, (kb + KT) % x.SG == 0 || t == ntile - 1, lim, valid, R,
+    epi_big<1, 8, C::TREE>(sv, kb, kb + KT - 1 > n - x.L, sg_boundary(kb + KT, x.SG) || t == ntile - 1, lim, valid, R,
                            st, x, rq, tq);
   };
 
