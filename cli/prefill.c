@@ -119,7 +119,7 @@ const char upf_cli_prefill_usage[] =
     "  fills recorded by CUPTI (libcupti of the CUDA toolkit; UPF_CUPTI_LIB names another file): prints\n"
     "  the GPU's busy and idle time over the run, the time of each kind of kernel and the gaps between\n"
     "  kernels by length, adds them to the JSON record, and writes the run as a Chrome trace (open it in\n"
-    "  ui.perfetto.dev or chrome://tracing). Not with --tp.\n";
+    "  ui.perfetto.dev or chrome://tracing). Not with --tp or --comm.\n";
 
 typedef struct {
   upf_model_args sel; /* --model, --seed, --dtype, --backend, --layers */
@@ -739,6 +739,11 @@ int upf_cli_prefill(int argc, char **argv) {
     fprintf(stderr, "upf prefill: --timeline records CUDA kernels: it needs --backend cuda (this run is on %s)\n",
             a.sel.be->name);
     return 2;
+  }
+  if (a.timeline) { /* before the weights are built: a machine without libcupti fails now, not after the runs */
+    const upf_status tst = upf_timeline_probe();
+    if (tst != UPF_OK)
+      return upf_cli_error(tst, "prefill: --timeline");
   }
   if (a.chunk && (a.tp > 1 || a.comm || a.dump_dir || a.replay_dir || a.ideal || a.out_argmax || a.out_nll)) {
     fprintf(stderr, "upf prefill: --chunk runs through a session on one rank: not with --tp, --comm, --dump-masks, "

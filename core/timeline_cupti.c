@@ -200,6 +200,8 @@ static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t *b
   free(buffer);
 }
 
+upf_status upf_timeline_probe(void) { return open_cupti(); }
+
 upf_status upf_timeline_start(void) {
   if (tl_state.running)
     return upf_fail(UPF_ERR_INVALID_ARG, "timeline: a recording is already running");
@@ -271,6 +273,10 @@ upf_status upf_timeline_stop(upf_timeline *out) {
 }
 
 #else /* a build without CUDA */
+
+upf_status upf_timeline_probe(void) {
+  return upf_fail(UPF_ERR_UNSUPPORTED, "timeline: records CUDA work; this build has no CUDA (make CUDA=1)");
+}
 
 upf_status upf_timeline_start(void) {
   return upf_fail(UPF_ERR_UNSUPPORTED, "timeline: records CUDA work; this build has no CUDA (make CUDA=1)");

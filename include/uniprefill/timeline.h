@@ -42,6 +42,9 @@ typedef struct {
  * where libcupti cannot be opened (the message says which files were tried); UPF_ERR_INVALID_ARG when
  * a recording is already running. */
 upf_status upf_timeline_start(void);
+/* What upf_timeline_start would find, without starting: UPF_OK where a recording can start (libcupti opens
+ * and its release matches the build's), else its failure; for checking before a long run. */
+upf_status upf_timeline_probe(void);
 /* Waits for the device, stops recording and hands over what was recorded since the start. */
 upf_status upf_timeline_stop(upf_timeline *out);
 void upf_timeline_free(upf_timeline *t);
