@@ -112,7 +112,8 @@ usage() {
 
 # ---------------------------------------------------------------------------------------------- stage
 # The bundle: bin/ (upf, test_upf, bench_upf, stripped), lib/ (the shared libraries of the Debian
-# packages they link, which the device machine lacks, and the toolkit's libcupti), peers/ (perf/peers/*.py), device.sh, COMMIT.
+# packages they link, which the device machine lacks, and the toolkit's libcupti), peers/ (perf/peers/*.py),
+# device.sh, COMMIT.
 STAGE_LIBS="libopenblas.so.0 libgfortran.so.5 libquadmath.so.0 libcunit.so.1 libbenchmark.so.1debian"
 BUNDLE_MAX=$((64 * 1024 * 1024)) # the device tool carries at most 64 MiB, working tree included
 
