@@ -278,8 +278,8 @@ __device__ __forceinline__ float quad_sum(float v) {
 
 /* Merges (m, s) into the running (mc, lc) of online softmax, in log2 units. */
 /* Segments of SG keys: SG is a power of two (min of the block size G and the key chunk, both powers of
- * two), so the test of a segment's end and its index take a mask and a shift, not a runtime division on
- * every tile's path (one of those cost the block-sparse kernel 10%: perf/NOTES.md). k >= 0. */
+ * two), so the test of a segment's end and its index take a mask and a shift, not a runtime division (a
+ * software sequence of ~20 instructions) on every tile's path. k >= 0. */
 __device__ __forceinline__ bool sg_boundary(int k, int SG) { return (k & (SG - 1)) == 0; }
 __device__ __forceinline__ int sg_index(int k, int SG) { return k >> (__ffs(SG) - 1); }
 
@@ -733,7 +733,7 @@ template <int D_>
 struct WgCfg {
   static constexpr int D = D_;
   /* Consumer warpgroups: four where one accumulator set and the Q fragments fit the 96 registers a thread
-   * of 544 gets (D <= 128; 0.86x the time of two at 128K, perf/NOTES.md), their epilogues hidden by
+   * of 544 gets (D <= 128; faster than two, perf/NOTES.md), their epilogues hidden by
    * each other's wgmma; two at D = 256, each with two accumulator sets (tile t+1's wgmma in flight
    * during tile t's epilogue). */
   static constexpr int NCW = D <= 128 ? 4 : 2;

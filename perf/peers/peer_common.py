@@ -12,9 +12,8 @@ import torch
 
 # Device seconds of back-to-back calls before the timed ones, as the suite's benchmarks run (perf/bench_dense.c
 # CEILING_WARM_S, perf/bench_sparse.c SB_DENSE_WARM_S): a GPU fresh from idle runs its first tens of
-# milliseconds at boost clocks that a sustained run does not keep (the 8K gate_up GEMM: 2.43 ms in a short
-# burst, 2.68 ms sustained on an H100), so a peer timed in a short burst against the suite's sustained
-# benchmarks would be flattered by about that much.
+# milliseconds at boost clocks that a sustained run does not keep, so a peer timed in a short burst would be
+# flattered against the suite's sustained benchmarks (how much: perf/NOTES.md, the timeline's outcome).
 STEADY_WARM_S = 0.3
 
 
