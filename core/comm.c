@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "core/comm_impl.h"
+#include "core/dl.h"
 
 double upf_comm_now(void) {
   struct timespec ts;
@@ -54,15 +55,9 @@ static int mpi_load(mpi_init_fn *init) {
     }
     const char *env = getenv("UPF_MPI_PLUGIN");
     const char *candidates[] = {env && *env ? env : NULL, beside[0] ? beside : NULL, UPF_MPI_PLUGIN_PATH};
-    void *h = NULL;
-    char errs[768] = "";
-    for (size_t i = 0; i < sizeof candidates / sizeof *candidates && !h; i++) {
-      if (!candidates[i])
-        continue;
-      h = dlopen(candidates[i], RTLD_NOW | RTLD_GLOBAL);
-      if (!h)
-        snprintf(errs + strlen(errs), sizeof errs - strlen(errs), "%s%s", errs[0] ? "; " : "", dlerror());
-    }
+    char errs[768];
+    void *h = upf_dl_open_first(candidates, sizeof candidates / sizeof *candidates, RTLD_NOW | RTLD_GLOBAL, errs,
+                                sizeof errs);
     fn = h ? (mpi_init_fn)(uintptr_t)dlsym(h, "upf_comm_mpi_plugin_init") : NULL;
     if (!fn)
       snprintf(mpi_why, sizeof mpi_why, "the MPI plugin libupf_mpi.so cannot be loaded (%s; set UPF_MPI_PLUGIN)",

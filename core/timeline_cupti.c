@@ -14,6 +14,8 @@
 #include <dlfcn.h>
 #include <pthread.h>
 
+#include "core/dl.h"
+
 /* The kernel record of this CUPTI release (cupti_activity.h: the concurrent kernel kind's newest). */
 typedef CUpti_ActivityKernel10 kernel_record;
 typedef CUpti_ActivityMemcpy6 memcpy_record;
@@ -59,24 +61,14 @@ static upf_status open_cupti(void) {
                          UPF_CUPTI_LIB_PATH,
 #endif
                          "/usr/local/cuda/lib64/libcupti.so", "/usr/local/cuda/extras/CUPTI/lib64/libcupti.so"};
-  char tried[1024] = "";
-  size_t used = 0;
-  for (size_t i = 0; i < sizeof tries / sizeof *tries && !tl_state.lib; i++) {
-    if (!tries[i])
-      continue;
-    tl_state.lib = dlopen(tries[i], RTLD_NOW | RTLD_LOCAL);
-    if (!tl_state.lib && used < sizeof tried)
-      used += (size_t)snprintf(tried + used, sizeof tried - used, "%s%s", used ? ", " : "", tries[i]);
-  }
+  char tried[1024];
+  tl_state.lib = upf_dl_open_first(tries, sizeof tries / sizeof *tries, RTLD_NOW | RTLD_LOCAL, tried, sizeof tried);
   if (!tl_state.lib)
     return upf_fail(UPF_ERR_UNSUPPORTED,
                     "timeline: libcupti (the CUDA toolkit's CUPTI) could not be opened; tried %s (set UPF_CUPTI_LIB "
                     "to its file)",
                     tried);
-  struct {
-    void **fn;
-    const char *name;
-  } syms[] = {{(void **)&tl_state.get_version, "cuptiGetVersion"},
+  const upf_dl_symbol syms[] = {{(void **)&tl_state.get_version, "cuptiGetVersion"},
               {(void **)&tl_state.get_result_string, "cuptiGetResultString"},
               {(void **)&tl_state.register_callbacks, "cuptiActivityRegisterCallbacks"},
               {(void **)&tl_state.enable, "cuptiActivityEnable"},
@@ -84,12 +76,12 @@ static upf_status open_cupti(void) {
               {(void **)&tl_state.flush_all, "cuptiActivityFlushAll"},
               {(void **)&tl_state.next_record, "cuptiActivityGetNextRecord"},
               {(void **)&tl_state.dropped, "cuptiActivityGetNumDroppedRecords"}};
-  for (size_t i = 0; i < sizeof syms / sizeof *syms; i++)
-    if (!(*syms[i].fn = dlsym(tl_state.lib, syms[i].name))) {
-      dlclose(tl_state.lib);
-      tl_state.lib = NULL;
-      return upf_fail(UPF_ERR_UNSUPPORTED, "timeline: libcupti lacks %s", syms[i].name);
-    }
+  const char *missing = upf_dl_resolve(tl_state.lib, syms, sizeof syms / sizeof *syms);
+  if (missing) {
+    dlclose(tl_state.lib);
+    tl_state.lib = NULL;
+    return upf_fail(UPF_ERR_UNSUPPORTED, "timeline: libcupti lacks %s", missing);
+  }
   uint32_t version = 0;
   CUptiResult r = tl_state.get_version(&version);
   if (r != CUPTI_SUCCESS)

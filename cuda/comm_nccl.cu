@@ -9,6 +9,7 @@
  * libnccl is opened at run time (UPF_NCCL_LIB, then libnccl.so.2 on the loader's path, then the library
  * the build found), so no binary needs it to start: only nccl.h is needed to build. */
 #include "core/comm_impl.h"
+#include "core/dl.h"
 
 #ifdef UPF_HAVE_NCCL
 #include <dlfcn.h>
@@ -51,23 +52,14 @@ int nccl_load(void) {
   const char *built = nullptr;
 #endif
   const char *candidates[] = {env && *env ? env : nullptr, "libnccl.so.2", "libnccl.so", built};
-  void *h = nullptr;
-  char tried[768] = "";
-  for (const char *c : candidates) {
-    if (!c || h)
-      continue;
-    h = dlopen(c, RTLD_NOW | RTLD_LOCAL);
-    if (!h)
-      snprintf(tried + strlen(tried), sizeof tried - strlen(tried), "%s%s", tried[0] ? ", " : "", c);
-  }
+  char tried[768];
+  void *h = upf_dl_open_first(candidates, sizeof candidates / sizeof *candidates, RTLD_NOW | RTLD_LOCAL, tried,
+                              sizeof tried);
   if (!h) {
     snprintf(nccl_why, sizeof nccl_why, "libnccl not found (tried %s; set UPF_NCCL_LIB to its path)", tried);
     return state = 0;
   }
-  struct {
-    void **slot;
-    const char *name;
-  } syms[] = {{(void **)&nccl.GetUniqueId, "ncclGetUniqueId"},
+  const upf_dl_symbol syms[] = {{(void **)&nccl.GetUniqueId, "ncclGetUniqueId"},
               {(void **)&nccl.CommInitRankConfig, "ncclCommInitRankConfig"},
               {(void **)&nccl.CommGetAsyncError, "ncclCommGetAsyncError"},
               {(void **)&nccl.CommAbort, "ncclCommAbort"},
@@ -77,12 +69,9 @@ int nccl_load(void) {
               {(void **)&nccl.AllGather, "ncclAllGather"},
               {(void **)&nccl.GetErrorString, "ncclGetErrorString"},
               {(void **)&nccl.GetLastError, "ncclGetLastError"}};
-  for (auto &s : syms) {
-    *s.slot = dlsym(h, s.name);
-    if (!*s.slot) {
-      snprintf(nccl_why, sizeof nccl_why, "the NCCL library lacks %s (NCCL >= 2.18 needed)", s.name);
-      return state = 0;
-    }
+  if (const char *missing = upf_dl_resolve(h, syms, sizeof syms / sizeof *syms)) {
+    snprintf(nccl_why, sizeof nccl_why, "the NCCL library lacks %s (NCCL >= 2.18 needed)", missing);
+    return state = 0;
   }
   return state = 1;
 }

@@ -1,11 +1,13 @@
 /* Core: bf16 rounding, the seeded RNG's portability, status messages, environment switches, tensor descriptors. */
 #include <CUnit/CUnit.h>
+#include <dlfcn.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "core/dl.h"
 #include "perf/bench.h"
 #include "tests/test_util.h"
 #include "uniprefill/backend.h"
@@ -222,7 +224,32 @@ static void test_source_commit(void) {
     unsetenv("UPF_COMMIT");
 }
 
+/* A library opened at run time: the first candidate that opens, each failed one named with its reason;
+ * a symbol table resolved in full or the first missing name. */
+static void test_dl_open_and_resolve(void) {
+  char tried[512];
+  const char *none[] = {NULL, "libupf-no-such-1.so", "libupf-no-such-2.so"};
+  CU_ASSERT_PTR_NULL(upf_dl_open_first(none, 3, RTLD_NOW | RTLD_LOCAL, tried, sizeof tried));
+  CU_ASSERT(strncmp(tried, "libupf-no-such-1.so (", 21) == 0);
+  CU_ASSERT(strstr(tried, "; libupf-no-such-2.so (") != NULL);
+  char tiny[8]; /* a short buffer truncates, never overflows */
+  CU_ASSERT_PTR_NULL(upf_dl_open_first(none, 3, RTLD_NOW | RTLD_LOCAL, tiny, sizeof tiny));
+  CU_ASSERT_EQUAL(strlen(tiny), sizeof tiny - 1);
+  const char *some[] = {"libupf-no-such-1.so", "libm.so.6"};
+  void *lib = upf_dl_open_first(some, 2, RTLD_NOW | RTLD_LOCAL, tried, sizeof tried);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(lib);
+  double (*cos_fn)(double) = NULL, (*sqrt_fn)(double) = NULL;
+  void *nothing = NULL;
+  const upf_dl_symbol good[] = {{(void **)&cos_fn, "cos"}, {(void **)&sqrt_fn, "sqrt"}};
+  CU_ASSERT_PTR_NULL(upf_dl_resolve(lib, good, 2));
+  CU_ASSERT(cos_fn && cos_fn(0.0) == 1.0 && sqrt_fn && sqrt_fn(4.0) == 2.0);
+  const upf_dl_symbol bad[] = {{(void **)&cos_fn, "cos"}, {&nothing, "upf_no_such_symbol"}};
+  CU_ASSERT_STRING_EQUAL(upf_dl_resolve(lib, bad, 2), "upf_no_such_symbol");
+  dlclose(lib);
+}
+
 static CU_TestInfo core_tests[] = {
+    {"a library opened at run time: candidates and symbols", test_dl_open_and_resolve},
     {"bf16 round to nearest even", test_bf16_round_to_nearest_even},
     {"rng is machine independent", test_rng_is_machine_independent},
     {"status messages", test_status_messages},
