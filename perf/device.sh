@@ -9,7 +9,10 @@
 #     verify [OPS...] [--quick] [--case TEXT]
 #                                         upf verify of each op or prefix (default: every family), side by side;
 #                                         --case: only the seeded cases whose name holds TEXT (e.g. '1M')
-#     sanitize [OPS...] [--tools LIST]    compute-sanitizer (memcheck,racecheck,initcheck,synccheck) over `upf verify OP --quick`
+#     sanitize [OPS...] [--tools LIST] [--split] [--case TEXT]
+#                                         compute-sanitizer (memcheck,racecheck,initcheck,synccheck) over `upf verify OP --quick`;
+#                                         --split: an op one process a kernel variant, the model checks one a tiny
+#                                         model, side by side (racecheck of attn.paged, initcheck of the models)
 #     test                                test_upf, every CUnit suite with the device
 #     bench [--filter REGEX] [--reps N] [--ab VAR=a,b | --base BUNDLE]
 #                                         bench_upf JSON; --ab times A, B, A (A again: drift shows as A != A) with
@@ -548,20 +551,41 @@ PY
 do_sanitize() {
   local tools=$1 cap=$2
   shift 2
-  local ops=("$@") op tool
+  local ops=("$@") op tool part parts=() logs=()
   [ ${#ops[@]} -gt 0 ] || mapfile -t ops < <(families)
-  say "sanitize ($tools) over verify --quick of ${ops[*]} (cap $cap s each)"
+  say "sanitize ($tools) over verify --quick${CASE:+ --case '$CASE'} of ${ops[*]}${SPLIT:+, split} (cap $cap s each)"
   for tool in ${tools//,/ }; do
     for op in "${ops[@]}"; do
-      pool 8
-      run "$DIR/sanitize/$tool-$op.log" "$cap" OPENBLAS_NUM_THREADS=1 -- \
-        "$SAN" --tool "$tool" --error-exitcode 9 bin/upf verify "$op" --quick &
+      if [ -n "$SPLIT" ]; then mapfile -t parts < <(split_parts "$op"); else parts=("|"); fi
+      for part in "${parts[@]}"; do
+        local tag=$tool-$op${part#*|}
+        tag=${tag//[^A-Za-z0-9._-]/_}
+        logs+=("$DIR/sanitize/$tag.log")
+        pool 8
+        # shellcheck disable=SC2086 # the part's options are words
+        run "$DIR/sanitize/$tag.log" "$cap" OPENBLAS_NUM_THREADS=1 -- \
+          "$SAN" --tool "$tool" --error-exitcode 9 bin/upf verify "$op" --quick ${CASE:+--case "$CASE"} ${part%%|*} &
+      done
     done
   done
   wait
-  for tool in ${tools//,/ }; do
-    for op in "${ops[@]}"; do note "$DIR/sanitize/$tool-$op.log"; done
-  done
+  for part in "${logs[@]}"; do note "$part"; done
+}
+
+# split_parts OP: the processes --split runs OP in, one line each: "OPTIONS|TAG". The model checks one tiny
+# model a process (--case NAME); an op with kernel variants one variant a process (--variant op=name);
+# anything else whole.
+split_parts() {
+  local op=$1 v
+  case $op in
+  model | model.*)
+    for v in llama-tiny gemma3-tiny qwen3-next-tiny; do echo "--case $v|-$v"; done ;;
+  *)
+    local names
+    names=$( (cd "$DEV" && bin/upf ops) | awk -v op="$op" '/^[a-z]/ { cur = $1 } /^  variant / && cur == op { print $2 }')
+    if [ -z "$names" ]; then echo "|"; return; fi
+    for v in $names; do echo "--variant $op=$v|-$v"; done ;;
+  esac
 }
 
 do_test() {
@@ -609,6 +633,7 @@ do_bench() {
     bench_one A1 "$filter" "$reps" "$cap" "${ea[@]}"
     bench_one B "$filter" "$reps" "$cap" "${eb[@]}"
     bench_one A2 "$filter" "$reps" "$cap" "${ea[@]}"
+    ab_table "B = ${eb[*]}"
   elif [ -n "$base" ]; then
     local bdir=${UPF_DEV:-/tmp/upf-dev}-base
     unpack "$base" "$bdir"
@@ -619,6 +644,7 @@ do_bench() {
     bench_one B "$filter" "$reps" "$cap" LD_LIBRARY_PATH="$bdir/lib" UPF_COMMIT="$(cat "$bdir/COMMIT")"
     DEV=$here_dev
     bench_one A2 "$filter" "$reps" "$cap"
+    ab_table "B = $(cat "$bdir/COMMIT")"
   elif [ -n "$filter" ]; then
     say "bench $filter (cap $cap s)"
     bench_one "${TAG:-run}" "$filter" "$reps" "$cap"
@@ -627,6 +653,18 @@ do_bench() {
     say "bench, the standard families (cap $cap s each)"
     for f in "${BENCH_FAMILIES[@]}"; do bench_one "${f%%|*}" "${f#*|}" "$reps" "$cap"; done
   fi
+}
+
+# ab_table LABEL: the A/B/A table of the three bench JSON files this step just wrote (perf/ab_table.py): medians,
+# B over the A's mean, the A's drift, vs_limit where a row has it; ab.md (also into the summary) and ab.json.
+ab_table() {
+  local d sfx=${BENCH_JSON##*/bench-A2}
+  d=$(dirname "$BENCH_JSON")
+  sfx=${sfx%.json}
+  run "$d/ab$sfx.md" 60 -- python3 "$REPO/perf/ab_table.py" "$d/bench-A1$sfx.json" "$d/bench-B$sfx.json" \
+    "$d/bench-A2$sfx.json" --counter vs_limit --label-b "$1" --json "$d/ab$sfx.json"
+  note "$d/ab$sfx.md"
+  grep -E '^[|] [a-z]' "$d/ab$sfx.md" | cut -c1-160 >>"$DIR/summary.txt"
 }
 
 # peers [sdpa matmul fla]: the PyTorch peers on the shapes of the standard benchmarks, then the
@@ -857,7 +895,7 @@ verify | sanitize | test | bench | peers | profile | prefill | methods | serve |
 esac
 
 NAME=$CMD BUNDLE="" CAP="" ENVS=() ARGS=()
-QUICK="" CASE="" TOOLS=memcheck,racecheck,initcheck,synccheck FILTER="" REPS="" AB="" BASE=""
+QUICK="" CASE="" SPLIT="" TOOLS=memcheck,racecheck,initcheck,synccheck FILTER="" REPS="" AB="" BASE=""
 WITH_PEERS="" KERNEL="" SKIP=0 COUNT=1 NCUARGS=() RUNS="8192 32768 131072" RUNS_SET="" KEEPS=0.5,0.3,0.2 KEEPS_SET="" LAYERS="" ITERS=1 ALPHA="" SHARED=""
 while [ $# -gt 0 ]; do
   case $1 in
@@ -868,6 +906,7 @@ while [ $# -gt 0 ]; do
   --quick) QUICK=--quick; shift ;;
   --case) CASE=${2:?--case needs part of a case name}; shift 2 ;;
   --tools) TOOLS=${2:?--tools needs a list}; shift 2 ;;
+  --split) SPLIT=1; shift ;;
   --filter) FILTER=${2:?--filter needs a regex}; shift 2 ;;
   --reps) REPS=${2:?--reps needs a number}; shift 2 ;;
   --ab) AB=${2:?--ab needs VAR=a,b}; shift 2 ;;
