@@ -273,7 +273,8 @@ static const char verify_usage[] =
     "  against the CPU reference (after the ops under `all`; not on the cpu itself: see make test);\n"
     "  `model.generate` greedy generation through a session, each decode step's logits and picks.\n"
     "  --case TEXT runs only the seeded cases whose name holds TEXT (their names are the log's variant\n"
-    "  column, e.g. --case '1M'); golden cases and bad-input checks still run.\n";
+    "  column, e.g. --case '1M'); golden cases and bad-input checks still run. For the model checks\n"
+    "  TEXT picks the tiny models whose name holds it (e.g. --case qwen3-next).\n";
 
 const upf_backend *upf_cli_default_backend(void) {
   const upf_backend *cuda = upf_backend_cuda();

@@ -10,6 +10,7 @@
 #include "tests/test_util.h"
 #include "verify/select_checks.h"
 #include "verify/verify.h"
+#include "verify/verify_model.h"
 
 static void test_compare_catches_errors(void) {
   upf_tolerance tol = upf_tolerance_for(UPF_DTYPE_F32);
@@ -159,6 +160,35 @@ static void test_verify_case_filter(void) {
   free(none), free(one);
 }
 
+/* --case on the model checks picks tiny models by name: one family a process under a slow sanitizer. */
+static void test_verify_model_case_filter(void) {
+  const upf_model_config *llama = upf_model_config_by_name("llama-tiny");
+  const upf_model_config *qwen = upf_model_config_by_name("qwen3-next-tiny");
+  const upf_model_config *qwen80 = upf_model_config_by_name("qwen3-next-80b-a3b");
+  CU_ASSERT_PTR_NOT_NULL_FATAL(llama);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(qwen);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(qwen80);
+  upf_verify_ctx all = {.backend = upf_test_cpu_twin()};
+  upf_verify_ctx one = {.backend = upf_test_cpu_twin(), .case_filter = "qwen3-next"};
+  CU_ASSERT_TRUE(upf_verify_model_wanted(&all, llama));
+  CU_ASSERT_TRUE(upf_verify_model_wanted(&all, qwen));
+  CU_ASSERT_FALSE(upf_verify_model_wanted(&all, qwen80)); /* not a tiny model: never checked whole */
+  CU_ASSERT_FALSE(upf_verify_model_wanted(&one, llama));
+  CU_ASSERT_TRUE(upf_verify_model_wanted(&one, qwen));
+  CU_ASSERT_FALSE(upf_verify_model_wanted(&one, qwen80));
+  /* a name no tiny model holds: the model checks record nothing */
+  char *text = NULL;
+  size_t len = 0;
+  FILE *log = open_memstream(&text, &len);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(log);
+  upf_verify_ctx none = {.backend = upf_test_cpu_twin(), .log = log, .quick = 1, .case_filter = "no model so named"};
+  upf_verify_run(&none, "model.");
+  fclose(log);
+  CU_ASSERT_EQUAL(none.passed, 0);
+  CU_ASSERT_EQUAL(none.failed, 0);
+  free(text);
+}
+
 static CU_TestInfo verify_tests[] = {
     {"compare catches NaN, Inf and budget overruns", test_compare_catches_errors},
     {"guard bytes catch an overrun", test_guard_bytes_catch_overrun},
@@ -166,6 +196,7 @@ static CU_TestInfo verify_tests[] = {
     {"cpu reference passes verify (quick)", test_cpu_verify_run},
     {"verify runs each variant of an op, named", test_verify_iterates_variants},
     {"verify --case runs the seeded cases so named", test_verify_case_filter},
+    {"verify --case picks the model checks' tiny models by name", test_verify_model_case_filter},
     CU_TEST_INFO_NULL,
 };
 

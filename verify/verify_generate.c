@@ -255,7 +255,7 @@ void upf_verify_generate_config(upf_verify_ctx *ctx, const upf_model_config *cfg
 void upf_verify_generate(upf_verify_ctx *ctx) {
   for (int i = 0; i < upf_model_config_count(); i++) {
     const upf_model_config *cfg = upf_model_config_at(i);
-    if (strstr(cfg->name, "tiny")) {
+    if (upf_verify_model_wanted(ctx, cfg)) {
       upf_verify_generate_config(ctx, cfg, UPF_DTYPE_F32);
       upf_verify_generate_config(ctx, cfg, UPF_DTYPE_BF16);
     }

@@ -186,10 +186,14 @@ static void verify_config(upf_verify_ctx *ctx, const upf_model_config *cfg) {
   }
 }
 
+int upf_verify_model_wanted(const upf_verify_ctx *ctx, const upf_model_config *cfg) {
+  return strstr(cfg->name, "tiny") && (!ctx->case_filter || strstr(cfg->name, ctx->case_filter));
+}
+
 void upf_verify_model(upf_verify_ctx *ctx) {
   for (int i = 0; i < upf_model_config_count(); i++) {
     const upf_model_config *cfg = upf_model_config_at(i);
-    if (strstr(cfg->name, "tiny"))
+    if (upf_verify_model_wanted(ctx, cfg))
       verify_config(ctx, cfg);
   }
 }

@@ -20,6 +20,9 @@ upf_status upf_model_run_ids(const upf_model_config *cfg, const upf_backend *be,
                              upf_prefill_result *res);
 /* max |a[i] - truth[i]| over n values; NaN once any difference is NaN (a larger one never hides it). */
 double upf_verify_max_abs_diff(const float *a, const double *truth, int64_t n);
+/* Whether the model checks take cfg: a tiny config whose name holds --case TEXT where one is given (e.g.
+ * `--case qwen3-next`: one family, so that a slow tool can run the families side by side). */
+int upf_verify_model_wanted(const upf_verify_ctx *ctx, const upf_model_config *cfg);
 /* `upf verify model`: every tiny config, f32 and bf16, dense and UniPrefill, backend against CPU. */
 void upf_verify_model(upf_verify_ctx *ctx);
 /* `upf verify model.generate` (verify/verify_generate.c): greedy generation through a session, every
