@@ -447,8 +447,6 @@ extern "C" upf_status upf_cuda_attn_block_sparse(const upf_sparse_batch *b, cons
   a.scale = upf_sparse_scale(p, d);
   a.vec8 = q->dtype == UPF_DTYPE_BF16 && d % 8 == 0 && rows16(k) && rows16(v) &&
            (!p->mean_correction || (rows16(kbar) && rows16(vbar)));
-  a.l2_prefetch =
-      hopper && !paged && d == 128 && variant == UPF_VARIANT_ATTN_BLOCK_SPARSE_WGMMA_L2PF ? BS_L2_PREFETCH_TILES : 0;
 
   bs_tile *tiles = NULL;
   if (st == UPF_OK)

@@ -62,9 +62,8 @@ constexpr int BW_NOKEY = 0x3fff0000; /* the key base of a padding or dropped sub
 constexpr float BW_LOG2E = 1.4426950408889634f;
 static_assert(BS_WG_ROWS == 2 * 64, "two consumer warpgroups of 64 rows");
 
-/* FP8: the E4M3 form (D = 128), one byte an element, so one 128-byte row holds a whole row of Q or K.
- * L2PF: the wgmma-l2pf variant's producer (D = 128, contiguous), which also prefetches tiles to L2. */
-template <int D, bool FP8 = false, bool L2PF = false> struct bw_shape {
+/* FP8: the E4M3 form (D = 128), one byte an element, so one 128-byte row holds a whole row of Q or K. */
+template <int D, bool FP8 = false> struct bw_shape {
   static constexpr int EB = FP8 ? 1 : 2;           /* bytes an element */
   static constexpr int BN = D == 128 ? 128 : 64;   /* keys a tile */
   static constexpr int NS = FP8 ? 4 : D == 128 ? 3 : 2; /* ring stages */
@@ -76,13 +75,12 @@ template <int D, bool FP8 = false, bool L2PF = false> struct bw_shape {
   static constexpr uint32_t BLOCK_BYTES = BN * 128;
   static constexpr uint32_t TILE_BYTES = BN * D * EB;
   static constexpr uint32_t STAGE_BYTES = 2 * TILE_BYTES;
-  /* setmaxnreg: the FP8 producer's extra pointers and lookups spill at 24 registers, and so does the
-   * prefetching one; their consumers fit in fewer */
-  static constexpr int CONSUMER_REGS = FP8 || L2PF ? 232 : 240, PRODUCER_REGS = FP8 || L2PF ? 40 : 24;
+  /* setmaxnreg: the FP8 producer's extra pointers and lookups spill at 24 registers; its consumers, with
+   * half the P operand of bf16, fit in fewer */
+  static constexpr int CONSUMER_REGS = FP8 ? 232 : 240, PRODUCER_REGS = FP8 ? 40 : 24;
   static constexpr size_t SMEM = 1024 + Q_BYTES + (size_t)NS * STAGE_BYTES + 4 * NS * 8 + 16;
   static_assert(D == 128 || D == 256, "the wgmma shapes below");
   static_assert(!FP8 || D == 128, "the FP8 form: D = 128");
-  static_assert(!L2PF || (D == 128 && !FP8), "the prefetching form: bf16, D = 128");
   static_assert(SMEM <= BW_SMEM_MAX, "shared memory");
   static_assert(1024 + SMEM <= (1u << 18), "descriptor address field");
   static_assert(2 * 128 * CONSUMER_REGS + 128 * PRODUCER_REGS == BW_THREADS * 168, "setmaxnreg budget");
@@ -162,11 +160,11 @@ template <bool FP8> __device__ __forceinline__ float bw_out_mul(const bs_args &a
   return 1.0f;
 }
 
-template <int D, bool PAGED, bool FP8 = false, bool L2PF = false>
+template <int D, bool PAGED, bool FP8 = false>
 __global__ void __launch_bounds__(BW_THREADS, 1) bs_wgmma_kernel(const __grid_constant__ bs_args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace upf_wgmma;
-  using W = bw_shape<D, FP8, L2PF>;
+  using W = bw_shape<D, FP8>;
   constexpr int BN = W::BN, NS = W::NS, SUBS = W::SUBS, DB = W::DB, NJ = W::NJ;
   constexpr uint32_t Q_WG_BYTES = W::Q_WG_BYTES, Q_BYTES = W::Q_BYTES, BLOCK_BYTES = W::BLOCK_BYTES;
   constexpr uint32_t TILE_BYTES = W::TILE_BYTES, STAGE_BYTES = W::STAGE_BYTES;
@@ -329,27 +327,6 @@ __global__ void __launch_bounds__(BW_THREADS, 1) bs_wgmma_kernel(const __grid_co
                         p + (int64_t)16 * i * a.f8.mkbp);
       }
     };
-    /* wgmma-l2pf: the 128-byte lines of tile t's K and V rows into L2 (lanes with c < DB: line c of rows
-     * r + 16 jj), so that its cp.async, a.l2_prefetch tiles later, finds them there. Contiguous bf16 only. */
-    auto prefetch_tile = [&](int t) {
-      if (c >= DB)
-        return;
-#pragma unroll
-      for (int hh = 0; hh < SUBS; hh++) {
-        const int u = t * SUBS + hh;
-        const int kb = u < nsub ? bw_sub_kb(a, e0, u, maxpos) : BW_NOKEY;
-        const int nin = kb == BW_NOKEY ? 0 : tile.kv_len - (kb + r);
-        const int64_t row = (int64_t)tile.kv_base + (nin > 0 ? kb + r : 0);
-        const char *kp = (const char *)(K + row * a.k_s0 + (int64_t)hk * a.k_s1) + c * 128;
-        const char *vp = (const char *)(V + row * a.v_s0 + (int64_t)hk * a.v_s1) + c * 128;
-#pragma unroll
-        for (int jj = 0; jj < 4; jj++)
-          if (16 * jj < nin) {
-            asm volatile("prefetch.global.L2 [%0];\n" ::"l"(kp + jj * 16 * 2 * a.k_s0));
-            asm volatile("prefetch.global.L2 [%0];\n" ::"l"(vp + jj * 16 * 2 * a.v_s0));
-          }
-      }
-    };
     auto copy_tile = [&](uint32_t dst, int t, bool is_v) {
       if constexpr (FP8) {
         if (t < ntr) {
@@ -394,9 +371,6 @@ __global__ void __launch_bounds__(BW_THREADS, 1) bs_wgmma_kernel(const __grid_co
         live = mbar_wait_bounded(emptyv + 8 * st, eph, BW_WAIT_LIMIT_NS);
       copy_tile(vdst, t, true);
       cp_async_mbar_arrive(fullv + 8 * st);
-      if constexpr (L2PF && !PAGED)
-        if (t + a.l2_prefetch < ntr)
-          prefetch_tile(t + a.l2_prefetch);
       st = st == NS - 1 ? 0 : st + 1;
     }
     cp_async_wait_all();
@@ -656,14 +630,13 @@ __global__ void __launch_bounds__(BW_THREADS, 1) bs_wgmma_kernel(const __grid_co
 #endif
 }
 
-template <int D, bool PAGED, bool L2PF = false> upf_status launch_d(const bs_args &a, int ntiles) {
+template <int D, bool PAGED> upf_status launch_d(const bs_args &a, int ntiles) {
   static bool attr_set;
   const int64_t grid = (int64_t)ntiles * a.hkv * a.chunks;
   if (grid > INT32_MAX)
     return upf_fail(UPF_ERR_SHAPE, "attn.block_sparse (cuda): %lld CTAs exceed the grid", (long long)grid);
-  using W = bw_shape<D, false, L2PF>;
-  UPF_TRY(upf_cuda_smem_prepare(bs_wgmma_kernel<D, PAGED, false, L2PF>, W::SMEM, false, &attr_set, "bs_wgmma_kernel"));
-  bs_wgmma_kernel<D, PAGED, false, L2PF><<<(unsigned)grid, BW_THREADS, W::SMEM, upf_cuda_stream()>>>(a);
+  UPF_TRY(upf_cuda_smem_prepare(bs_wgmma_kernel<D, PAGED>, bw_shape<D>::SMEM, false, &attr_set, "bs_wgmma_kernel"));
+  bs_wgmma_kernel<D, PAGED><<<(unsigned)grid, BW_THREADS, bw_shape<D>::SMEM, upf_cuda_stream()>>>(a);
   UPF_CUDA_LAUNCH_TRY("bs_wgmma_kernel");
   return UPF_OK;
 }
@@ -690,8 +663,6 @@ upf_status bs_launch_hopper(const bs_args &a, bool paged, int ntiles) {
   if (paged && a.page_size % 64 != 0)
     return upf_fail(UPF_ERR_UNSUPPORTED, "attn.block_sparse (cuda): the wgmma kernel reads pages of whole 64-key "
                     "blocks, not of %d keys (cuda/kv_gather.cuh gathers those)", a.page_size);
-  if (a.d == 128 && !paged && a.l2_prefetch > 0)
-    return launch_d<128, false, true>(a, ntiles);
   if (a.d == 128)
     return paged ? launch_d<128, true>(a, ntiles) : launch_d<128, false>(a, ntiles);
   if (a.d == 256)

@@ -64,7 +64,6 @@ struct bs_args {
   int32_t hq, hkv, group, d, block_n;
   float scale;
   int32_t vec8;               /* bf16 K/V (and means) in 16-byte aligned runs of 8: vector loads (generic kernel) */
-  int32_t l2_prefetch;        /* wgmma-l2pf, contiguous: tiles ahead whose K/V rows the producer prefetches to L2 */
   bs_fp8_args f8;             /* the FP8 form's copies (zero otherwise) */
 };
 
@@ -74,7 +73,6 @@ upf_status bs_launch_generic(const bs_args &a, upf_dtype dtype, bool paged, int 
 
 /* cuda/attn_sparse_hopper.cu: the wgmma kernel, 128-row chunks, bf16, D = 128 and 256. */
 constexpr int BS_WG_ROWS = 128;
-constexpr int BS_L2_PREFETCH_TILES = 2; /* wgmma-l2pf: tiles copied between a block's prefetch and its copy */
 bool bs_hopper_takes(int d);
 upf_status bs_launch_hopper(const bs_args &a, bool paged, int ntiles);
 

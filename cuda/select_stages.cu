@@ -90,9 +90,8 @@ __global__ void __launch_bounds__(BM_THREADS) sel_block_mass_kernel(sel_dev_plan
 /* ---------------------------------------------------------------------------------------------- */
 /* 4. Top-p / top-k                                                                                 */
 
-/* A CTA of TP_THREADS sorts TP_THREADS * ITEMS keys: 4096 (ITEMS 16) for the segmented form's chunks and
- * the fused form by default; the `sized` variant of select.topp sorts 256 or 1024 where every request has
- * at most that many blocks. */
+/* A CTA of TP_THREADS sorts TP_THREADS * ITEMS keys: 256 (ITEMS 1) or 1024 (4) where every request has at
+ * most that many blocks (T <= 32K or 128K at block 128), else 4096 (16), the segmented form's chunk too. */
 constexpr int TP_THREADS = 256, TP_ITEMS = 16, TP_CHUNK = TP_THREADS * TP_ITEMS;
 
 using tp_reduce = cub::BlockReduce<float, TP_THREADS>;
@@ -560,14 +559,11 @@ upf_status run_topp(const sel_plan &p, const sel_dev_plan &dp, const upf_select_
   a.keep_ratio = params->keep_ratio;
   a.bad_score = bad_score;
   bool segmented = p.max_nb > TP_CHUNK;
-  if (!segmented) {
-    upf_variant v;
-    UPF_TRY(upf_variant_current(UPF_OP_SELECT_TOPP, &v));
-    const bool sized = v == UPF_VARIANT_SELECT_TOPP_SIZED;
-    if (sized && p.max_nb <= TP_THREADS) {
+  if (!segmented) { /* the sort sized to the longest request: fewer keys and radix passes up to 128K */
+    if (p.max_nb <= TP_THREADS) {
       a.ib = 8; /* 256 keys = 2^8 */
       sel_topp_fused_kernel<1><<<p.S, TP_THREADS, 0, stream>>>(dp.reqs, a);
-    } else if (sized && p.max_nb <= 4 * TP_THREADS) {
+    } else if (p.max_nb <= 4 * TP_THREADS) {
       a.ib = 10; /* 1024 keys = 2^10 */
       sel_topp_fused_kernel<4><<<p.S, TP_THREADS, 0, stream>>>(dp.reqs, a);
     } else {
