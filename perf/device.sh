@@ -90,6 +90,11 @@
 #                                         .peers) and hands their rows to upf report --peers (perf/peers/peer_rows.py)
 #     session [--quick]                   the standard full pass: verify, sanitize and test side by side, then
 #                                         bench alone on the GPU, then peers
+#     side 'STEP' 'STEP' ...              up to 6 of the commands above side by side (each STEP a command line of this
+#                                         script, quoted), the bundle unpacked once first; each step writes under its own
+#                                         $OUT/sN-COMMAND, packed as sN-COMMAND.tar.xz; the steps' summaries in this one's.
+#                                         e.g. side 'verify select.pipeline --case 1M --cap 500' 'sanitize attn.paged
+#                                         --tools racecheck --split --cap 500'
 #   options of every device command:
 #     --name NAME     the folder's name after the commit (default the command's)
 #     --env VAR=v     set for every command run (repeatable), e.g. --env UPF_VARIANT=attn.paged=ffma
@@ -883,6 +888,32 @@ do_session() {
   do_peers "${PEERS_S:-90}"
 }
 
+# side STEP...: each STEP (a command line of this script) in its own process and $OUT subfolder, side by side.
+do_side() {
+  [ $# -ge 1 ] && [ $# -le 6 ] || die "side: give 1 to 6 steps, each one quoted command line of device.sh"
+  local i=0 step words sub subs=()
+  for step in "$@"; do
+    i=$((i + 1))
+    eval "words=($step)" || die "side: cannot read step $i: $step"
+    case ${words[0]:-} in
+    verify | sanitize | test | bench | peers | profile | prefill | methods | serve | tp | shared | chunkserve | timeline | determinism | compact | chunked | report) ;;
+    *) die "side: step $i is not a device command: $step" ;;
+    esac
+    sub=$OUT/s$i-${words[0]}
+    subs+=("$sub")
+    mkdir -p "$sub"
+    say "side: step $i: $step"
+    echo "OUT=$sub bash device.sh $step${BUNDLE:+ --bundle $BUNDLE}" >>"$CMDS"
+    (OUT=$sub UPF_DEV=$DEV bash "${BASH_SOURCE[0]}" "${words[@]}" ${BUNDLE:+--bundle "$BUNDLE"}) >"$sub.out" 2>&1 &
+  done
+  wait
+  for sub in "${subs[@]}"; do
+    find "$sub" -name summary.txt -exec sh -c 'echo "== ${1#$2/}"; cat "$1"' _ {} "$OUT" \; >>"$DIR/summary.txt"
+    grep -q 'done, status 0' "$sub"/*/summary.txt 2>/dev/null || STATUS=1
+    mv "$sub.out" "$sub/" && tar -C "$OUT" -cJf "$sub.tar.xz" "$(basename "$sub")" && rm -rf "$sub"
+  done
+}
+
 # ----------------------------------------------------------------------------------------------- main
 [ $# -gt 0 ] || { usage; exit 2; }
 CMD=$1
@@ -890,8 +921,8 @@ shift
 case $CMD in
 -h | --help | help) usage; exit 0 ;;
 stage) stage "$@"; exit $? ;;
-verify | sanitize | test | bench | peers | profile | prefill | methods | serve | tp | shared | chunkserve | timeline | determinism | session | compact | chunked | report) ;;
-*) die "unknown command $CMD (stage, verify, sanitize, test, bench, peers, profile, prefill, methods, serve, tp, shared, chunkserve, timeline, determinism, session, compact, chunked, report; --help)" ;;
+verify | sanitize | test | bench | peers | profile | prefill | methods | serve | tp | shared | chunkserve | timeline | determinism | session | compact | chunked | report | side) ;;
+*) die "unknown command $CMD (stage, side, verify, sanitize, test, bench, peers, profile, prefill, methods, serve, tp, shared, chunkserve, timeline, determinism, session, compact, chunked, report; --help)" ;;
 esac
 
 NAME=$CMD BUNDLE="" CAP="" ENVS=() ARGS=()
@@ -964,6 +995,7 @@ profile)
   [ ${#ARGS[@]} -eq 1 ] || die "profile takes one benchmark name regex"
   [[ " ${NCUARGS[*]} " =~ \ --(set|section|metrics)\  ]] || NCUARGS+=(--set full)
   do_profile "${ARGS[0]}" "$KERNEL" "$SKIP" "$COUNT" "${CAP:-120}" "${NCUARGS[@]}" ;;
+side) do_side "${ARGS[@]}" ;;
 session)
   [ ${#ARGS[@]} -eq 0 ] || die "session takes no operands"
   do_session "$QUICK" ;;
