@@ -39,6 +39,7 @@ typedef struct {
   float keep;                     /* attention: the share of each sparse tile's visible blocks kept */
   int32_t mean_correction;
   int64_t iterations; /* CPU cases */
+  int32_t stripes;    /* attention: every tile of a KV head draws its far blocks from one ranking (below) */
   /* prepared */
   const upf_backend *be;
   upf_sparse_params p;
@@ -67,6 +68,12 @@ static sb_case cases[] = {
     {"attn.block_sparse/cuda/bf16/llama_128k/keep0.5", SB_ATTN, 1, BF, 131072, 32, 8, 128, 64, 0.5f},
     /* every visible block kept: the list walk's cost against dense attention, before any sparsity */
     {"attn.block_sparse/cuda/bf16/llama_128k/keep1.0", SB_ATTN, 1, BF, 131072, 32, 8, 128, 64, 1.0f},
+    /* the same shares as vertical stripes: each KV head ranks its key blocks once, and every tile keeps the
+     * top of that ranking (the heavy key blocks that real attention keeps for most queries), so neighbouring
+     * tiles read the same blocks, as under dense attention, where the rows above draw each a fresh subset */
+    {"attn.block_sparse/cuda/bf16/llama_32k/keep0.2/stripes", SB_ATTN, 1, BF, 32768, 32, 8, 128, 64, 0.2f, .stripes = 1},
+    {"attn.block_sparse/cuda/bf16/llama_128k/keep0.1/stripes", SB_ATTN, 1, BF, 131072, 32, 8, 128, 64, 0.1f, .stripes = 1},
+    {"attn.block_sparse/cuda/bf16/llama_128k/keep0.2/stripes", SB_ATTN, 1, BF, 131072, 32, 8, 128, 64, 0.2f, .stripes = 1},
     {"attn.block_sparse/cuda/bf16/llama_128k/keep0.2/bn128", SB_ATTN, 1, BF, 131072, 32, 8, 128, 128, 0.2f},
     {"attn.block_sparse/cuda/bf16/llama_128k/keep0.2/mean_corr", SB_ATTN, 1, BF, 131072, 32, 8, 128, 64, 0.2f, 1},
     {"attn.block_sparse/cuda/bf16/gemma_32k/keep0.2", SB_ATTN, 1, BF, 32768, 16, 8, 256, 64, 0.2f},
@@ -111,7 +118,9 @@ static int forced_keep(const upf_sparse_tile *t, const upf_sparse_params *p, int
 }
 
 /* Dense tiles whole; elsewhere the sink and window blocks and each other visible block with the
- * probability that brings the tile to `keep` of its visible blocks (at least the forced ones). Host CSR. */
+ * probability that brings the tile to `keep` of its visible blocks (at least the forced ones): drawn per
+ * segment (tile and KV head), or with `stripes` per KV head and block only, so that a tile keeps the blocks
+ * whose draw is under its probability and tiles of one head keep nested sets. Host CSR. */
 static upf_status build_index(const sb_case *c, int32_t **row_ptr, int32_t **blocks, int64_t *kept_total) {
   const upf_sparse_plan *pl = &c->plan;
   const int64_t S = pl->num_segments, T = pl->total_q_tiles;
@@ -129,7 +138,8 @@ static upf_status build_index(const sb_case *c, int32_t **row_ptr, int32_t **blo
       const double prob = want > 0.0 && cand > 0.0 ? want / cand : 0.0;
       rp[s] = (int32_t)n;
       for (int32_t b = 0; b <= t.last_k; b++) {
-        const double x = (double)(upf_mix64(SB_SEED ^ ((uint64_t)s << 24) ^ (uint64_t)b) >> 11) * 0x1.0p-53;
+        const uint64_t who = c->stripes ? (uint64_t)(s / T) : (uint64_t)s; /* segment s: KV head s / T */
+        const double x = (double)(upf_mix64(SB_SEED ^ (who << 24) ^ (uint64_t)b) >> 11) * 0x1.0p-53;
         if (forced_keep(&t, &c->p, b) || x < prob) {
           if (pass)
             bl[n] = b;
