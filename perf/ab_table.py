@@ -17,12 +17,14 @@ def medians(path):
     """{run_name: aggregate row} of the median aggregates of one bench_upf JSON, and its context."""
     with open(path) as f:
         doc = json.load(f)
-    rows = {}
+    medians_, singles = {}, {}
     for b in doc.get("benchmarks", []):
-        if b.get("run_type") == "aggregate" and b.get("aggregate_name") != "median":
-            continue
-        rows[b["run_name"]] = b  # one repetition: the run itself
-    return rows, doc.get("context", {})
+        if b.get("run_type") == "aggregate":
+            if b.get("aggregate_name") == "median":
+                medians_[b["run_name"]] = b
+        else:
+            singles[b["run_name"]] = b  # with one repetition there is no aggregate: the run itself
+    return {**singles, **medians_}, doc.get("context", {})
 
 
 def to_ms(row):
