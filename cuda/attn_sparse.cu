@@ -426,8 +426,8 @@ extern "C" upf_status upf_cuda_attn_block_sparse(const upf_sparse_batch *b, cons
     st = upf_variant_current(UPF_OP_ATTN_BLOCK_SPARSE, &variant);
   const bool fp8 = hopper_ok && variant == UPF_VARIANT_ATTN_BLOCK_SPARSE_FP8 && bs_fp8_takes((int)d);
   const bool hopper = hopper_ok && !fp8 && variant != UPF_VARIANT_ATTN_BLOCK_SPARSE_GENERIC;
-  /* wgmma-tma: the same kernel with the TMA bringing contiguous K/V (the default's choice elsewhere) */
-  const bool tma = hopper && !paged && variant == UPF_VARIANT_ATTN_BLOCK_SPARSE_WGMMA_TMA;
+  /* wgmma-headmajor: the same kernel, its CTAs in KV-head-major order */
+  const bool head_major = hopper && variant == UPF_VARIANT_ATTN_BLOCK_SPARSE_WGMMA_HEADMAJOR;
 
   bs_args a = {};
   a.q = q->data, a.q_s0 = q->stride[0], a.q_s1 = q->stride[1];
@@ -449,7 +449,7 @@ extern "C" upf_status upf_cuda_attn_block_sparse(const upf_sparse_batch *b, cons
   a.scale = upf_sparse_scale(p, d);
   a.vec8 = q->dtype == UPF_DTYPE_BF16 && d % 8 == 0 && rows16(k) && rows16(v) &&
            (!p->mean_correction || (rows16(kbar) && rows16(vbar)));
-  a.tma = tma, a.kv_rows = tma ? k->shape[0] : 0;
+  a.head_major = head_major;
 
   bs_tile *tiles = NULL;
   if (st == UPF_OK)

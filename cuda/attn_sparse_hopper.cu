@@ -31,20 +31,19 @@
  *    sub-block's 64 keys of every dim row of vt8; the bf16 forms' code is untouched by it (same SASS).
  * Shared memory: D = 128: Q 32 KB + 3 stages x 64 KB + barriers = 230,512 bytes; D = 256 (BN = 64 keeps O
  * 128 + S 32 + P 16 accumulator registers): Q 64 KB + 2 stages x 64 KB + barriers = 197,712 bytes.
- * Its distance from (dense time x kept share) grows as the share falls and at shorter prompts: each CTA
- * then has few tiles to spread its fixed costs (barrier setup, Q, the first tile's wait, the store) over
- * (numbers: perf/NOTES.md, the FlashPrefill V2 outcome). */
+ * Bound: a CTA's 128 rows do 128 FLOP per byte of K/V at D = 128, under the H100's ridge, so lists that
+ * neighbouring tiles do not share stream their blocks from DRAM and cannot reach (dense time x kept share);
+ * lists that share blocks (vertical stripes) are served by L2 as dense attention is (perf/NOTES.md, the
+ * block-sparse outcomes). The wgmma-headmajor variant (HEAD_MAJOR) orders the grid by KV head so that the
+ * CTAs in flight share one head's blocks. */
 #include <math.h>
-#include <string.h>
 
 #include <type_traits>
 #include <utility>
 
-#include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
-#include <cudaTypedefs.h>
 
 #include "cuda/attn_sparse_kernels.cuh"
 #include "cuda/cuda_backend.cuh"
@@ -62,13 +61,6 @@ constexpr int BW_THREADS = 3 * 128; /* 2 consumer warpgroups + the producer's */
 constexpr uint64_t BW_WAIT_LIMIT_NS = 4000000000ull; /* a wait takes microseconds; 4 s: something is wrong */
 constexpr size_t BW_SMEM_MAX = 232448;
 constexpr int BW_NOKEY = 0x3fff0000; /* the key base of a padding or dropped sub-block: past every position */
-constexpr uint32_t BW_PRODUCER_BAR = 3; /* named barrier of the producer warpgroup (1, 2: the consumers' votes) */
-
-/* wgmma-tma: the TMA's views of contiguous K and V, (rows, Hkv, D) as a 3-D tensor of boxes of 64 keys x
- * 64 dims (one 128-byte row each, 128-byte swizzle: the ring's layout); zero in the other instances. */
-struct bs_maps {
-  CUtensorMap k, v;
-};
 constexpr float BW_LOG2E = 1.4426950408889634f;
 static_assert(BS_WG_ROWS == 2 * 64, "two consumer warpgroups of 64 rows");
 
@@ -170,9 +162,11 @@ template <bool FP8> __device__ __forceinline__ float bw_out_mul(const bs_args &a
   return 1.0f;
 }
 
-template <int D, bool PAGED, bool FP8 = false, bool TMA = false>
-__global__ void __launch_bounds__(BW_THREADS, 1)
-    bs_wgmma_kernel(const __grid_constant__ bs_args a, const __grid_constant__ bs_maps maps) {
+/* HEAD_MAJOR (the wgmma-headmajor variant): CTA b is chunk b % chunks of tile (b / chunks) % ntiles of KV head
+ * b / (chunks ntiles), so the CTAs running together are tiles of one head (heaviest first); else the KV heads
+ * of a tile are neighbours (b / chunks % hkv). */
+template <int D, bool PAGED, bool FP8 = false, bool HEAD_MAJOR = false>
+__global__ void __launch_bounds__(BW_THREADS, 1) bs_wgmma_kernel(const __grid_constant__ bs_args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace upf_wgmma;
   using W = bw_shape<D, FP8>;
@@ -187,11 +181,10 @@ __global__ void __launch_bounds__(BW_THREADS, 1)
   const uint32_t fullk = ring + NS * STAGE_BYTES, fullv = fullk + NS * 8;
   const uint32_t emptyk = fullv + NS * 8, emptyv = emptyk + NS * 8;
   int *info = (int *)(smem_raw + (emptyv + NS * 8 - sraw)); /* [0]: the CTA's sub-block count */
-  const uint32_t qfull = emptyv + NS * 8 + 8;                /* TMA: Q's own barrier (else fullk's first phase) */
-  static_assert(!TMA || (!PAGED && !FP8), "wgmma-tma: contiguous bf16 K/V");
 
-  const int chunk = blockIdx.x % a.chunks, hk = (blockIdx.x / a.chunks) % a.hkv;
-  const bs_tile tile = a.tiles[blockIdx.x / (a.chunks * a.hkv)];
+  const unsigned per_head = gridDim.x / a.hkv; /* HEAD_MAJOR: chunks x tiles */
+  const int chunk = blockIdx.x % a.chunks, hk = HEAD_MAJOR ? blockIdx.x / per_head : (blockIdx.x / a.chunks) % a.hkv;
+  const bs_tile tile = a.tiles[HEAD_MAJOR ? blockIdx.x % per_head / a.chunks : blockIdx.x / (a.chunks * a.hkv)];
   const int crow0 = tile.row0 + chunk * BS_WG_ROWS;
   if (crow0 >= tile.row_end) /* block_m not a multiple of 128: the tile has fewer chunks; uniform */
     return;
@@ -205,14 +198,10 @@ __global__ void __launch_bounds__(BW_THREADS, 1)
   if (threadIdx.x == 0) {
 #pragma unroll
     for (int i = 0; i < NS; i++) {
-      mbar_init(fullk + 8 * i, TMA ? 1 : 128); /* TMA: the producer's leader arrives, the bytes complete */
-      mbar_init(fullv + 8 * i, TMA ? 1 : 128);
+      mbar_init(fullk + 8 * i, 128);
+      mbar_init(fullv + 8 * i, 128);
       mbar_init(emptyk + 8 * i, 8);
       mbar_init(emptyv + 8 * i, 8);
-    }
-    if constexpr (TMA) {
-      mbar_init(qfull, 128);
-      fence_mbar_init();
     }
     /* The list's sub-blocks less its tail that starts past the CTA's last row. */
     int nsub = (e1 - e0) * (a.block_n >> 6);
@@ -373,60 +362,6 @@ __global__ void __launch_bounds__(BW_THREADS, 1)
         }
       }
     };
-    /* TMA: tile t of K (is_v: V) into the stage at sdst, completing `bar`. A tile of whole sub-blocks is
-     * one box of 64 keys x 64 dims a sub-block and 128-byte column, issued by the leader (pl 0), whose
-     * arrival expects their bytes; a padding sub-block (past the list) is zeroed by the warpgroup first.
-     * A sub-block reaching past kv_len (keys of the next request follow it: the cp.async zero-fills them)
-     * and a mean tile take the cp.async copies, landed and fenced before the leader's arrival: at most a
-     * request's last block, and the mean tiles. */
-    auto tma_tile = [&](uint32_t sdst, int t, bool is_v, uint32_t bar) {
-      int kbs[SUBS];
-      bool pad = false, irregular = t >= ntr;
-#pragma unroll
-      for (int hh = 0; hh < SUBS; hh++) {
-        const int u = t * SUBS + hh;
-        kbs[hh] = t < ntr && u < nsub ? bw_sub_kb(a, e0, u, maxpos) : BW_NOKEY;
-        pad |= kbs[hh] == BW_NOKEY;
-        irregular |= kbs[hh] != BW_NOKEY && tile.kv_len - kbs[hh] < 64;
-      }
-      if (irregular) {
-        copy_tile(sdst + kvoff, t, is_v);
-        cp_async_wait_all();
-        fence_proxy_async();
-        named_bar_sync(BW_PRODUCER_BAR, 128);
-        if (pl == 0)
-          mbar_arrive(bar);
-        return;
-      }
-      if (pad) {
-#pragma unroll
-        for (int hh = 0; hh < SUBS; hh++)
-          if (kbs[hh] == BW_NOKEY)
-            bw_each<DB>([&](auto b) {
-#pragma unroll
-              for (int i = 0; i < 4; i++)
-                st_shared_zero16(sdst + hh * 8192 + b * BLOCK_BYTES + i * 2048 + pl * 16);
-            });
-        fence_proxy_async();
-        named_bar_sync(BW_PRODUCER_BAR, 128);
-      }
-      if (pl == 0) {
-        uint32_t bytes = 0;
-#pragma unroll
-        for (int hh = 0; hh < SUBS; hh++)
-          bytes += kbs[hh] == BW_NOKEY ? 0u : (uint32_t)DB * 8192u;
-        mbar_arrive_expect_tx(bar, bytes);
-        const void *map = is_v ? (const void *)&maps.v : (const void *)&maps.k;
-#pragma unroll
-        for (int hh = 0; hh < SUBS; hh++)
-          if (kbs[hh] != BW_NOKEY)
-            bw_each<DB>([&](auto b) {
-              tma_load_3d(sdst + hh * 8192 + b * BLOCK_BYTES, map, 64 * b, hk, tile.kv_base + kbs[hh], bar);
-            });
-      }
-    };
-    if constexpr (TMA)
-      cp_async_mbar_arrive(qfull);
     uint32_t st = 0, eph = 0;
     bool live = true;
     for (int t = 0; t < ntiles; t++) {
@@ -436,20 +371,12 @@ __global__ void __launch_bounds__(BW_THREADS, 1)
       if (wait)
         live = mbar_wait_bounded(emptyk + 8 * st, eph, BW_WAIT_LIMIT_NS);
       const uint32_t kdst = ring + st * STAGE_BYTES + kvoff, vdst = kdst + TILE_BYTES;
-      if constexpr (TMA) {
-        tma_tile(kdst - kvoff, t, false, fullk + 8 * st);
-      } else {
-        copy_tile(kdst, t, false);
-        cp_async_mbar_arrive(fullk + 8 * st);
-      }
+      copy_tile(kdst, t, false);
+      cp_async_mbar_arrive(fullk + 8 * st);
       if (wait && live)
         live = mbar_wait_bounded(emptyv + 8 * st, eph, BW_WAIT_LIMIT_NS);
-      if constexpr (TMA) {
-        tma_tile(vdst - kvoff, t, true, fullv + 8 * st);
-      } else {
-        copy_tile(vdst, t, true);
-        cp_async_mbar_arrive(fullv + 8 * st);
-      }
+      copy_tile(vdst, t, true);
+      cp_async_mbar_arrive(fullv + 8 * st);
       st = st == NS - 1 ? 0 : st + 1;
     }
     cp_async_wait_all();
@@ -646,9 +573,6 @@ __global__ void __launch_bounds__(BW_THREADS, 1)
     uint32_t st = 0, ph = 0;
     int kb[SUBS];
     tile_kb(0, kb);
-    if constexpr (TMA)
-      if (live)
-        live = mbar_wait_bounded(qfull, 0, BW_WAIT_LIMIT_NS);
     wait_k(st, ph);
     fence_proxy_async();
     wg_fence();
@@ -712,48 +636,14 @@ __global__ void __launch_bounds__(BW_THREADS, 1)
 #endif
 }
 
-/* The TMA's view of contiguous K or V (`what`): (kv_rows, Hkv, D) bf16 with the row and head strides of
- * a, boxes of 64 dims x 1 head x 64 keys, 128-byte swizzle, zeros out of bounds. The driver's encoder is
- * found through the runtime (no link against libcuda). */
-upf_status encode_map(CUtensorMap *map, const void *base, int64_t s0, int64_t s1, const bs_args &a, const char *what) {
-  static PFN_cuTensorMapEncodeTiled_v12000 encode;
-  if (!encode) {
-    cudaDriverEntryPointQueryResult found;
-    void *fn = nullptr;
-    const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
-                                                           &found);
-    if (e != cudaSuccess || found != cudaDriverEntryPointSuccess || !fn)
-      return upf_fail(UPF_ERR_CUDA, "attn.block_sparse (cuda, wgmma-tma): the driver has no cuTensorMapEncodeTiled "
-                      "(%s)", cudaGetErrorString(e));
-    encode = (PFN_cuTensorMapEncodeTiled_v12000)fn;
-  }
-  const cuuint64_t dims[3] = {(cuuint64_t)a.d, (cuuint64_t)a.hkv, (cuuint64_t)a.kv_rows};
-  const cuuint64_t strides[2] = {(cuuint64_t)s1 * 2, (cuuint64_t)s0 * 2};
-  const cuuint32_t box[3] = {64, 1, 64}, unit[3] = {1, 1, 1};
-  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void *>(base), dims, strides, box,
-                            unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS)
-    return upf_fail(UPF_ERR_CUDA, "attn.block_sparse (cuda, wgmma-tma): cuTensorMapEncodeTiled refused %s (error %d; "
-                    "%lld rows, strides %lld / %lld elements)", what, (int)r, (long long)a.kv_rows, (long long)s0,
-                    (long long)s1);
-  return UPF_OK;
-}
-
-template <int D, bool PAGED, bool TMA = false> upf_status launch_d(const bs_args &a, int ntiles) {
+template <int D, bool PAGED, bool HEAD_MAJOR = false> upf_status launch_d(const bs_args &a, int ntiles) {
   static bool attr_set;
   const int64_t grid = (int64_t)ntiles * a.hkv * a.chunks;
   if (grid > INT32_MAX)
     return upf_fail(UPF_ERR_SHAPE, "attn.block_sparse (cuda): %lld CTAs exceed the grid", (long long)grid);
-  bs_maps maps;
-  memset(&maps, 0, sizeof maps);
-  if constexpr (TMA) {
-    UPF_TRY(encode_map(&maps.k, a.k, a.k_s0, a.k_s1, a, "k"));
-    UPF_TRY(encode_map(&maps.v, a.v, a.v_s0, a.v_s1, a, "v"));
-  }
-  UPF_TRY(upf_cuda_smem_prepare(bs_wgmma_kernel<D, PAGED, false, TMA>, bw_shape<D>::SMEM, false, &attr_set,
+  UPF_TRY(upf_cuda_smem_prepare(bs_wgmma_kernel<D, PAGED, false, HEAD_MAJOR>, bw_shape<D>::SMEM, false, &attr_set,
                                 "bs_wgmma_kernel"));
-  bs_wgmma_kernel<D, PAGED, false, TMA><<<(unsigned)grid, BW_THREADS, bw_shape<D>::SMEM, upf_cuda_stream()>>>(a, maps);
+  bs_wgmma_kernel<D, PAGED, false, HEAD_MAJOR><<<(unsigned)grid, BW_THREADS, bw_shape<D>::SMEM, upf_cuda_stream()>>>(a);
   UPF_CUDA_LAUNCH_TRY("bs_wgmma_kernel");
   return UPF_OK;
 }
@@ -771,9 +661,7 @@ upf_status bs_launch_fp8(const bs_args &a, int ntiles) {
     return upf_fail(UPF_ERR_SHAPE, "attn.block_sparse (cuda, fp8): %lld CTAs exceed the grid", (long long)grid);
   using W = bw_shape<128, true>;
   UPF_TRY(upf_cuda_smem_prepare(bs_wgmma_kernel<128, false, true>, W::SMEM, false, &attr_set, "bs_wgmma_kernel (fp8)"));
-  bs_maps maps;
-  memset(&maps, 0, sizeof maps);
-  bs_wgmma_kernel<128, false, true><<<(unsigned)grid, BW_THREADS, W::SMEM, upf_cuda_stream()>>>(a, maps);
+  bs_wgmma_kernel<128, false, true><<<(unsigned)grid, BW_THREADS, W::SMEM, upf_cuda_stream()>>>(a);
   UPF_CUDA_LAUNCH_TRY("bs_wgmma_kernel (fp8)");
   return UPF_OK;
 }
@@ -782,8 +670,11 @@ upf_status bs_launch_hopper(const bs_args &a, bool paged, int ntiles) {
   if (paged && a.page_size % 64 != 0)
     return upf_fail(UPF_ERR_UNSUPPORTED, "attn.block_sparse (cuda): the wgmma kernel reads pages of whole 64-key "
                     "blocks, not of %d keys (cuda/kv_gather.cuh gathers those)", a.page_size);
-  if (a.tma && !paged)
-    return a.d == 128 ? launch_d<128, false, true>(a, ntiles) : launch_d<256, false, true>(a, ntiles);
+  if (a.head_major && (a.d == 128 || a.d == 256)) {
+    if (a.d == 128)
+      return paged ? launch_d<128, true, true>(a, ntiles) : launch_d<128, false, true>(a, ntiles);
+    return paged ? launch_d<256, true, true>(a, ntiles) : launch_d<256, false, true>(a, ntiles);
+  }
   if (a.d == 128)
     return paged ? launch_d<128, true>(a, ntiles) : launch_d<128, false>(a, ntiles);
   if (a.d == 256)

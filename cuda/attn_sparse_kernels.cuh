@@ -65,8 +65,7 @@ struct bs_args {
   float scale;
   int32_t vec8;               /* bf16 K/V (and means) in 16-byte aligned runs of 8: vector loads (generic kernel) */
   bs_fp8_args f8;             /* the FP8 form's copies (zero otherwise) */
-  int32_t tma;                /* wgmma-tma, contiguous: the TMA brings K/V tiles (cp.async otherwise) */
-  int64_t kv_rows;            /* wgmma-tma: rows of contiguous K and V (the tensor maps' extent) */
+  int32_t head_major;         /* wgmma-headmajor: CTAs ordered by KV head, then tile (the wgmma kernel) */
 };
 
 /* cuda/attn_sparse.cu: the generic FFMA kernel, ATT-style 16-row chunks, every dtype and D <= 256. */

@@ -6,7 +6,11 @@
  * in its steady state, measured in the same process before the first loop of that shape, and reports
  * vs_limit = time / (dense time x kept share of blocks), issue 23's target being <= 1.25 at 128K;
  * vs_flop_limit does the same with the exact share of (row, key) pairs (the diagonal blocks are half empty,
- * so the two differ). TFLOP/s from the exact count of upf_sparse_attn_flops. One small CPU-reference case
+ * so the two differ); vs_stream_floor compares the time with streaming every segment's kept K/V blocks from
+ * DRAM once at the run's copy bandwidth (stream_gb, with q and the output), the floor where no two segments
+ * share a block in L2: a 128-row tile does 128 FLOP a byte of K/V at D 128, under the H100's ~180 FLOP/B
+ * ridge, so lists that share nothing (the random rows) are bound by that stream and not by dense x share.
+ * TFLOP/s from the exact count of upf_sparse_attn_flops. One small CPU-reference case
  * per op. CUDA cases are verified (the op's quick set; attn.prefill's too for the dense time) before timing
  * and skipped by name without a device. */
 #include <math.h>
@@ -49,7 +53,7 @@ typedef struct {
   upf_sparse_plan plan;
   void *q, *k, *v, *out, *cu, *kbar, *vbar, *row_ptr, *blocks, *scores; /* backend memory */
   int64_t kept_total, index_kept;
-  double keep_share, flops, dense_flops;
+  double keep_share, flops, dense_flops, stream_bytes;
 } sb_case;
 
 #define BF UPF_DTYPE_BF16
@@ -237,6 +241,8 @@ static upf_status case_prepare(sb_case *c, const upf_backend *be) {
     st = be->alloc(&c->out, (size_t)((int64_t)c->T * c->hq * c->d) * es);
   c->keep_share = (double)c->kept_total / (double)upf_sparse_visible_blocks(&c->sb, &c->plan, &c->p);
   c->flops = fast_flops(c, rp, bl);
+  /* every kept block's K and V once per segment, q read and the output written once (T a multiple of block_n) */
+  c->stream_bytes = ((double)c->kept_total * 2.0 * c->block_n + 2.0 * (double)c->T * c->hq) * c->d * (double)es;
   if (st == UPF_OK && c->T <= SB_FLOPS_CROSSCHECK_T) {
     const double exact = upf_sparse_attn_flops(&c->sb, &c->plan, &c->p, c->d, rp, bl);
     if (fabs(exact - c->flops) > 1e-9 * exact)
@@ -421,8 +427,14 @@ static void bench_cuda(upf_bench_state *st, void *ctx) {
   const double seconds = t.iterations ? t.total_s / (double)t.iterations : 0.0;
   set_counters(st, c, seconds, dense_s);
   double copy_bw = 0.0;
-  if (c->kind != SB_ATTN && seconds > 0.0 && upf_bench_copy_ceiling(&copy_bw) == UPF_OK && copy_bw > 0.0)
-    upf_bench_set_counter(st, UPF_BENCH_COPY_SHARE, case_bytes(c) / seconds / copy_bw, UPF_BENCH_COUNTER_VALUE);
+  if (seconds > 0.0 && upf_bench_copy_ceiling(&copy_bw) == UPF_OK && copy_bw > 0.0) {
+    if (c->kind != SB_ATTN)
+      upf_bench_set_counter(st, UPF_BENCH_COPY_SHARE, case_bytes(c) / seconds / copy_bw, UPF_BENCH_COUNTER_VALUE);
+    else {
+      upf_bench_set_counter(st, "stream_gb", c->stream_bytes * 1e-9, UPF_BENCH_COUNTER_VALUE);
+      upf_bench_set_counter(st, "vs_stream_floor", seconds / (c->stream_bytes / copy_bw), UPF_BENCH_COUNTER_VALUE);
+    }
+  }
 #endif
 }
 
