@@ -83,6 +83,10 @@ const char upf_cli_prefill_usage[] =
     "  tiles of a request kept dense. Defaults: the published ones, with alpha 0.18 at block_n 128 (the\n"
     "  values calibrated for Llama-3.1-8B), mean correction off. Reports per full-attention layer the\n"
     "  kept share of the visible key blocks and the times of means + index and of the attention.\n"
+    "  --index-sharing (flashprefill, one rank, unchunked) also counts, per full-attention layer, the kept\n"
+    "  blocks of each query tile that the previous tile of its request and KV head keeps too: the reuse in\n"
+    "  L2 that block-sparse attention can have (a list drawn afresh per tile at kept share s shares ~s);\n"
+    "  each layer's index is copied to the host for it, outside the timed phases.\n"
     "  --dump-masks writes DIR/layer<l>.npy (|u1, one entry per token entering drop layer l, compacted\n"
     "  order); --replay-masks uses such masks instead of selecting. --layers A:B runs layers [A, B) only\n"
     "  (a partial model: every output says so). --shared-weights (seeded models): the layers of one mixer\n"
@@ -128,7 +132,7 @@ typedef struct {
   const char *lengths, *ids_path, *cu_path, *text, *text_file, *select;
   const char *out_logits, *dump_dir, *replay_dir, *json, *comm;
   const char *out_argmax, *out_nll, *dump_tables, *timeline;
-  int32_t warmup, iters, ideal, tp, chunk, plan_only, check_determinism;
+  int32_t warmup, iters, ideal, tp, chunk, plan_only, check_determinism, index_sharing;
 } prefill_args;
 
 /* What a chunked run adds: its steps and each request's chunks. */
@@ -539,10 +543,14 @@ static upf_status write_json(upf_outputs *outs, const char *path, const prefill_
     for (int i = 0; i < res->num_sparse; i++) {
       const upf_sparse_record *r = &res->sparse[i];
       fprintf(f, "%s\n    {\"layer\": %d, \"kept_blocks\": %lld, \"visible_blocks\": %lld, \"kept_share\": %.6f, "
-                 "\"index_ms\": %.4f, \"attn_ms\": %.4f}",
+                 "\"index_ms\": %.4f, \"attn_ms\": %.4f",
               i ? "," : "", r->layer, (long long)r->kept_blocks, (long long)r->visible_blocks,
               r->visible_blocks ? (double)r->kept_blocks / (double)r->visible_blocks : 1.0, r->index_seconds * 1e3,
               r->attn_seconds * 1e3);
+      if (a->index_sharing)
+        fprintf(f, ", \"neighbour_blocks\": %lld, \"neighbour_shared\": %lld", (long long)r->neighbour_total,
+                (long long)r->neighbour_shared);
+      fprintf(f, "}");
     }
     fprintf(f, "\n  ],\n");
   }
@@ -672,6 +680,7 @@ int upf_cli_prefill(int argc, char **argv) {
       {"--out-argmax", UPF_ARG_STRING, &a.out_argmax}, {"--out-nll", UPF_ARG_STRING, &a.out_nll},
       {"--chunk", UPF_ARG_INT, &a.chunk, 0, 1, INT32_MAX},
       {"--dump-tables", UPF_ARG_STRING, &a.dump_tables}, {"--timeline", UPF_ARG_STRING, &a.timeline},
+      {"--index-sharing", UPF_ARG_SWITCH, &a.index_sharing},
   };
   upf_arg_parser p = {"upf prefill", upf_cli_prefill_usage, args, (int)(sizeof args / sizeof *args), NULL, 0, 0};
   const upf_args_result pr = upf_args_parse(&p, argc, argv);
@@ -705,6 +714,11 @@ int upf_cli_prefill(int argc, char **argv) {
                     "prefill over their cached context)\n");
     return 2;
   }
+  if (a.index_sharing && (opt.mode != UPF_PREFILL_FLASHPREFILL || a.chunk || a.tp > 1 || a.comm)) {
+    fprintf(stderr, "upf prefill: --index-sharing needs --mode flashprefill on one rank, without --chunk\n");
+    return 2;
+  }
+  opt.sparse_sharing = a.index_sharing;
   if (a.dump_tables && opt.mode != UPF_PREFILL_COMPACT) {
     fprintf(stderr, "upf prefill: --dump-tables needs --mode compact\n");
     return 2;
@@ -973,6 +987,10 @@ int upf_cli_prefill(int argc, char **argv) {
                "%.3f ms\n", r->layer, (long long)r->kept_blocks, (long long)r->visible_blocks,
                r->visible_blocks ? (double)r->kept_blocks / (double)r->visible_blocks : 1.0, r->index_seconds * 1e3,
                r->attn_seconds * 1e3);
+        if (a.index_sharing)
+          printf("                 shared with the previous query tile: %lld of %lld kept blocks (%.4f)\n",
+                 (long long)r->neighbour_shared, (long long)r->neighbour_total,
+                 r->neighbour_total ? (double)r->neighbour_shared / (double)r->neighbour_total : 0.0);
       }
     }
     if (opt.mode == UPF_PREFILL_COMPACT) {

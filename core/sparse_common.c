@@ -215,6 +215,28 @@ double upf_sparse_attn_flops(const upf_sparse_batch *b, const upf_sparse_plan *p
   return 4.0 * (double)d * pairs;
 }
 
+void upf_sparse_neighbour_blocks(const upf_sparse_plan *plan, const int32_t *row_ptr_host, const int32_t *blocks_host,
+                                 int64_t *shared, int64_t *total) {
+  int64_t sh = 0, tot = 0;
+  for (int32_t h = 0; h < plan->hkv; h++)
+    for (int32_t r = 0; r < plan->num_reqs; r++)
+      for (int32_t m = plan->cu_q_tiles[r] + 1; m < plan->cu_q_tiles[r + 1]; m++) {
+        const int64_t s = (int64_t)h * plan->total_q_tiles + m; /* its predecessor: s - 1 */
+        int32_t i = row_ptr_host[s], j = row_ptr_host[s - 1];
+        const int32_t i1 = row_ptr_host[s + 1], j1 = row_ptr_host[s];
+        tot += i1 - i;
+        while (i < i1 && j < j1) { /* both lists ascend */
+          if (blocks_host[i] == blocks_host[j])
+            sh++, i++, j++;
+          else if (blocks_host[i] < blocks_host[j])
+            i++;
+          else
+            j++;
+        }
+      }
+  *shared = sh, *total = tot;
+}
+
 int64_t upf_sparse_visible_blocks(const upf_sparse_batch *b, const upf_sparse_plan *plan, const upf_sparse_params *p) {
   int64_t n = 0;
   FOR_EACH_TILE(b, plan, p, t, n += t.last_k + 1);

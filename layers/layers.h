@@ -61,6 +61,7 @@ typedef struct {
   void *vbar;                /* (Bp, max_key_blocks, Hkv, D) model dtype; NULL without mean correction */
   upf_sparse_index index;    /* row_ptr (S+1), blocks (S * max_key_blocks); scores NULL */
   upf_sparse_record rec;     /* the last sparse layer's counts and times */
+  int32_t sharing;           /* upf_prefill_options.sparse_sharing: fill rec.neighbour_* */
 } upf_layer_sparse;
 
 /* COMPACT mode (models/prefill.c sets it for a step with a chunk with cached context): the chunks of

@@ -2,6 +2,7 @@
  * the index of kept key blocks, block-sparse attention over it, over the step's own K/V (whole prompts)
  * or the paged cache (prefill chunks over their cached context). The synchronizes around the two phases
  * let the step report the index's cost apart from the attention's. */
+#include <stdlib.h>
 #include <time.h>
 
 #include "layers/layers.h"
@@ -10,6 +11,25 @@ static double now_seconds(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* rec.neighbour_*: the index's row_ptr and kept blocks copied to the host and compared tile by tile. */
+static upf_status index_sharing(const upf_backend *be, upf_layer_sparse *sp) {
+  const int64_t S = sp->plan.num_segments, kept = sp->index.kept_total;
+  int32_t *row_ptr = malloc((size_t)(S + 1) * sizeof *row_ptr), *blocks = malloc((size_t)(kept ? kept : 1) * sizeof *blocks);
+  upf_status st = row_ptr && blocks ? UPF_OK : upf_fail(UPF_ERR_NOMEM, "prefill: a host copy of the index (%lld kept "
+                                                                       "blocks)", (long long)kept);
+  if (st == UPF_OK)
+    st = be->download(row_ptr, sp->index.row_ptr, (size_t)(S + 1) * sizeof *row_ptr);
+  if (st == UPF_OK && kept)
+    st = be->download(blocks, sp->index.blocks, (size_t)kept * sizeof *blocks);
+  if (st == UPF_OK && row_ptr[S] != kept)
+    st = upf_fail(UPF_ERR_INVALID_ARG, "prefill: the index holds %d blocks, its kept_total says %lld", row_ptr[S],
+                  (long long)kept);
+  if (st == UPF_OK)
+    upf_sparse_neighbour_blocks(&sp->plan, row_ptr, blocks, &sp->rec.neighbour_shared, &sp->rec.neighbour_total);
+  free(row_ptr), free(blocks);
+  return st;
 }
 
 upf_status upf_layer_sparse_attend(const upf_model *m, upf_layer_sparse *sp, const upf_sparse_batch *batch,
@@ -34,5 +54,6 @@ upf_status upf_layer_sparse_attend(const upf_model *m, upf_layer_sparse *sp, con
   sp->rec.visible_blocks = sp->visible_blocks;
   sp->rec.index_seconds = t1 - t0;
   sp->rec.attn_seconds = now_seconds() - t1;
-  return UPF_OK;
+  sp->rec.neighbour_total = sp->rec.neighbour_shared = 0;
+  return sp->sharing ? index_sharing(be, sp) : UPF_OK;
 }

@@ -96,6 +96,7 @@ static upf_status sparse_alloc(const upf_model *m, upf_layer_sparse *sp) {
 static upf_status sparse_setup(const upf_model *m, const int32_t *cu, int32_t Bp, const upf_prefill_options *opt,
                                upf_layer_sparse *sp) {
   sp->params = sparse_params(m->cfg, opt);
+  sp->sharing = opt->sparse_sharing;
   UPF_TRY(sparse_plan(m, cu, Bp, &sp->params, &sp->plan, &sp->visible_blocks));
   return sparse_alloc(m, sp);
 }
@@ -112,6 +113,7 @@ static upf_status sparse_setup_chunks(const upf_model *m, const int32_t *cu, int
   const upf_attn_paged pg = {Bc, NULL, cu_c, NULL, kv_lens, NULL, NULL, 0, 0};
   const upf_sparse_batch b = {NULL, &pg};
   sp->params = sparse_params(m->cfg, opt);
+  sp->sharing = opt->sparse_sharing;
   upf_status st = upf_sparse_plan_make(&b, m->cfg->q_heads, m->cfg->kv_heads, &sp->params, &sp->plan);
   if (st == UPF_OK)
     sp->visible_blocks = upf_sparse_visible_blocks(&b, &sp->plan, &sp->params);
@@ -477,6 +479,8 @@ static upf_status run_layers(const upf_model *m, const upf_prefill_options *opt,
         if (parts[i]) {
           rec->kept_blocks += parts[i]->rec.kept_blocks, rec->visible_blocks += parts[i]->rec.visible_blocks;
           rec->index_seconds += parts[i]->rec.index_seconds, rec->attn_seconds += parts[i]->rec.attn_seconds;
+          rec->neighbour_total += parts[i]->rec.neighbour_total;
+          rec->neighbour_shared += parts[i]->rec.neighbour_shared;
         }
       rec->layer = l;
     }

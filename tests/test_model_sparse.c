@@ -343,6 +343,27 @@ static void test_cli_prefill(void) {
   CU_ASSERT(cli_file_contains(json, "{\"layer\": 5, \"kept_blocks\": "));
   CU_ASSERT(cli_file_contains(json, "\"index_ms\": "));
   CU_ASSERT(cli_file_contains(json, "\"ttft_ms\": {\"median\": ")); /* the existing keys stay */
+  /* --index-sharing at alpha 0 (every visible block kept): a tile keeps its predecessor's blocks and the new
+   * ones, so per KV head (2) the counts are sums of the visible counts v_m = (min(64 (m + 1), L) - 1) / 64 + 1
+   * (block_m 128 packed rows of g 2 = 64 positions, block_n 64): total sum of v_m, shared sum of v_{m-1}, m >= 1 */
+  const char *sj = cli_path(&cli, "share.json");
+  CU_ASSERT_EQUAL_FATAL(cli_run(&cli, "prefill --model llama-tiny --backend cpu --dtype f32 --lengths %d --mode "
+                                      "flashprefill --alpha 0 --block-n 64 --sink 0 --window 1 --last-n 0 "
+                                      "--index-sharing --json %s", L, sj), 0);
+  long long total = 0, shared = 0;
+  for (int m = 1; 64 * m < L; m++) {
+    const int end = 64 * (m + 1) < L ? 64 * (m + 1) : L;
+    total += 2 * ((end - 1) / 64 + 1), shared += 2 * ((64 * m - 1) / 64 + 1);
+  }
+  char want[128];
+  snprintf(want, sizeof want, "\"neighbour_blocks\": %lld, \"neighbour_shared\": %lld}", total, shared);
+  CU_ASSERT(cli_file_contains(sj, want));
+  snprintf(want, sizeof want, "shared with the previous query tile: %lld of %lld kept blocks", shared, total);
+  CLI_ASSERT_STDOUT(&cli, want);
+  /* without the flag the keys are absent; the flag needs flashprefill on one rank, unchunked */
+  CU_ASSERT_FALSE(cli_file_contains(json, "neighbour_blocks"));
+  CU_ASSERT_EQUAL(cli_run(&cli, "prefill --model llama-tiny --backend cpu --lengths 64 --index-sharing"), 2);
+  CLI_ASSERT_STDERR(&cli, "--index-sharing needs --mode flashprefill on one rank, without --chunk");
   /* the defaults: alpha 0.18 at block_n 128, mean correction off */
   CU_ASSERT_EQUAL(cli_run(&cli, "prefill --model gemma3-tiny --backend cpu --lengths 64 --mode flashprefill"), 0);
   CLI_ASSERT_STDOUT(&cli, "flashprefill (alpha 0.18, block_m 128, block_n 128, sink 2, window 4, last_n 2, mean "

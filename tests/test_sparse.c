@@ -762,6 +762,31 @@ static void test_sparse_plan_scale(void) {
   upf_sparse_plan_free(&plan);
 }
 
+/* Neighbour sharing by hand: two requests (3 and 2 tiles), 2 KV heads; a request's first tile has no
+ * predecessor, and the first tile of request 1 is not request 0's last tile's successor. */
+static void test_sparse_neighbour_blocks_by_hand(void) {
+  int32_t cu_tiles[3] = {0, 3, 5};
+  const upf_sparse_plan plan = {2, 1, 2, 5, 8, 10, cu_tiles};
+  /* segments h * 5 + m: head 0 tiles 0-4, head 1 tiles 0-4 */
+  const int32_t lists[10][4] = {
+      {0, 1, -1},    {0, 1, 2, -1}, {0, 2, 3, -1}, /* head 0, request 0: tile 1 shares 2 of 3, tile 2 2 of 3 */
+      {0, 5, 6, -1}, {4, -1},                      /* request 1: tile 4 shares 0 of 1 (not tile 2's successor) */
+      {7, -1},       {6, -1},       {-1},          /* head 1, request 0: 0 of 1, then 0 of 0 */
+      {1, 2, -1},    {1, 2, -1},                   /* request 1: 2 of 2 */
+  };
+  int32_t row_ptr[11], blocks[32], n = 0;
+  for (int s = 0; s < 10; s++) {
+    row_ptr[s] = n;
+    for (int i = 0; lists[s][i] >= 0; i++)
+      blocks[n++] = lists[s][i];
+  }
+  row_ptr[10] = n;
+  int64_t shared = -1, total = -1;
+  upf_sparse_neighbour_blocks(&plan, row_ptr, blocks, &shared, &total);
+  CU_ASSERT_EQUAL(total, 3 + 3 + 1 + 1 + 0 + 2);
+  CU_ASSERT_EQUAL(shared, 2 + 2 + 0 + 0 + 0 + 2);
+}
+
 /* The fp8 variant's host rounding and scales (uniprefill/fp8.h), by hand: E4M3 has 3 mantissa bits, normals
  * from 2^-6, subnormals in steps of 2^-9, 448 the largest finite value; ties go to the even mantissa. */
 static void test_fp8_e4m3_by_hand(void) {
@@ -810,6 +835,7 @@ static CU_TestInfo sparse_tests[] = {
     {"bad inputs: status and a message naming the input", test_sparse_bad_inputs},
     {"scale: 512K tokens planned in 64 bits, 1M refused naming the index cells", test_sparse_plan_scale},
     {"fp8 variant: E4M3 rounding and power-of-two scales by hand", test_fp8_e4m3_by_hand},
+    {"neighbour sharing of an index by hand (requests and heads apart)", test_sparse_neighbour_blocks_by_hand},
     CU_TEST_INFO_NULL,
 };
 

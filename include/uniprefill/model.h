@@ -293,6 +293,9 @@ typedef struct {
   /* FLASHPREFILL: the parameters (upf_prefill_sparse_default); scale 0 takes the model's attention
    * scale (cfg->attn), a nonzero scale is used as given; COMPACT: the selector's (last_n taken as 0) */
   upf_sparse_params sparse;
+  /* FLASHPREFILL: also count how much neighbouring query tiles' lists share (upf_sparse_record's
+   * neighbour_*): a host copy of each full-attention layer's index, outside the timed phases */
+  int32_t sparse_sharing;
   /* COMPACT: the union's forced recent blocks (upf_compact_params_default) and, when set, a hook given
    * each full-attention layer's union table of the step's chunks: table |u1 (num_chunks, kv_heads,
    * key_blocks) host (1: kept; columns past a chunk's own blocks 0), valid during the call */
@@ -326,6 +329,9 @@ typedef struct {
   int64_t visible_blocks; /* upf_sparse_visible_blocks: the same count with every visible block kept */
   double index_seconds;   /* sparse.block_means + sparse.index */
   double attn_seconds;    /* attn.block_sparse */
+  /* FLASHPREFILL with upf_prefill_options.sparse_sharing (0 otherwise): upf_sparse_neighbour_blocks of the
+   * layer's index, the kept blocks of tiles with a predecessor and those the predecessor also keeps */
+  int64_t neighbour_total, neighbour_shared;
 } upf_sparse_record;
 
 typedef struct {

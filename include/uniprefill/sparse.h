@@ -149,6 +149,12 @@ upf_status upf_sparse_means_check(const char *op, const upf_sparse_plan *plan, c
  * are left out: under 1/block_n of the work they stand for). */
 double upf_sparse_attn_flops(const upf_sparse_batch *b, const upf_sparse_plan *plan, const upf_sparse_params *p,
                              int64_t d, const int32_t *row_ptr_host, const int32_t *blocks_host);
+/* How much of an index neighbouring tiles share, the L2 reuse block-sparse attention can have: over the
+ * segments that have a predecessor (the previous query tile of the same request and KV head), *total their
+ * kept blocks and *shared those of them the predecessor also keeps. A list drawn afresh for every tile at kept
+ * share s shares about s of its blocks; vertical stripes (nested sets) nearly all. Host copies of the index. */
+void upf_sparse_neighbour_blocks(const upf_sparse_plan *plan, const int32_t *row_ptr_host, const int32_t *blocks_host,
+                                 int64_t *shared, int64_t *total);
 /* Key blocks visible to the tiles (sum over segments of last_k + 1): the denominator of the kept share. */
 int64_t upf_sparse_visible_blocks(const upf_sparse_batch *b, const upf_sparse_plan *plan, const upf_sparse_params *p);
 
