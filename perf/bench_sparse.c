@@ -9,7 +9,9 @@
  * so the two differ); vs_stream_floor compares the time with streaming every segment's kept K/V blocks from
  * DRAM once at the run's copy bandwidth (stream_gb, with q and the output), the floor where no two segments
  * share a block in L2: a 128-row tile does 128 FLOP a byte of K/V at D 128, under the H100's ~180 FLOP/B
- * ridge, so lists that share nothing (the random rows) are bound by that stream and not by dense x share.
+ * ridge, so lists that share nothing (the random rows) are bound by that stream and not by dense x share;
+ * neighbour_share is the share of a tile's kept blocks its predecessor keeps too (upf prefill --index-sharing
+ * measures the same of a model's lists).
  * TFLOP/s from the exact count of upf_sparse_attn_flops. One small CPU-reference case
  * per op. CUDA cases are verified (the op's quick set; attn.prefill's too for the dense time) before timing
  * and skipped by name without a device. */
@@ -53,7 +55,7 @@ typedef struct {
   upf_sparse_plan plan;
   void *q, *k, *v, *out, *cu, *kbar, *vbar, *row_ptr, *blocks, *scores; /* backend memory */
   int64_t kept_total, index_kept;
-  double keep_share, flops, dense_flops, stream_bytes;
+  double keep_share, flops, dense_flops, stream_bytes, neighbour_share;
 } sb_case;
 
 #define BF UPF_DTYPE_BF16
@@ -243,6 +245,9 @@ static upf_status case_prepare(sb_case *c, const upf_backend *be) {
   c->flops = fast_flops(c, rp, bl);
   /* every kept block's K and V once per segment, q read and the output written once (T a multiple of block_n) */
   c->stream_bytes = ((double)c->kept_total * 2.0 * c->block_n + 2.0 * (double)c->T * c->hq) * c->d * (double)es;
+  int64_t shared = 0, with_pred = 0; /* the lists' kind: what upf prefill --index-sharing reports for a model */
+  upf_sparse_neighbour_blocks(&c->plan, rp, bl, &shared, &with_pred);
+  c->neighbour_share = with_pred ? (double)shared / (double)with_pred : 0.0;
   if (st == UPF_OK && c->T <= SB_FLOPS_CROSSCHECK_T) {
     const double exact = upf_sparse_attn_flops(&c->sb, &c->plan, &c->p, c->d, rp, bl);
     if (fabs(exact - c->flops) > 1e-9 * exact)
@@ -300,6 +305,7 @@ static void set_counters(upf_bench_state *st, const sb_case *c, double seconds, 
   upf_bench_set_counter(st, UPF_BENCH_FLOPS, c->flops, UPF_BENCH_COUNTER_RATE);
   upf_bench_set_counter(st, "keep_share", c->keep_share, UPF_BENCH_COUNTER_VALUE);
   upf_bench_set_counter(st, "flop_share", flop_share, UPF_BENCH_COUNTER_VALUE);
+  upf_bench_set_counter(st, "neighbour_share", c->neighbour_share, UPF_BENCH_COUNTER_VALUE);
   if (dense_s > 0.0 && seconds > 0.0) {
     upf_bench_set_counter(st, "sparse_ms", seconds * 1e3, UPF_BENCH_COUNTER_VALUE);
     upf_bench_set_counter(st, "dense_ms", dense_s * 1e3, UPF_BENCH_COUNTER_VALUE);
