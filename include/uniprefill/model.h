@@ -294,7 +294,8 @@ typedef struct {
    * scale (cfg->attn), a nonzero scale is used as given; COMPACT: the selector's (last_n taken as 0) */
   upf_sparse_params sparse;
   /* FLASHPREFILL: also count how much neighbouring query tiles' lists share (upf_sparse_record's
-   * neighbour_*): a host copy of each full-attention layer's index, outside the timed phases */
+   * neighbour_*): a host copy of each full-attention layer's index, after its index and attention times
+   * (the whole prefill's time includes it) */
   int32_t sparse_sharing;
   /* COMPACT: the union's forced recent blocks (upf_compact_params_default) and, when set, a hook given
    * each full-attention layer's union table of the step's chunks: table |u1 (num_chunks, kv_heads,
