@@ -670,13 +670,12 @@ upf_status bs_launch_hopper(const bs_args &a, bool paged, int ntiles) {
   if (paged && a.page_size % 64 != 0)
     return upf_fail(UPF_ERR_UNSUPPORTED, "attn.block_sparse (cuda): the wgmma kernel reads pages of whole 64-key "
                     "blocks, not of %d keys (cuda/kv_gather.cuh gathers those)", a.page_size);
-  if (a.head_major && (a.d == 128 || a.d == 256)) {
-    if (a.d == 128)
-      return paged ? launch_d<128, true, true>(a, ntiles) : launch_d<128, false, true>(a, ntiles);
-    return paged ? launch_d<256, true, true>(a, ntiles) : launch_d<256, false, true>(a, ntiles);
-  }
+  if (a.d == 128 && a.head_major)
+    return paged ? launch_d<128, true, true>(a, ntiles) : launch_d<128, false, true>(a, ntiles);
   if (a.d == 128)
     return paged ? launch_d<128, true>(a, ntiles) : launch_d<128, false>(a, ntiles);
+  if (a.d == 256 && a.head_major)
+    return paged ? launch_d<256, true, true>(a, ntiles) : launch_d<256, false, true>(a, ntiles);
   if (a.d == 256)
     return paged ? launch_d<256, true>(a, ntiles) : launch_d<256, false>(a, ntiles);
   return upf_fail(UPF_ERR_UNSUPPORTED, "attn.block_sparse (cuda): the wgmma kernel takes D = 128 or 256, not %d", a.d);

@@ -16,9 +16,11 @@ static double now_seconds(void) {
 /* rec.neighbour_*: the index's row_ptr and kept blocks copied to the host and compared tile by tile. */
 static upf_status index_sharing(const upf_backend *be, upf_layer_sparse *sp) {
   const int64_t S = sp->plan.num_segments, kept = sp->index.kept_total;
-  int32_t *row_ptr = malloc((size_t)(S + 1) * sizeof *row_ptr), *blocks = malloc((size_t)(kept ? kept : 1) * sizeof *blocks);
-  upf_status st = row_ptr && blocks ? UPF_OK : upf_fail(UPF_ERR_NOMEM, "prefill: a host copy of the index (%lld kept "
-                                                                       "blocks)", (long long)kept);
+  int32_t *row_ptr = malloc((size_t)(S + 1) * sizeof *row_ptr);
+  int32_t *blocks = malloc((size_t)(kept ? kept : 1) * sizeof *blocks);
+  upf_status st = row_ptr && blocks ? UPF_OK
+                                    : upf_fail(UPF_ERR_NOMEM, "prefill: a host copy of the index (%lld kept blocks)",
+                                               (long long)kept);
   if (st == UPF_OK)
     st = be->download(row_ptr, sp->index.row_ptr, (size_t)(S + 1) * sizeof *row_ptr);
   if (st == UPF_OK && kept)

@@ -895,10 +895,7 @@ do_side() {
   for step in "$@"; do
     i=$((i + 1))
     eval "words=($step)" || die "side: cannot read step $i: $step"
-    case ${words[0]:-} in
-    verify | sanitize | test | bench | peers | profile | prefill | methods | serve | tp | shared | chunkserve | timeline | determinism | compact | chunked | report) ;;
-    *) die "side: step $i is not a device command: $step" ;;
-    esac
+    [[ " $STEP_COMMANDS " == *" ${words[0]:-?} "* ]] || die "side: step $i is not a device command: $step"
     sub=$OUT/s$i-${words[0]}
     subs+=("$sub")
     mkdir -p "$sub"
@@ -915,14 +912,17 @@ do_side() {
 }
 
 # ----------------------------------------------------------------------------------------------- main
+# the commands a `side` step may be; session and side themselves run steps
+STEP_COMMANDS="verify sanitize test bench peers profile prefill methods serve tp shared chunkserve timeline determinism compact chunked report"
 [ $# -gt 0 ] || { usage; exit 2; }
 CMD=$1
 shift
 case $CMD in
 -h | --help | help) usage; exit 0 ;;
 stage) stage "$@"; exit $? ;;
-verify | sanitize | test | bench | peers | profile | prefill | methods | serve | tp | shared | chunkserve | timeline | determinism | session | compact | chunked | report | side) ;;
-*) die "unknown command $CMD (stage, side, verify, sanitize, test, bench, peers, profile, prefill, methods, serve, tp, shared, chunkserve, timeline, determinism, session, compact, chunked, report; --help)" ;;
+session | side) ;;
+*) [[ " $STEP_COMMANDS " == *" $CMD "* ]] ||
+  die "unknown command $CMD (stage, side, session, ${STEP_COMMANDS// /, }; --help)" ;;
 esac
 
 NAME=$CMD BUNDLE="" CAP="" ENVS=() ARGS=()
