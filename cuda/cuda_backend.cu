@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cuda_runtime.h>
+#include <nvtx3/nvToolsExtMemCudaRt.h>
 
 #include "cuda/attn.cuh"
 #include "cuda/compact.cuh"
@@ -144,8 +145,11 @@ extern "C" cublasHandle_t upf_cuda_cublas(void) {
       g.cublas_workspace = nullptr;
       cudaGetLastError(); /* fall back to cuBLAS's own default workspace */
     }
-    if (st == CUBLAS_STATUS_SUCCESS && g.cublas_workspace)
+    if (st == CUBLAS_STATUS_SUCCESS && g.cublas_workspace) {
       st = cublasSetWorkspace(h, g.cublas_workspace, CUBLAS_WORKSPACE_BYTES);
+      /* cuBLAS's split-K reduction reads what its GEMM kernel stored there, out of initcheck's sight */
+      upf_cuda_mark_written(g.stream, g.cublas_workspace, 1, CUBLAS_WORKSPACE_BYTES, CUBLAS_WORKSPACE_BYTES);
+    }
     if (st != CUBLAS_STATUS_SUCCESS) {
       if (h)
         cublasDestroy(h);
@@ -161,6 +165,31 @@ extern "C" void *upf_cuda_cublas_workspace(size_t *bytes) {
   std::lock_guard<std::mutex> guard(g.lock);
   *bytes = g.cublas_workspace ? CUBLAS_WORKSPACE_BYTES : 0;
   return g.cublas_workspace;
+}
+
+extern "C" void upf_cuda_mark_written(cudaStream_t stream, const void *ptr, int64_t rows, int64_t row_bytes,
+                                      int64_t ld_bytes) {
+  static nvtxDomainHandle_t domain = nvtxDomainCreateA("uniprefill"); /* after upf_cuda_init: the runtime is up */
+  if (rows <= 0 || row_bytes <= 0)
+    return;
+  if (ld_bytes == row_bytes) /* contiguous: one range */
+    row_bytes *= rows, rows = 1;
+  enum { BATCH = 256 };
+  nvtxMemVirtualRangeDesc_t ranges[BATCH];
+  for (int64_t r0 = 0; r0 < rows; r0 += BATCH) {
+    const int64_t n = rows - r0 < BATCH ? rows - r0 : BATCH;
+    for (int64_t i = 0; i < n; i++)
+      ranges[i].ptr = (const char *)ptr + (r0 + i) * ld_bytes, ranges[i].size = (size_t)row_bytes;
+    nvtxMemMarkInitializedBatch_t batch;
+    memset(&batch, 0, sizeof batch);
+    batch.extCompatID = NVTX_EXT_COMPATID_MEM;
+    batch.structSize = sizeof batch;
+    batch.regionType = NVTX_MEM_TYPE_VIRTUAL_ADDRESS;
+    batch.regionDescCount = (size_t)n;
+    batch.regionDescElementSize = sizeof ranges[0];
+    batch.regionDescElements = ranges;
+    nvtxMemCudaMarkInitialized(domain, stream, 0, &batch);
+  }
 }
 
 extern "C" int upf_cuda_num_sms(void) { return g.num_sms; }

@@ -42,6 +42,13 @@ cublasHandle_t upf_cuda_cublas(void);
  * cublasLt calls on the same stream. Valid after upf_cuda_cublas() succeeded. */
 void *upf_cuda_cublas_workspace(size_t *bytes);
 
+/* Tells compute-sanitizer's initcheck (through the NVTX memory API; nothing happens without a tool
+ * attached) that `rows` rows of `row_bytes`, `ld_bytes` apart from `ptr`, were written by the work queued
+ * on `stream` so far. initcheck does not see the stores of cuBLAS's Hopper kernels and would report our
+ * kernels' reads of a GEMM's output as reads of uninitialised memory; every cuBLAS call site marks the
+ * region it asked cuBLAS to write, and no other. */
+void upf_cuda_mark_written(cudaStream_t stream, const void *ptr, int64_t rows, int64_t row_bytes, int64_t ld_bytes);
+
 /* Multiprocessor count and opt-in shared memory per block of the current device (after init). */
 int upf_cuda_num_sms(void);
 size_t upf_cuda_smem_optin(void);

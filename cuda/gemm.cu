@@ -88,6 +88,8 @@ upf_status lt_call(const upf_gemm_lt_choice *ch, const cublasLtMatmulAlgo_t *alg
   /* column-major c^T (N, M) = b^T (N, K) . a^T (K, M), as cublasGemmEx runs it above */
   UPF_CUBLAS_TRY(cublasLtMatmul(lt.handle, ch->op, &one, b, ch->la, a, ch->lb, &zero, c, ch->lc, c, ch->lc, algo, ws,
                         ws_bytes, upf_cuda_stream()));
+  const int64_t es = ch->cd == UPF_DTYPE_BF16 ? 2 : 4;
+  upf_cuda_mark_written(upf_cuda_stream(), c, ch->M, ch->N * es, ch->ldc * es);
   return UPF_OK;
 }
 
@@ -97,6 +99,8 @@ upf_status gemmex_call(const upf_gemm_lt_choice *ch, const void *a, const void *
                               CUDA_R_16BF, (int)ch->ldb, a, CUDA_R_16BF, (int)ch->lda, &zero, c,
                               ch->cd == UPF_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_32F, (int)ch->ldc, CUBLAS_COMPUTE_32F,
                               CUBLAS_GEMM_DEFAULT));
+  const int64_t es = ch->cd == UPF_DTYPE_BF16 ? 2 : 4;
+  upf_cuda_mark_written(upf_cuda_stream(), c, ch->M, ch->N * es, ch->ldc * es);
   return UPF_OK;
 }
 
@@ -270,6 +274,7 @@ extern "C" upf_status upf_cuda_gemm_raw(const void *a, int64_t lda, const void *
                                   (int)ldb, a_part, t_ab, (int)lda, k0 == 0 ? &beta0 : &beta1, c_rows, t_c, (int)ldc,
                                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     }
+    upf_cuda_mark_written(upf_cuda_stream(), c_rows, rows, N * (int64_t)es_c, ldc * (int64_t)es_c);
   }
   return UPF_OK;
 }

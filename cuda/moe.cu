@@ -643,6 +643,10 @@ upf_status linear(cublasHandle_t h, int64_t rows, int64_t cols, int64_t k, const
   const float one = 1.0f, zero = 0.0f;
   UPF_CUBLAS_TRY(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)cols, (int)rows, (int)k, &one, W, ab, (int)k, in, ab,
                               (int)ld_in, &zero, out, c, (int)ld_out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  cudaStream_t stream = nullptr;
+  UPF_CUBLAS_TRY(cublasGetStream(h, &stream));
+  const int64_t es = c == CUDA_R_16BF ? 2 : 4;
+  upf_cuda_mark_written(stream, out, rows, cols * es, ld_out * es);
   return UPF_OK;
 }
 
@@ -867,8 +871,8 @@ template <typename T> upf_status bucket_gemm(cublasHandle_t h, const gemm_plan &
 }
 
 template <typename T>
-upf_status run_expert_gemm(cublasHandle_t h, const gemm_plan &p, const expert_gemm &g, int num_experts,
-                           gemm_variant *ran) {
+upf_status expert_gemm_calls(cublasHandle_t h, const gemm_plan &p, const expert_gemm &g, int num_experts,
+                             gemm_variant *ran) {
   const cudaDataType_t dt = cuda_type<T>();
   const float one = 1.0f, zero = 0.0f;
   const size_t es = sizeof(T);
@@ -932,6 +936,16 @@ upf_status run_expert_gemm(cublasHandle_t h, const gemm_plan &p, const expert_ge
                                 out, dt, cols, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
   *ran = GEMM_LOOP;
+  return UPF_OK;
+}
+
+/* The expert GEMM in p's form; the permuted output rows it wrote (every slab row) marked for initcheck. */
+template <typename T>
+upf_status run_expert_gemm(cublasHandle_t h, const gemm_plan &p, const expert_gemm &g, int num_experts,
+                           gemm_variant *ran) {
+  UPF_TRY(expert_gemm_calls<T>(h, p, g, num_experts, ran));
+  const int64_t row_bytes = g.cols * (int64_t)sizeof(T);
+  upf_cuda_mark_written(upf_cuda_stream(), g.out, p.rows, row_bytes, row_bytes);
   return UPF_OK;
 }
 
