@@ -103,22 +103,25 @@ static upf_status walk_spec(const char *spec, const char *source, upf_op want, u
   return UPF_OK;
 }
 
-upf_status upf_variant_current(upf_op op, upf_variant *v) {
+upf_status upf_variant_chosen(upf_op op, upf_variant *v) {
   init_selected();
+  *v = UPF_VARIANT_COUNT;
   if ((unsigned)op >= UPF_OP_COUNT)
     return upf_fail(UPF_ERR_INVALID_ARG, "variant: op %d out of range", (int)op);
-  if (upf_variant_count(op) == 0) {
-    *v = UPF_VARIANT_COUNT;
+  if (upf_variant_count(op) == 0)
     return UPF_OK;
-  }
   if (selected[op] != UPF_VARIANT_COUNT) {
     *v = selected[op];
     return UPF_OK;
   }
   /* The whole variable is checked on every read, so a typo anywhere in it is reported. */
-  upf_variant from_env = UPF_VARIANT_COUNT;
-  UPF_TRY(walk_spec(getenv("UPF_VARIANT"), "UPF_VARIANT", op, &from_env));
-  *v = from_env != UPF_VARIANT_COUNT ? from_env : upf_variant_of(op, 0);
+  return walk_spec(getenv("UPF_VARIANT"), "UPF_VARIANT", op, v);
+}
+
+upf_status upf_variant_current(upf_op op, upf_variant *v) {
+  UPF_TRY(upf_variant_chosen(op, v));
+  if (*v == UPF_VARIANT_COUNT && upf_variant_count(op) > 0)
+    *v = upf_variant_of(op, 0);
   return UPF_OK;
 }
 

@@ -97,41 +97,88 @@ static void test_cpu_verify_run(void) {
   CU_ASSERT(ctx.passed > 20);
 }
 
-/* On a backend under test, an op with variants runs once per variant, each line naming it, and the
- * selection is put back afterwards; with variant_in_effect_only, once, unnamed. */
-static void test_verify_iterates_variants(void) {
-  const upf_op op = UPF_OP_GDN_SCAN; /* two variants, a quick set cheap enough for Valgrind */
-  const int n = upf_variant_count(op);
-  CU_ASSERT_FATAL(n >= 2);
+/* Runs op's checks on the CPU twin into a log; returns it (free it) with the context's counts in *ctx. */
+static char *verify_logged(upf_op op, upf_verify_ctx *ctx) {
   char *text = NULL;
   size_t len = 0;
   FILE *log = open_memstream(&text, &len);
   CU_ASSERT_PTR_NOT_NULL_FATAL(log);
-  upf_verify_ctx ctx = {.backend = upf_test_cpu_twin(), .log = log, .quick = 1};
-  upf_variant_select(upf_variant_of(op, 1));
-  upf_verify_run(&ctx, upf_op_name(op));
+  ctx->backend = upf_test_cpu_twin(), ctx->log = log, ctx->quick = 1;
+  upf_verify_run(ctx, upf_op_name(op));
   fclose(log);
+  return text;
+}
+
+static int lines_naming(const char *text, upf_variant v) {
+  char want[64];
+  snprintf(want, sizeof want, " %s/", upf_variant_name(v));
+  int lines = 0;
+  for (const char *at = text; (at = strstr(at, want)) != NULL; at++)
+    lines++;
+  return lines;
+}
+
+/* On a backend under test, an op with variants runs once per variant, each line naming it, and the
+ * default is in effect afterwards; a variant chosen for the op (upf verify --variant, UPF_VARIANT) runs
+ * alone, named, and stays chosen; with variant_in_effect_only, once, unnamed. */
+static void test_verify_iterates_variants(void) {
+  const upf_op op = UPF_OP_GDN_SCAN; /* two variants, a quick set cheap enough for Valgrind */
+  const int n = upf_variant_count(op);
+  CU_ASSERT_FATAL(n >= 2);
+  upf_verify_ctx ctx = {0};
+  char *text = verify_logged(op, &ctx);
   CU_ASSERT_EQUAL(ctx.failed, 0);
   CU_ASSERT_PTR_NULL(ctx.kernel_variant);
   const int per_variant = ctx.passed / n;
   CU_ASSERT(per_variant > 5 && ctx.passed == per_variant * n);
-  for (int i = 0; i < n; i++) {
-    char want[64];
-    snprintf(want, sizeof want, " %s/", upf_variant_name(upf_variant_of(op, i)));
-    int lines = 0;
-    for (const char *at = text; (at = strstr(at, want)) != NULL; at++)
-      lines++;
-    CU_ASSERT_EQUAL(lines, per_variant);
-  }
+  for (int i = 0; i < n; i++)
+    CU_ASSERT_EQUAL(lines_naming(text, upf_variant_of(op, i)), per_variant);
   free(text);
   upf_variant current;
   CU_ASSERT_EQUAL(upf_variant_current(op, &current), UPF_OK);
-  CU_ASSERT_EQUAL(current, upf_variant_of(op, 0)); /* reset after the run */
+  CU_ASSERT_EQUAL(current, upf_variant_of(op, 0));
+
+  const upf_variant second = upf_variant_of(op, 1);
+  upf_variant_select(second);
+  upf_verify_ctx chosen = {0};
+  text = verify_logged(op, &chosen);
+  CU_ASSERT_EQUAL(chosen.failed, 0);
+  CU_ASSERT_EQUAL(chosen.passed, per_variant);
+  CU_ASSERT_EQUAL(lines_naming(text, second), per_variant);
+  CU_ASSERT_EQUAL(lines_naming(text, upf_variant_of(op, 0)), 0);
+  free(text);
+  CU_ASSERT_EQUAL(upf_variant_current(op, &current), UPF_OK);
+  CU_ASSERT_EQUAL(current, second);
+  upf_variant_reset(op);
 
   upf_verify_ctx once = {.backend = upf_test_cpu_twin(), .log = NULL, .quick = 1, .variant_in_effect_only = 1};
   upf_verify_run(&once, upf_op_name(op));
   CU_ASSERT_EQUAL(once.failed, 0);
   CU_ASSERT_EQUAL(once.passed, per_variant);
+}
+
+/* UPF_VARIANT chooses as --variant does; a bad one is a failed check naming it, and no variant runs. */
+static void test_verify_variant_from_env(void) {
+  const upf_op op = UPF_OP_GDN_SCAN;
+  const upf_variant second = upf_variant_of(op, 1);
+  char spec[128];
+  snprintf(spec, sizeof spec, "%s=%s", upf_op_name(op), upf_variant_name(second));
+  CU_ASSERT_EQUAL_FATAL(setenv("UPF_VARIANT", spec, 1), 0);
+  upf_verify_ctx env = {0};
+  char *text = verify_logged(op, &env);
+  CU_ASSERT_EQUAL(env.failed, 0);
+  CU_ASSERT(env.passed > 5);
+  CU_ASSERT_EQUAL(lines_naming(text, second), env.passed);
+  free(text);
+  CU_ASSERT_EQUAL_FATAL(setenv("UPF_VARIANT", "gdn.scan=no-such-kernel", 1), 0);
+  upf_verify_ctx bad = {0};
+  text = verify_logged(op, &bad);
+  CU_ASSERT_EQUAL(bad.passed, 0);
+  CU_ASSERT_EQUAL(bad.failed, 1);
+  CU_ASSERT_PTR_NOT_NULL(strstr(text, "UPF_VARIANT"));
+  CU_ASSERT_PTR_NOT_NULL(strstr(text, "no-such-kernel"));
+  free(text);
+  unsetenv("UPF_VARIANT");
 }
 
 /* --case: only the seeded cases whose name holds the text run (each dtype, out and lse); golden and bad-input
@@ -194,7 +241,8 @@ static CU_TestInfo verify_tests[] = {
     {"guard bytes catch an overrun", test_guard_bytes_catch_overrun},
     {"decision compare applies the marginal rule", test_decision_compare_marginal_rule},
     {"cpu reference passes verify (quick)", test_cpu_verify_run},
-    {"verify runs each variant of an op, named", test_verify_iterates_variants},
+    {"verify runs each variant of an op, or the one chosen, named", test_verify_iterates_variants},
+    {"verify runs the variant UPF_VARIANT chooses; a bad one fails a check", test_verify_variant_from_env},
     {"verify --case runs the seeded cases so named", test_verify_case_filter},
     {"verify --case picks the model checks' tiny models by name", test_verify_model_case_filter},
     CU_TEST_INFO_NULL,

@@ -91,6 +91,19 @@ int upf_verify_run(upf_verify_ctx *ctx, const char *filter) {
       verify_fns[op](ctx);
       continue;
     }
+    /* a variant chosen for this op (--variant, UPF_VARIANT) runs alone: one sanitizer process a variant */
+    upf_variant chosen = UPF_VARIANT_COUNT;
+    const upf_status st = upf_variant_chosen((upf_op)op, &chosen);
+    if (st != UPF_OK) {
+      upf_verify_expect_status(ctx, upf_op_name((upf_op)op), "the variant chosen by UPF_VARIANT", st, UPF_OK);
+      continue;
+    }
+    if (chosen != UPF_VARIANT_COUNT) {
+      ctx->kernel_variant = upf_variant_name(chosen);
+      verify_fns[op](ctx);
+      ctx->kernel_variant = NULL;
+      continue;
+    }
     for (int i = 0; i < variants; i++) {
       const upf_variant v = upf_variant_of((upf_op)op, i);
       upf_variant_select(v);

@@ -2,8 +2,9 @@
  * (default first) and named by the enum below (UPF_VARIANT_<OP>_<ID>). The variant in effect for an
  * op is, in order: the last upf_variant_select() for it, the environment variable UPF_VARIANT
  * ("attn.prefill=fa2,attn.paged=ffma"), or the op's default. `upf ops` lists them, `upf verify`
- * iterates them, `upf verify --variant` and `bench_upf --variant` select them, and every benchmark
- * result records the variants in effect. */
+ * iterates them (an op whose variant was chosen, by --variant or UPF_VARIANT, runs that one only),
+ * `upf verify --variant` and `bench_upf --variant` select them, and every benchmark result records
+ * the variants in effect. */
 #ifndef UNIPREFILL_VARIANT_H
 #define UNIPREFILL_VARIANT_H
 
@@ -36,6 +37,9 @@ upf_variant upf_variant_by_name(upf_op op, const char *name);
  * UPF_VARIANT (unknown op, unknown variant, malformed) fails with UPF_ERR_INVALID_ARG naming it, on
  * every call, so a mistyped variant never runs (and times) the default under the variant's name. */
 upf_status upf_variant_current(upf_op op, upf_variant *v);
+/* The variant chosen for op by upf_variant_select or UPF_VARIANT; UPF_VARIANT_COUNT when op runs its
+ * default because nothing chose one. Fails as upf_variant_current does. */
+upf_status upf_variant_chosen(upf_op op, upf_variant *v);
 /* Makes v the variant in effect for its op in this process (overrides UPF_VARIANT). */
 void upf_variant_select(upf_variant v);
 /* Back to UPF_VARIANT or the default for op. */
