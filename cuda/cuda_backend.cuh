@@ -45,8 +45,8 @@ void *upf_cuda_cublas_workspace(size_t *bytes);
 /* Tells compute-sanitizer's initcheck (through the NVTX memory API; nothing happens without a tool
  * attached) that `rows` rows of `row_bytes`, `ld_bytes` apart from `ptr`, were written by the work queued
  * on `stream` so far. initcheck does not see the stores of cuBLAS's Hopper kernels and would report our
- * kernels' reads of a GEMM's output as reads of uninitialised memory; every cuBLAS call site marks the
- * region it asked cuBLAS to write, and no other. */
+ * kernels' reads of a GEMM's output as reads of uninitialised memory; each entry that runs cuBLAS marks
+ * the region it asked cuBLAS to write, and no other, once after its calls. */
 void upf_cuda_mark_written(cudaStream_t stream, const void *ptr, int64_t rows, int64_t row_bytes, int64_t ld_bytes);
 
 /* Multiprocessor count and opt-in shared memory per block of the current device (after init). */

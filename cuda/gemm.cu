@@ -80,6 +80,12 @@ void choice_free(upf_gemm_lt_choice *ch) {
   delete ch;
 }
 
+/* c of ch's shape marked as written for initcheck (cuda_backend.cuh), once after the calls that wrote it. */
+void mark_c(const upf_gemm_lt_choice *ch, void *c) {
+  const int64_t es = ch->cd == UPF_DTYPE_BF16 ? 2 : 4;
+  upf_cuda_mark_written(upf_cuda_stream(), c, ch->M, ch->N * es, ch->ldc * es);
+}
+
 upf_status lt_call(const upf_gemm_lt_choice *ch, const cublasLtMatmulAlgo_t *algo, const void *a, const void *b,
                    void *c) {
   size_t ws_bytes = 0;
@@ -88,8 +94,6 @@ upf_status lt_call(const upf_gemm_lt_choice *ch, const cublasLtMatmulAlgo_t *alg
   /* column-major c^T (N, M) = b^T (N, K) . a^T (K, M), as cublasGemmEx runs it above */
   UPF_CUBLAS_TRY(cublasLtMatmul(lt.handle, ch->op, &one, b, ch->la, a, ch->lb, &zero, c, ch->lc, c, ch->lc, algo, ws,
                         ws_bytes, upf_cuda_stream()));
-  const int64_t es = ch->cd == UPF_DTYPE_BF16 ? 2 : 4;
-  upf_cuda_mark_written(upf_cuda_stream(), c, ch->M, ch->N * es, ch->ldc * es);
   return UPF_OK;
 }
 
@@ -99,8 +103,6 @@ upf_status gemmex_call(const upf_gemm_lt_choice *ch, const void *a, const void *
                               CUDA_R_16BF, (int)ch->ldb, a, CUDA_R_16BF, (int)ch->lda, &zero, c,
                               ch->cd == UPF_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_32F, (int)ch->ldc, CUBLAS_COMPUTE_32F,
                               CUBLAS_GEMM_DEFAULT));
-  const int64_t es = ch->cd == UPF_DTYPE_BF16 ? 2 : 4;
-  upf_cuda_mark_written(upf_cuda_stream(), c, ch->M, ch->N * es, ch->ldc * es);
   return UPF_OK;
 }
 
@@ -173,6 +175,7 @@ upf_status lt_tune(upf_gemm_lt_choice *ch, const void *a, const void *b, void *c
   if (e1)
     cudaEventDestroy(e1);
   ch->use_lt = ch->rank >= 0 && ch->lt_s < ch->gemmex_s;
+  mark_c(ch, c);
   return st;
 }
 
@@ -226,7 +229,9 @@ extern "C" upf_status upf_cuda_gemm_lt_run(const upf_gemm_lt_choice *ch, const v
   if (ch->rank < 0)
     return upf_fail(UPF_ERR_UNSUPPORTED, "gemm (cuda): cublasLt has no algorithm for M=%lld K=%lld N=%lld",
                     (long long)ch->M, (long long)ch->K, (long long)ch->N);
-  return lt_call(ch, &ch->algo, a, b, c);
+  UPF_TRY(lt_call(ch, &ch->algo, a, b, c));
+  mark_c(ch, c);
+  return UPF_OK;
 }
 
 extern "C" void upf_cuda_gemm_lt_describe(const upf_gemm_lt_choice *ch, int *candidates, int *rank, double *lt_s,
