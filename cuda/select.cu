@@ -317,7 +317,9 @@ struct score_stage {
       x.MC = (float *)(base + o_MC);
       x.LC = (float *)(base + o_LC);
       x.bad_req = bad_req;
-      void *args[] = {&x};
+      /* the kernel's signature says how many of these it reads: the map is the wgmma kernel's second */
+      CUtensorMap kmap = cfg.kmap;
+      void *args[] = {&x, &kmap};
       UPF_CUDA_TRY(cudaLaunchKernel(cfg.fn, dim3((unsigned)p.ctas), dim3(cfg.threads), args, cfg.smem, stream));
       UPF_CUDA_LAUNCH_TRY("sel_score_kernel");
       return launch_combine(p, dp, x.M, x.U, x.MC, x.LC, (float *)(base + o_rm), (float *)(base + o_ri), block_score,

@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <vector>
 
+#include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -134,12 +135,14 @@ struct score_args {
   unsigned *bad_req; /* (1) smallest scored index with a non-finite score */
 };
 
-/* The picked score kernel (cuda/select_score.cu), launched by cudaLaunchKernel with a score_args. */
+/* The picked score kernel (cuda/select_score.cu), launched by cudaLaunchKernel with a score_args, and
+ * for the wgmma kernel a tensor map of k too (encoded for the wgmma-tma variant, zeros otherwise). */
 struct kernel_cfg {
   const void *fn;
   int threads;
   size_t smem;
   int rows_per_cta;
+  CUtensorMap kmap;
 };
 
 /* cuda/select_score.cu. The score kernel for this call and plan (bf16 rows that qualify: wgmma where

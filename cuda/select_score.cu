@@ -3,15 +3,19 @@
  * policies and the Hopper wgmma kernel, and the picker that chooses one for a call. */
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
+#include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+#include <cudaTypedefs.h>
 
 #include "cuda/cuda_backend.cuh"
 #include "cuda/cuda_check.cuh"
 #include "cuda/mma_sync.cuh"
 #include "cuda/select_common.cuh"
 #include "cuda/wgmma.cuh"
+#include "uniprefill/variant.h"
 
 namespace upf_select {
 namespace {
@@ -722,7 +726,10 @@ __global__ void __launch_bounds__(P::THREADS, P::MINB) sel_score_kernel(const sc
 /* one producer warp that streams the chunk's K tiles (64 keys) into a WG_NS-stage ring with         */
 /* cp.async (16-byte chunks, written in the 128-byte-swizzle K-major layout wgmma reads: D/64 atoms */
 /* of 64 rows x 128 bytes) and signals `full[s]` with cp.async.mbarrier.arrive.noinc; consumers     */
-/* release a stage on `empty[s]` once the wgmma that read it has completed. At D <= 128 four        */
+/* release a stage on `empty[s]` once the wgmma that read it has completed. TMA (the wgmma-tma      */
+/* variant): one producer thread brings each tile as D/64 TMA boxes of 64 keys x 64 dims into the    */
+/* same layout, the full barrier expecting their bytes; no proxy fence before the wgmma.             */
+/* At D <= 128 four                                                                                 */
 /* consumer WGs with one accumulator set each: issue tile t, wait, epilogue of tile t (epi_big, the */
 /* same (M, U, MC, LC) arithmetic as the mma.sync kernel, max and sum pairwise), the other WGs'     */
 /* wgmma running meanwhile. At D = 256 two WGs with two sets each: the wgmma of tile t+1 is issued  */
@@ -747,8 +754,9 @@ struct WgCfg {
   static size_t smem_bytes() { return 1024 + (size_t)NS * STAGE + 2 * NS * 8; }
 };
 
-template <class C>
-__global__ void __launch_bounds__(C::THREADS, 1) sel_score_wgmma_kernel(const score_args x) {
+template <class C, bool TMA>
+__global__ void __launch_bounds__(C::THREADS, 1)
+    sel_score_wgmma_kernel(const score_args x, const __grid_constant__ CUtensorMap kmap) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace upf_wgmma;
   constexpr int D = C::D, NS = C::NS, KS = C::KS, STAGE = C::STAGE, NCW = C::NCW;
@@ -776,11 +784,32 @@ __global__ void __launch_bounds__(C::THREADS, 1) sel_score_wgmma_kernel(const sc
   if (threadIdx.x == 0) {
 #pragma unroll
     for (int i = 0; i < NS; i++) {
-      mbar_init(full + 8 * i, 32);
+      mbar_init(full + 8 * i, TMA ? 1 : 32);
       mbar_init(empty + 8 * i, NCW * 4);
     }
+    if constexpr (TMA)
+      fence_mbar_init();
   }
   __syncthreads();
+
+  if constexpr (TMA) {
+    if (warp == NCW * 4) {
+      /* Producer thread: tile t is the boxes at (64 c, kvh, tok0 + kb) for c < D/64; rows past the tensor's
+       * end arrive as zeros, rows past the request's end are other requests' keys (masked: key >= n). */
+      if (lane == 0)
+        for (int t = 0; t < ntile; t++) {
+          const int st = t % NS;
+          if (t >= NS)
+            mbar_wait(empty + 8 * st, (uint32_t)((t / NS - 1) & 1));
+          mbar_arrive_expect_tx(full + 8 * st, STAGE);
+#pragma unroll
+          for (int c = 0; c < D / 64; c++)
+            tma_load_3d(sbase + st * STAGE + c * (KT * 128), &kmap, 64 * c, kvh, (int)(rq.tok0 + k0 + t * KT),
+                        full + 8 * st);
+        }
+      return;
+    }
+  }
 
   if (warp == NCW * 4) {
     /* Producer: lane copies 16-byte chunk c of rows r0, r0 + RPI, ... of every tile. */
@@ -860,7 +889,8 @@ __global__ void __launch_bounds__(C::THREADS, 1) sel_score_wgmma_kernel(const sc
    * async-proxy reads of the wgmma that follow. */
   auto ready = [&](int t) {
     mbar_wait(full + 8 * (t % NS), (uint32_t)((t / NS) & 1));
-    fence_proxy_async();
+    if constexpr (!TMA)
+      fence_proxy_async();
   };
   auto issue = [&](float (&acc)[8][4], int t) {
     wg_fence();
@@ -887,7 +917,11 @@ __global__ void __launch_bounds__(C::THREADS, 1) sel_score_wgmma_kernel(const sc
       const uint4 *tv = (const uint4 *)(tiles + stg * STAGE);
 #pragma unroll
       for (int j = 0; j < STAGE / 16 / (NCW * 128); j++) {
-        uint4 v = tv[threadIdx.x + j * NCW * 128];
+        const int u = threadIdx.x + j * NCW * 128;
+        /* the TMA's rows past the request's end hold other requests' keys (cp.async zero-fills them) */
+        if (TMA && k0 + t * KT + ((u >> 3) & (KT - 1)) >= n)
+          continue;
+        uint4 v = tv[u];
         chk2 = __hfma2(*(__nv_bfloat162 *)&v.x, zero2, chk2);
         chk2 = __hfma2(*(__nv_bfloat162 *)&v.y, zero2, chk2);
         chk2 = __hfma2(*(__nv_bfloat162 *)&v.z, zero2, chk2);
@@ -991,18 +1025,56 @@ upf_status prepare_score_kernel(kernel_cfg &cfg, int D) {
   return UPF_OK;
 }
 
-template <class C>
-upf_status prepare_wgmma(kernel_cfg &cfg) {
-  cfg.fn = (const void *)sel_score_wgmma_kernel<C>;
+/* The TMA's view of k: (rows, Hkv, D) bf16 with k's token and head strides, boxes of 64 dims x 1 head x
+ * 64 keys, 128-byte swizzle (the ring's layout), zeros past the last row. The driver's encoder is found
+ * through the runtime (no link against libcuda). */
+upf_status encode_k_map(const upf_select_inputs *in, CUtensorMap *map) {
+  static PFN_cuTensorMapEncodeTiled_v12000 encode;
+  if (!encode) {
+    cudaDriverEntryPointQueryResult found;
+    void *fn = nullptr;
+    const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                                           &found);
+    if (e != cudaSuccess || found != cudaDriverEntryPointSuccess || !fn)
+      return upf_fail(UPF_ERR_CUDA, "select (cuda, wgmma-tma): the driver has no cuTensorMapEncodeTiled (%s)",
+                      cudaGetErrorString(e));
+    encode = (PFN_cuTensorMapEncodeTiled_v12000)fn;
+  }
+  const upf_tensor &k = in->k;
+  const cuuint64_t dims[3] = {(cuuint64_t)k.shape[2], (cuuint64_t)k.shape[1], (cuuint64_t)k.shape[0]};
+  const cuuint64_t strides[2] = {(cuuint64_t)k.stride[1] * 2, (cuuint64_t)k.stride[0] * 2};
+  const cuuint32_t box[3] = {64, 1, 64}, unit[3] = {1, 1, 1};
+  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, k.data, dims, strides, box, unit,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    return upf_fail(UPF_ERR_CUDA, "select (cuda, wgmma-tma): cuTensorMapEncodeTiled refused k (error %d; %lld rows, "
+                    "strides %lld / %lld elements)", (int)r, (long long)k.shape[0], (long long)k.stride[0],
+                    (long long)k.stride[1]);
+  return UPF_OK;
+}
+
+template <class C, bool TMA>
+upf_status prepare_wgmma(const upf_select_inputs *in, kernel_cfg &cfg) {
+  cfg.fn = (const void *)sel_score_wgmma_kernel<C, TMA>;
   cfg.threads = C::THREADS;
   cfg.smem = C::smem_bytes();
   cfg.rows_per_cta = C::RPC;
+  memset(&cfg.kmap, 0, sizeof cfg.kmap);
   if (cfg.smem > upf_cuda_smem_optin())
     return upf_fail(UPF_ERR_UNSUPPORTED, "select (cuda): the wgmma score kernel needs %zu bytes of shared memory, "
                     "the device allows %zu", cfg.smem, upf_cuda_smem_optin());
-  UPF_CUDA_TRY(cudaFuncSetAttribute(sel_score_wgmma_kernel<C>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  UPF_CUDA_TRY(cudaFuncSetAttribute(sel_score_wgmma_kernel<C, TMA>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)cfg.smem));
+  if constexpr (TMA)
+    UPF_TRY(encode_k_map(in, &cfg.kmap));
   return UPF_OK;
+}
+
+/* The tensor map's limits: a row coordinate is an int32, a stride under 2^40 bytes (mma_applies has
+ * checked the 16-byte alignment of the base and both strides). */
+bool tma_applies(const upf_select_inputs *in) {
+  return in->k.shape[0] <= INT32_MAX && in->k.stride[0] < ((int64_t)1 << 39) && in->k.stride[1] < ((int64_t)1 << 39);
 }
 
 /* Whether the wgmma kernel can run: a compute-capability 9.0 device and device code built for
@@ -1039,12 +1111,22 @@ upf_status pick_score_kernel(const upf_select_inputs *in, int D, bool use_mma, k
     if (use_mma) {
       bool ok = false;
       UPF_TRY(wgmma_available(&ok));
+      upf_variant variant = UPF_VARIANT_COUNT;
+      if (ok)
+        UPF_TRY(upf_variant_current(UPF_OP_SELECT_BLOCK_SCORES, &variant));
+      if (ok && variant == UPF_VARIANT_SELECT_BLOCK_SCORES_WGMMA_TMA && tma_applies(in)) {
+        if (D == 64)
+          return prepare_wgmma<WgCfg<64>, true>(in, cfg);
+        if (D == 256)
+          return prepare_wgmma<WgCfg<256>, true>(in, cfg);
+        return prepare_wgmma<WgCfg<128>, true>(in, cfg);
+      }
       if (ok) {
         if (D == 64)
-          return prepare_wgmma<WgCfg<64>>(cfg);
+          return prepare_wgmma<WgCfg<64>, false>(in, cfg);
         if (D == 256)
-          return prepare_wgmma<WgCfg<256>>(cfg);
-        return prepare_wgmma<WgCfg<128>>(cfg);
+          return prepare_wgmma<WgCfg<256>, false>(in, cfg);
+        return prepare_wgmma<WgCfg<128>, false>(in, cfg);
       }
     }
   }

@@ -103,6 +103,22 @@ __device__ __forceinline__ void cp_async16_full(uint32_t dst, const void *src) {
 /* Waits for every cp.async this thread issued (a producer's last step: no copy outlives the CTA). */
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
+/* The TMA (the selection score kernel's wgmma-tma producer): one arrival on `bar` that also expects
+ * `bytes` of transactions in this phase; a 3-D tiled copy of the box at (c0, c1, c2) of the tensor map
+ * at generic address `map` (a __grid_constant__ kernel parameter) into shared memory at `dst`, which
+ * completes those bytes on `bar`; the fence that makes mbarrier.init visible to the async proxy before
+ * the TMA signals the barrier. */
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const void *map, int c0, int c1, int c2, uint32_t bar) {
+  asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, "
+               "%4}], [%5];\n" ::"r"(dst),
+               "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+               : "memory");
+}
+__device__ __forceinline__ void fence_mbar_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
