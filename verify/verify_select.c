@@ -730,12 +730,63 @@ static void pipeline_errors(upf_verify_ctx *ctx) {
   case_release(ctx->backend, &cr);
 }
 
+/* A scored request's last key tile reaches past its end into the next request's keys (300 = 4 x 64 + 44):
+ * a kernel that reads those rows (the TMA does; cp.async zero-fills them) must mask them. Inf in the keys
+ * of the unscored request that follows (37 tokens <= sink + L) must change nothing: status OK and every
+ * output equal, bit for bit, to the clean run's. bf16, D 128, G 128: the Hopper kernel where there is one. */
+static void pipeline_foreign_rows(upf_verify_ctx *ctx) {
+  const char *op = upf_op_name(UPF_OP_SELECT_PIPELINE);
+  const select_case c = {"Inf in an unscored neighbour's keys", {300, 37, 400}, 3, 8, 2, 128, UPF_DIST_HEAVY};
+  const upf_backend *be = ctx->backend;
+  case_run cr;
+  host_outputs clean, got;
+  dev_outputs dev;
+  memset(&dev, 0, sizeof dev);
+  memset(&clean, 0, sizeof clean);
+  memset(&got, 0, sizeof got);
+  upf_check check;
+  upf_status st = case_setup(be, &c, UPF_DTYPE_BF16, &cr);
+  case_check_init(&cr, op, NULL, &check);
+  if (st == UPF_OK && !(host_outputs_alloc(&clean, &cr) & host_outputs_alloc(&got, &cr)))
+    st = upf_fail(UPF_ERR_NOMEM, "verify");
+  if (st == UPF_OK)
+    st = dev_outputs_alloc(be, &cr, &dev);
+  if (st == UPF_OK)
+    st = be->select_run(&cr.dev, &cr.params, &dev.out);
+  if (st == UPF_OK)
+    st = dev_outputs_fetch(&dev, &clean);
+  /* +Inf (bf16 0x7F80) in request 1's first and twentieth key rows (rows 300 and 319, both KV heads). */
+  const uint16_t inf_bits = 0x7F80;
+  const int64_t rows[2] = {300, 319};
+  for (int i = 0; i < 2 && st == UPF_OK; i++)
+    for (int h = 0; h < 2 && st == UPF_OK; h++)
+      st = be->upload((uint16_t *)cr.dev_k + (rows[i] * 2 + h) * 128 + 5 * h, &inf_bits, sizeof inf_bits);
+  if (st == UPF_OK)
+    st = be->select_run(&cr.dev, &cr.params, &dev.out);
+  if (st == UPF_OK)
+    st = dev_outputs_fetch(&dev, &got);
+  if (st != UPF_OK) {
+    record_status(ctx, &check, st, "select_run");
+  } else {
+    upf_compare_exact(got.block_score, clean.block_score, cr.num_blocks, 4, &check);
+    if (check.passed)
+      upf_compare_exact(got.out.token_mask, clean.out.token_mask, cr.num_tokens, 1, &check);
+    upf_verify_record(ctx, &check);
+  }
+  host_outputs_free(&clean);
+  host_outputs_free(&got);
+  dev_outputs_free(&dev);
+  case_release(be, &cr);
+}
+
 void upf_verify_select_run(upf_verify_ctx *ctx) {
   const char *op = upf_op_name(UPF_OP_SELECT_PIPELINE);
   static const upf_golden goldens[] = {UPF_GOLDEN_PIPELINE};
   run_goldens(ctx, op, goldens, 1);
   for_each_case(ctx, op, upf_verify_on_reference(ctx) ? CASE_STAGES : 0, pipeline_case);
   pipeline_errors(ctx);
+  if (!ctx->case_filter)
+    pipeline_foreign_rows(ctx);
 }
 
 /* ---- compaction ---- */
