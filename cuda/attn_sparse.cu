@@ -4,7 +4,8 @@
  * Plan: one entry a query tile (every request's tiles), sorted by decreasing visible key blocks (last_k +
  * 1), so the latest (heaviest) segments of the causal triangle start first and the grid ends on light
  * ones; the index itself stays on the device (no download, no sync). A CTA takes a chunk of one tile's
- * packed rows for one KV head; the grid is (tile rank, KV head, chunk), chunk fastest.
+ * packed rows for one KV head; the grid is (tile rank, KV head, chunk), chunk fastest (the Hopper bf16
+ * kernel reads it as (KV head, tile rank, chunk): cuda/attn_sparse_hopper.cu).
  * Choice: bf16 with D = 128 or 256 and 16-byte rows (q, k, v, out and the means) takes the Hopper wgmma
  * kernel (cuda/attn_sparse_hopper.cu, 128-row chunks), contiguous or paged, with or without mean
  * correction; everything else (f32, other head dims, unaligned views) the generic kernel below.
@@ -426,8 +427,6 @@ extern "C" upf_status upf_cuda_attn_block_sparse(const upf_sparse_batch *b, cons
     st = upf_variant_current(UPF_OP_ATTN_BLOCK_SPARSE, &variant);
   const bool fp8 = hopper_ok && variant == UPF_VARIANT_ATTN_BLOCK_SPARSE_FP8 && bs_fp8_takes((int)d);
   const bool hopper = hopper_ok && !fp8 && variant != UPF_VARIANT_ATTN_BLOCK_SPARSE_GENERIC;
-  /* wgmma-headmajor: the same kernel, its CTAs in KV-head-major order */
-  const bool head_major = hopper && variant == UPF_VARIANT_ATTN_BLOCK_SPARSE_WGMMA_HEADMAJOR;
 
   bs_args a = {};
   a.q = q->data, a.q_s0 = q->stride[0], a.q_s1 = q->stride[1];
@@ -449,7 +448,6 @@ extern "C" upf_status upf_cuda_attn_block_sparse(const upf_sparse_batch *b, cons
   a.scale = upf_sparse_scale(p, d);
   a.vec8 = q->dtype == UPF_DTYPE_BF16 && d % 8 == 0 && rows16(k) && rows16(v) &&
            (!p->mean_correction || (rows16(kbar) && rows16(vbar)));
-  a.head_major = head_major;
 
   bs_tile *tiles = NULL;
   if (st == UPF_OK)

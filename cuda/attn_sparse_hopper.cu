@@ -34,8 +34,9 @@
  * Bound: a CTA's 128 rows do 128 FLOP per byte of K/V at D = 128, under the H100's ridge, so lists that
  * neighbouring tiles do not share stream their blocks from DRAM and cannot reach (dense time x kept share);
  * lists that share blocks (vertical stripes) are served by L2 as dense attention is (perf/NOTES.md, the
- * block-sparse outcomes). The wgmma-headmajor variant (HEAD_MAJOR) orders the grid by KV head so that the
- * CTAs in flight share one head's blocks. */
+ * block-sparse outcomes). The bf16 grid is in KV-head-major order (HEAD_MAJOR) so that the CTAs in flight
+ * share one head's blocks in L2: 0.74-0.90x the time of the order that put a tile's heads side by side at
+ * 128K, random lists and stripes alike (perf/NOTES.md); the FP8 form keeps that older order (not measured). */
 #include <math.h>
 
 #include <type_traits>
@@ -162,9 +163,9 @@ template <bool FP8> __device__ __forceinline__ float bw_out_mul(const bs_args &a
   return 1.0f;
 }
 
-/* HEAD_MAJOR (the wgmma-headmajor variant): CTA b is chunk b % chunks of tile (b / chunks) % ntiles of KV head
- * b / (chunks ntiles), so the CTAs running together are tiles of one head (heaviest first); else the KV heads
- * of a tile are neighbours (b / chunks % hkv). */
+/* HEAD_MAJOR (the bf16 forms): CTA b is chunk b % chunks of tile (b / chunks) % ntiles of KV head
+ * b / (chunks ntiles), so the CTAs running together are tiles of one head (heaviest first); else (the FP8 form)
+ * the KV heads of a tile are neighbours (b / chunks % hkv). */
 template <int D, bool PAGED, bool FP8 = false, bool HEAD_MAJOR = false>
 __global__ void __launch_bounds__(BW_THREADS, 1) bs_wgmma_kernel(const __grid_constant__ bs_args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -636,14 +637,14 @@ __global__ void __launch_bounds__(BW_THREADS, 1) bs_wgmma_kernel(const __grid_co
 #endif
 }
 
-template <int D, bool PAGED, bool HEAD_MAJOR = false> upf_status launch_d(const bs_args &a, int ntiles) {
+template <int D, bool PAGED> upf_status launch_d(const bs_args &a, int ntiles) {
   static bool attr_set;
   const int64_t grid = (int64_t)ntiles * a.hkv * a.chunks;
   if (grid > INT32_MAX)
     return upf_fail(UPF_ERR_SHAPE, "attn.block_sparse (cuda): %lld CTAs exceed the grid", (long long)grid);
-  UPF_TRY(upf_cuda_smem_prepare(bs_wgmma_kernel<D, PAGED, false, HEAD_MAJOR>, bw_shape<D>::SMEM, false, &attr_set,
+  UPF_TRY(upf_cuda_smem_prepare(bs_wgmma_kernel<D, PAGED, false, true>, bw_shape<D>::SMEM, false, &attr_set,
                                 "bs_wgmma_kernel"));
-  bs_wgmma_kernel<D, PAGED, false, HEAD_MAJOR><<<(unsigned)grid, BW_THREADS, bw_shape<D>::SMEM, upf_cuda_stream()>>>(a);
+  bs_wgmma_kernel<D, PAGED, false, true><<<(unsigned)grid, BW_THREADS, bw_shape<D>::SMEM, upf_cuda_stream()>>>(a);
   UPF_CUDA_LAUNCH_TRY("bs_wgmma_kernel");
   return UPF_OK;
 }
@@ -670,12 +671,8 @@ upf_status bs_launch_hopper(const bs_args &a, bool paged, int ntiles) {
   if (paged && a.page_size % 64 != 0)
     return upf_fail(UPF_ERR_UNSUPPORTED, "attn.block_sparse (cuda): the wgmma kernel reads pages of whole 64-key "
                     "blocks, not of %d keys (cuda/kv_gather.cuh gathers those)", a.page_size);
-  if (a.d == 128 && a.head_major)
-    return paged ? launch_d<128, true, true>(a, ntiles) : launch_d<128, false, true>(a, ntiles);
   if (a.d == 128)
     return paged ? launch_d<128, true>(a, ntiles) : launch_d<128, false>(a, ntiles);
-  if (a.d == 256 && a.head_major)
-    return paged ? launch_d<256, true, true>(a, ntiles) : launch_d<256, false, true>(a, ntiles);
   if (a.d == 256)
     return paged ? launch_d<256, true>(a, ntiles) : launch_d<256, false>(a, ntiles);
   return upf_fail(UPF_ERR_UNSUPPORTED, "attn.block_sparse (cuda): the wgmma kernel takes D = 128 or 256, not %d", a.d);

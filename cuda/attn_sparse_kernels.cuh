@@ -65,7 +65,6 @@ struct bs_args {
   float scale;
   int32_t vec8;               /* bf16 K/V (and means) in 16-byte aligned runs of 8: vector loads (generic kernel) */
   bs_fp8_args f8;             /* the FP8 form's copies (zero otherwise) */
-  int32_t head_major;         /* wgmma-headmajor: CTAs ordered by KV head, then tile (the wgmma kernel) */
 };
 
 /* cuda/attn_sparse.cu: the generic FFMA kernel, ATT-style 16-row chunks, every dtype and D <= 256. */

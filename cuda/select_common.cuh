@@ -136,7 +136,7 @@ struct score_args {
 };
 
 /* The picked score kernel (cuda/select_score.cu), launched by cudaLaunchKernel with a score_args, and
- * for the wgmma kernel a tensor map of k too (encoded for the wgmma-tma variant, zeros otherwise). */
+ * for the wgmma kernel a tensor map of k too (encoded for its TMA form, zeros otherwise). */
 struct kernel_cfg {
   const void *fn;
   int threads;

@@ -722,19 +722,18 @@ __global__ void __launch_bounds__(P::THREADS, P::MINB) sel_score_kernel(const sc
 /* ---------------------------------------------------------------------------------------------- */
 /* 1b. Hopper score kernel (sm_90a): wgmma, producer warp, mbarrier pipeline (MODE 1, G >= 64).     */
 /*                                                                                                  */
-/* CTA = NCW consumer warpgroups (64 query rows each, Q in registers as the wgmma A operand) and */
-/* one producer warp that streams the chunk's K tiles (64 keys) into a WG_NS-stage ring with         */
-/* cp.async (16-byte chunks, written in the 128-byte-swizzle K-major layout wgmma reads: D/64 atoms */
-/* of 64 rows x 128 bytes) and signals `full[s]` with cp.async.mbarrier.arrive.noinc; consumers     */
-/* release a stage on `empty[s]` once the wgmma that read it has completed. TMA (the wgmma-tma      */
-/* variant): one producer thread brings each tile as D/64 TMA boxes of 64 keys x 64 dims into the    */
-/* same layout, the full barrier expecting their bytes; no proxy fence before the wgmma.             */
-/* At D <= 128 four                                                                                 */
-/* consumer WGs with one accumulator set each: issue tile t, wait, epilogue of tile t (epi_big, the */
-/* same (M, U, MC, LC) arithmetic as the mma.sync kernel, max and sum pairwise), the other WGs'     */
-/* wgmma running meanwhile. At D = 256 two WGs with two sets each: the wgmma of tile t+1 is issued  */
-/* before the epilogue of tile t. Every reduction is per thread or per quad in a fixed order:       */
-/* deterministic.                                                                                   */
+/* CTA = NCW consumer warpgroups (64 query rows each, Q in registers as the wgmma A operand) and a
+ * producer warp that streams the chunk's K tiles (64 keys) into an NS-stage ring in the 128-byte-swizzle
+ * K-major layout wgmma reads (D/64 atoms of 64 rows x 128 bytes), signalling `full[s]`; consumers release a
+ * stage on `empty[s]` once the wgmma that read it has completed. TMA (the default, D 64 and 128): one
+ * producer thread brings each tile as D/64 TMA boxes of 64 keys x 64 dims, the full barrier expecting their
+ * bytes (0.82-0.86x the time of the cp.async form from 32K up, perf/NOTES.md). cp.async (D = 256, and the
+ * wgmma-cpasync variant): the warp's 16-byte copies, arriving with cp.async.mbarrier.arrive.noinc, and a
+ * proxy fence before each tile's wgmma. At D <= 128 four consumer WGs with one accumulator set each: issue
+ * tile t, wait, epilogue of tile t (epi_big, the same (M, U, MC, LC) arithmetic as the mma.sync kernel, max
+ * and sum pairwise), the other WGs' wgmma running meanwhile. At D = 256 two WGs with two sets each: the
+ * wgmma of tile t+1 is issued before the epilogue of tile t. Every reduction is per thread or per quad in a
+ * fixed order: deterministic. */
 
 template <int D_>
 struct WgCfg {
@@ -1102,7 +1101,7 @@ upf_status wgmma_available(bool *ok) {
 }
 
 /* The score kernel: for bf16 rows that mma_applies to, the wgmma kernel where G >= 64 on an sm_90a
- * build and device (the fastest measured), else the mma.sync kernel (8 warps x 2 m-tiles, 8 x 1 at
+ * build and device (the fastest measured; its K tiles by TMA unless wgmma-cpasync is chosen), else the mma.sync kernel (8 warps x 2 m-tiles, 8 x 1 at
  * D = 256, whose A fragments take 64 registers an m-tile; the half-tile pipeline where G >= 64); the
  * FFMA kernel for everything else. */
 template <int MODE>
@@ -1114,13 +1113,9 @@ upf_status pick_score_kernel(const upf_select_inputs *in, int D, bool use_mma, k
       upf_variant variant = UPF_VARIANT_COUNT;
       if (ok)
         UPF_TRY(upf_variant_current(UPF_OP_SELECT_BLOCK_SCORES, &variant));
-      if (ok && variant == UPF_VARIANT_SELECT_BLOCK_SCORES_WGMMA_TMA && tma_applies(in)) {
-        if (D == 64)
-          return prepare_wgmma<WgCfg<64>, true>(in, cfg);
-        if (D == 256)
-          return prepare_wgmma<WgCfg<256>, true>(in, cfg);
-        return prepare_wgmma<WgCfg<128>, true>(in, cfg);
-      }
+      /* D = 256 keeps cp.async until its TMA form (the same code, four boxes a tile) has run verify on a GPU */
+      if (ok && variant == UPF_VARIANT_SELECT_BLOCK_SCORES_WGMMA_TMA && D <= 128 && tma_applies(in))
+        return D == 64 ? prepare_wgmma<WgCfg<64>, true>(in, cfg) : prepare_wgmma<WgCfg<128>, true>(in, cfg);
       if (ok) {
         if (D == 64)
           return prepare_wgmma<WgCfg<64>, false>(in, cfg);
