@@ -1044,8 +1044,8 @@ upf_status encode_k_map(const upf_select_inputs *in, CUtensorMap *map) {
   const cuuint64_t strides[2] = {(cuuint64_t)k.stride[1] * 2, (cuuint64_t)k.stride[0] * 2};
   const cuuint32_t box[3] = {64, 1, 64}, unit[3] = {1, 1, 1};
   const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, k.data, dims, strides, box, unit,
-                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS)
     return upf_fail(UPF_ERR_CUDA, "select (cuda, wgmma-tma): cuTensorMapEncodeTiled refused k (error %d; %lld rows, "
                     "strides %lld / %lld elements)", (int)r, (long long)k.shape[0], (long long)k.stride[0],
@@ -1101,9 +1101,9 @@ upf_status wgmma_available(bool *ok) {
 }
 
 /* The score kernel: for bf16 rows that mma_applies to, the wgmma kernel where G >= 64 on an sm_90a
- * build and device (the fastest measured; its K tiles by TMA unless wgmma-cpasync is chosen), else the mma.sync kernel (8 warps x 2 m-tiles, 8 x 1 at
- * D = 256, whose A fragments take 64 registers an m-tile; the half-tile pipeline where G >= 64); the
- * FFMA kernel for everything else. */
+ * build and device (the fastest measured; its K tiles by TMA unless wgmma-cpasync is chosen), else the
+ * mma.sync kernel (8 warps x 2 m-tiles, 8 x 1 at D = 256, whose A fragments take 64 registers an m-tile;
+ * the half-tile pipeline where G >= 64); the FFMA kernel for everything else. */
 template <int MODE>
 upf_status pick_score_kernel(const upf_select_inputs *in, int D, bool use_mma, kernel_cfg &cfg) {
   if constexpr (MODE == 1) {
