@@ -15,7 +15,6 @@
 #include "cuda/mma_sync.cuh"
 #include "cuda/select_common.cuh"
 #include "cuda/wgmma.cuh"
-#include "uniprefill/variant.h"
 
 namespace upf_select {
 namespace {
@@ -727,13 +726,13 @@ __global__ void __launch_bounds__(P::THREADS, P::MINB) sel_score_kernel(const sc
  * K-major layout wgmma reads (D/64 atoms of 64 rows x 128 bytes), signalling `full[s]`; consumers release a
  * stage on `empty[s]` once the wgmma that read it has completed. TMA (the default, D 64 and 128): one
  * producer thread brings each tile as D/64 TMA boxes of 64 keys x 64 dims, the full barrier expecting their
- * bytes (0.82-0.86x the time of the cp.async form from 32K up, perf/NOTES.md). cp.async (D = 256, and the
- * wgmma-cpasync variant): the warp's 16-byte copies, arriving with cp.async.mbarrier.arrive.noinc, and a
- * proxy fence before each tile's wgmma. At D <= 128 four consumer WGs with one accumulator set each: issue
- * tile t, wait, epilogue of tile t (epi_big, the same (M, U, MC, LC) arithmetic as the mma.sync kernel, max
- * and sum pairwise), the other WGs' wgmma running meanwhile. At D = 256 two WGs with two sets each: the
- * wgmma of tile t+1 is issued before the epilogue of tile t. Every reduction is per thread or per quad in a
- * fixed order: deterministic. */
+ * bytes, and no proxy fence (0.82-0.86x the cp.async form's time from 32K up, perf/NOTES.md). cp.async
+ * (D = 256, until its TMA form, the same code with four boxes a tile, has run verify on a GPU): the warp's
+ * 16-byte copies, arriving with cp.async.mbarrier.arrive.noinc, and a proxy fence before each tile's wgmma.
+ * At D <= 128 four consumer WGs with one accumulator set each: issue tile t, wait, epilogue of tile t
+ * (epi_big, the same (M, U, MC, LC) arithmetic as the mma.sync kernel, max and sum pairwise), the other WGs'
+ * wgmma running meanwhile. At D = 256 two WGs with two sets each: the wgmma of tile t+1 is issued before the
+ * epilogue of tile t. Every reduction is per thread or per quad in a fixed order: deterministic. */
 
 template <int D_>
 struct WgCfg {
@@ -1035,8 +1034,8 @@ upf_status encode_k_map(const upf_select_inputs *in, CUtensorMap *map) {
     const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
                                                            &found);
     if (e != cudaSuccess || found != cudaDriverEntryPointSuccess || !fn)
-      return upf_fail(UPF_ERR_CUDA, "select (cuda, wgmma-tma): the driver has no cuTensorMapEncodeTiled (%s)",
-                      cudaGetErrorString(e));
+      return upf_fail(UPF_ERR_CUDA, "select (cuda): the driver has no cuTensorMapEncodeTiled for the TMA score "
+                      "kernel (%s)", cudaGetErrorString(e));
     encode = (PFN_cuTensorMapEncodeTiled_v12000)fn;
   }
   const upf_tensor &k = in->k;
@@ -1047,7 +1046,7 @@ upf_status encode_k_map(const upf_select_inputs *in, CUtensorMap *map) {
                             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS)
-    return upf_fail(UPF_ERR_CUDA, "select (cuda, wgmma-tma): cuTensorMapEncodeTiled refused k (error %d; %lld rows, "
+    return upf_fail(UPF_ERR_CUDA, "select (cuda): cuTensorMapEncodeTiled refused k (error %d; %lld rows, "
                     "strides %lld / %lld elements)", (int)r, (long long)k.shape[0], (long long)k.stride[0],
                     (long long)k.stride[1]);
   return UPF_OK;
@@ -1101,7 +1100,7 @@ upf_status wgmma_available(bool *ok) {
 }
 
 /* The score kernel: for bf16 rows that mma_applies to, the wgmma kernel where G >= 64 on an sm_90a
- * build and device (the fastest measured; its K tiles by TMA unless wgmma-cpasync is chosen), else the
+ * build and device (the fastest measured; its K tiles by TMA at D 64 and 128, by cp.async at 256), else the
  * mma.sync kernel (8 warps x 2 m-tiles, 8 x 1 at D = 256, whose A fragments take 64 registers an m-tile;
  * the half-tile pipeline where G >= 64); the FFMA kernel for everything else. */
 template <int MODE>
@@ -1110,11 +1109,8 @@ upf_status pick_score_kernel(const upf_select_inputs *in, int D, bool use_mma, k
     if (use_mma) {
       bool ok = false;
       UPF_TRY(wgmma_available(&ok));
-      upf_variant variant = UPF_VARIANT_COUNT;
-      if (ok)
-        UPF_TRY(upf_variant_current(UPF_OP_SELECT_BLOCK_SCORES, &variant));
       /* D = 256 keeps cp.async until its TMA form (the same code, four boxes a tile) has run verify on a GPU */
-      if (ok && variant == UPF_VARIANT_SELECT_BLOCK_SCORES_WGMMA_TMA && D <= 128 && tma_applies(in))
+      if (ok && D <= 128 && tma_applies(in))
         return D == 64 ? prepare_wgmma<WgCfg<64>, true>(in, cfg) : prepare_wgmma<WgCfg<128>, true>(in, cfg);
       if (ok) {
         if (D == 64)

@@ -103,7 +103,7 @@ __device__ __forceinline__ void cp_async16_full(uint32_t dst, const void *src) {
 /* Waits for every cp.async this thread issued (a producer's last step: no copy outlives the CTA). */
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
-/* The TMA (the selection score kernel's wgmma-tma producer): one arrival on `bar` that also expects
+/* The TMA (the selection score kernel's producer at D 64 and 128): one arrival on `bar` that also expects
  * `bytes` of transactions in this phase; a 3-D tiled copy of the box at (c0, c1, c2) of the tensor map
  * at generic address `map` (a __grid_constant__ kernel parameter) into shared memory at `dst`, which
  * completes those bytes on `bar`; the fence that makes mbarrier.init visible to the async proxy before
